@@ -1,0 +1,50 @@
+"""Click options shared by several verbs (generation settings)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from seer_deploy.runtime.reference import GenerationConfig
+
+
+def generation_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--gen-length, --steps, --block-length, --temperature, --remasking, --cfg-scale, --seed."""
+    options = [
+        click.option("--gen-length", type=int, default=64, show_default=True, help="Response slots (masks) to fill."),
+        click.option("--steps", type=int, default=None, help="Denoising steps [default: gen-length]."),
+        click.option("--block-length", type=int, default=None, help="Semi-autoregressive block [default: gen-length]."),
+        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy (deterministic)."),
+        click.option(
+            "--remasking",
+            type=click.Choice(["low_confidence", "random"]),
+            default="low_confidence",
+            show_default=True,
+            help="How each step picks the tokens it commits.",
+        ),
+        click.option("--cfg-scale", type=float, default=0.0, show_default=True, help="Classifier-free guidance."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seed for temperature > 0 / random."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def generation_config(
+    gen_length: int,
+    steps: int | None,
+    block_length: int | None,
+    temperature: float,
+    remasking: str,
+    cfg_scale: float,
+) -> GenerationConfig:
+    return GenerationConfig(
+        gen_length=gen_length,
+        steps=steps or gen_length,
+        block_length=block_length,
+        temperature=temperature,
+        remasking=remasking,  # type: ignore[arg-type]
+        cfg_scale=cfg_scale,
+    )

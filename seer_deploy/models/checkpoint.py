@@ -1,0 +1,291 @@
+"""Local checkpoint directories: LLaDA's original weight names or Llama-style names, one file or sharded.
+
+A checkpoint directory holds `config.json`, `model.safetensors` (or shards listed by
+`model.safetensors.index.json`) and `tokenizer.json`. The layout is detected from the weight names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from seer_deploy.errors import CheckpointError
+from seer_deploy.models.config import ModelConfig, config_from_dict
+from seer_deploy.models.llada import MaskPredictor
+
+Layout = Literal["llada", "llama"]
+DEMO_NAMES = ("demo",)
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+# Internal parameter name -> per-layout name. "{i}" is the block index.
+_BLOCK_NAMES: dict[Layout, dict[str, str]] = {
+    "llada": {
+        "attn_norm.weight": "model.transformer.blocks.{i}.attn_norm.weight",
+        "attn.q.weight": "model.transformer.blocks.{i}.q_proj.weight",
+        "attn.k.weight": "model.transformer.blocks.{i}.k_proj.weight",
+        "attn.v.weight": "model.transformer.blocks.{i}.v_proj.weight",
+        "attn.o.weight": "model.transformer.blocks.{i}.attn_out.weight",
+        "mlp_norm.weight": "model.transformer.blocks.{i}.ff_norm.weight",
+        "mlp.gate.weight": "model.transformer.blocks.{i}.ff_proj.weight",
+        "mlp.up.weight": "model.transformer.blocks.{i}.up_proj.weight",
+        "mlp.down.weight": "model.transformer.blocks.{i}.ff_out.weight",
+    },
+    "llama": {
+        "attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+        "attn.q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+        "attn.k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+        "attn.v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+        "attn.o.weight": "model.layers.{i}.self_attn.o_proj.weight",
+        "mlp_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+        "mlp.gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+        "mlp.up.weight": "model.layers.{i}.mlp.up_proj.weight",
+        "mlp.down.weight": "model.layers.{i}.mlp.down_proj.weight",
+    },
+}
+_TOP_NAMES: dict[Layout, dict[str, str]] = {
+    "llada": {
+        "embed.weight": "model.transformer.wte.weight",
+        "final_norm.weight": "model.transformer.ln_f.weight",
+        "lm_head.weight": "model.transformer.ff_out.weight",
+    },
+    "llama": {
+        "embed.weight": "model.embed_tokens.weight",
+        "final_norm.weight": "model.norm.weight",
+        "lm_head.weight": "lm_head.weight",
+    },
+}
+# Weights that belong to other parts of multimodal checkpoints; the language model ignores them.
+MULTIMODAL_PREFIXES = ("model.vision_tower.", "model.mm_projector.", "model.image_newline", "vision_tower.", "mm_projector.")
+
+
+def weight_name_map(cfg: ModelConfig, layout: Layout) -> dict[str, str]:
+    """Internal parameter name -> checkpoint weight name, for every weight the checkpoint must hold."""
+    names = {k: v for k, v in _TOP_NAMES[layout].items() if not (cfg.tie_embeddings and k == "lm_head.weight")}
+    for i in range(cfg.n_layers):
+        for internal, external in _BLOCK_NAMES[layout].items():
+            names[f"blocks.{i}.{internal}"] = external.format(i=i)
+    return names
+
+
+def detect_layout(weight_names: list[str]) -> Layout:
+    """Tell the layout from the weight names; an unknown layout names a few of the keys it saw."""
+    if any(n.startswith("model.transformer.") for n in weight_names):
+        return "llada"
+    if any(n.startswith(("model.layers.", "model.embed_tokens.")) for n in weight_names):
+        return "llama"
+    sample = ", ".join(sorted(weight_names)[:5]) or "(no weights)"
+    raise CheckpointError(
+        f"unknown checkpoint layout: weight names are neither LLaDA's (model.transformer.blocks.N...) nor "
+        f"Llama-style (model.layers.N...); first keys: {sample}"
+    )
+
+
+def resolve_checkpoint(name_or_path: str | os.PathLike[str]) -> Path:
+    """'demo' -> the bundled demo checkpoint; anything else must be an existing local directory."""
+    if str(name_or_path) in DEMO_NAMES:
+        return Path(__file__).parent / "demo"
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"checkpoint '{path}' does not exist; give a local checkpoint directory or 'demo'")
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint '{path}' is not a directory; give the folder that holds config.json")
+    return path
+
+
+def read_config(path: Path) -> dict:
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{cfg_file} is missing; a checkpoint directory needs config.json")
+    try:
+        return json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{cfg_file} is not valid JSON ({exc})") from exc
+
+
+def weight_files(path: Path) -> dict[str, Path]:
+    """Weight name -> the safetensors file that holds it (from the index, or the single file)."""
+    index = path / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise CheckpointError(f"{index} is not a valid safetensors index (needs a 'weight_map')") from exc
+        files = {name: path / shard for name, shard in weight_map.items()}
+        for shard in sorted(set(files.values())):
+            if not shard.is_file():
+                raise CheckpointError(f"shard {shard.name} listed in {INDEX_FILE} is missing from {path}")
+        return files
+    single = path / SINGLE_FILE
+    if single.is_file():
+        return {name: single for name in _safetensors_keys(single)}
+    if any(path.glob("*.bin")) or any(path.glob("*.pt")):
+        raise CheckpointError(
+            f"{path} holds PyTorch pickle weights; only safetensors are read. Convert them with "
+            "transformers' save_pretrained(..., safe_serialization=True)"
+        )
+    raise CheckpointError(f"no weights in {path}: expected {SINGLE_FILE} or {INDEX_FILE} with its shards")
+
+
+def _safetensors_keys(file: Path) -> list[str]:
+    try:
+        with safe_open(file, framework="pt") as f:
+            return list(f.keys())
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({exc}); re-download or re-save it") from exc
+
+
+@dataclass
+class LoadedCheckpoint:
+    model: MaskPredictor
+    config: ModelConfig
+    layout: Layout
+    path: Path
+
+
+def load_checkpoint(
+    name_or_path: str | os.PathLike[str],
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    ignore_prefixes: tuple[str, ...] = MULTIMODAL_PREFIXES,
+) -> LoadedCheckpoint:
+    """Load a local checkpoint of either layout into a MaskPredictor in eval mode."""
+    from seer_deploy.models.tokenizer import special_ids_from_tokenizer_file
+
+    path = resolve_checkpoint(name_or_path)
+    raw = read_config(path)
+    special = special_ids_from_tokenizer_file(path / "tokenizer.json")
+    cfg = config_from_dict(raw, special)
+    files = weight_files(path)
+    names = [n for n in files if not n.startswith(ignore_prefixes)]
+    layout = detect_layout(names)
+    expected = weight_name_map(cfg, layout)
+    wanted = set(expected.values())
+    missing = sorted(wanted - set(names))
+    unexpected = sorted(set(names) - wanted)
+    if cfg.tie_embeddings and _TOP_NAMES[layout]["lm_head.weight"] in unexpected:
+        unexpected.remove(_TOP_NAMES[layout]["lm_head.weight"])  # some tied checkpoints still store the head
+    if missing:
+        raise CheckpointError(f"{path}: missing weights for a {layout}-layout checkpoint: {_list(missing)}")
+    if unexpected:
+        raise CheckpointError(f"{path}: unexpected weights (not part of a {layout}-layout LLaDA model): {_list(unexpected)}")
+
+    with torch.device("meta"):
+        model = MaskPredictor(cfg)
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    state: dict[str, torch.Tensor] = {}
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for internal, external in expected.items():
+        by_file.setdefault(files[external], []).append((internal, external))
+    for file, pairs in by_file.items():
+        try:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for internal, external in pairs:
+                    tensor = f.get_tensor(external)
+                    if tuple(tensor.shape) != shapes[internal]:
+                        raise CheckpointError(
+                            f"{path}: weight {external} has shape {tuple(tensor.shape)}, but config.json implies "
+                            f"{shapes[internal]}; the config and the weights disagree"
+                        )
+                    state[internal] = tensor.to(device=device, dtype=dtype)
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(f"{file} is not a readable safetensors file ({exc}); re-download or re-save it") from exc
+    model.load_state_dict(state, strict=not cfg.tie_embeddings, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed.weight
+    model.eval().requires_grad_(False)
+    return LoadedCheckpoint(model=model, config=cfg, layout=layout, path=path)
+
+
+def _list(keys: list[str], limit: int = 8) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f" (+{len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def save_checkpoint(
+    model: MaskPredictor,
+    path: str | os.PathLike[str],
+    layout: Layout = "llada",
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int | None = None,
+    tokenizer_file: str | os.PathLike[str] | None = None,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """Write a checkpoint directory in `layout`; sharded with an index when `max_shard_bytes` is set.
+
+    The directory is written next to its destination and renamed into place, so a failure leaves nothing behind.
+    """
+    cfg = model.cfg
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        params = dict(model.named_parameters())
+        tensors = {
+            external: params[internal].detach().to(dtype or params[internal].dtype).contiguous().cpu()
+            for internal, external in weight_name_map(cfg, layout).items()
+        }
+        config = cfg.to_llada_dict() if layout == "llada" else cfg.to_llama_dict()
+        config["torch_dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if max_shard_bytes is None:
+            save_file(tensors, str(tmp / SINGLE_FILE), metadata={"format": "pt"})
+        else:
+            _save_sharded(tensors, tmp, max_shard_bytes)
+        if tokenizer_file is not None:
+            shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def _save_sharded(tensors: dict[str, torch.Tensor], out: Path, max_shard_bytes: int) -> None:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    weight_map: dict[str, str] = {}
+    for k, shard in enumerate(shards, start=1):
+        fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({name: fname for name in shard})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def checkpoint_fingerprint(path: str | os.PathLike[str]) -> str:
+    """sha256 over config.json and every weight file's bytes: identifies the exact weights an artifact came from."""
+    root = resolve_checkpoint(path)
+    digest = hashlib.sha256()
+    files = sorted({p for p in weight_files(root).values()})
+    for file in [root / "config.json", *files]:
+        digest.update(file.name.encode())
+        with open(file, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
