@@ -1,0 +1,152 @@
+"""Checkpoint layouts: both naming schemes load to the same model; malformed checkpoints fail with clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from seer_deploy.errors import CheckpointError
+from seer_deploy.models.checkpoint import detect_layout, load_checkpoint, weight_files
+from seer_deploy.models.config import config_from_dict
+
+from conftest import tiny_model
+
+
+def _logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
+    return load_checkpoint(path).model(ids).logits
+
+
+def test_both_layouts_give_identical_logits(make_checkpoint) -> None:
+    model = tiny_model()
+    llada = make_checkpoint("llada", model=model)
+    llama = make_checkpoint("llama", model=model)
+    assert detect_layout(list(weight_files(llada))) == "llada"
+    assert detect_layout(list(weight_files(llama))) == "llama"
+    assert "d_model" in json.loads((llada / "config.json").read_text())
+    assert "hidden_size" in json.loads((llama / "config.json").read_text())
+    ids = torch.randint(0, 19, (2, 11))
+    ref = model(ids).logits
+    a, b = _logits(llada, ids), _logits(llama, ids)
+    assert torch.equal(a, b)
+    assert torch.equal(a, ref)
+
+
+def test_sharded_checkpoint_with_index_loads(make_checkpoint) -> None:
+    model = tiny_model(seed=3)
+    path = make_checkpoint("llada", name="sharded", model=model, max_shard_bytes=20_000)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    shards = set(index["weight_map"].values())
+    assert len(shards) > 2
+    assert not (path / "model.safetensors").exists()
+    ids = torch.randint(0, 19, (1, 9))
+    assert torch.equal(_logits(path, ids), model(ids).logits)
+
+
+def test_tied_embeddings_and_gqa_round_trip(make_checkpoint) -> None:
+    model = tiny_model(tie_embeddings=True, n_kv_heads=1)
+    path = make_checkpoint("llama", model=model)
+    loaded = load_checkpoint(path).model
+    assert loaded.lm_head.weight.data_ptr() == loaded.embed.weight.data_ptr()
+    ids = torch.randint(0, 19, (1, 7))
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_bf16_load(make_checkpoint) -> None:
+    path = make_checkpoint("llada")
+    loaded = load_checkpoint(path, dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in loaded.model.parameters())
+    assert loaded.model(torch.randint(0, 19, (1, 5))).logits.shape == (1, 5, 19)
+
+
+def _rewrite_weights(path: Path, edit) -> None:
+    file = path / "model.safetensors"
+    tensors = load_file(file)
+    edit(tensors)
+    save_file(tensors, file)
+
+
+def test_missing_weight_is_named(make_checkpoint) -> None:
+    path = make_checkpoint("llada")
+    _rewrite_weights(path, lambda t: t.pop("model.transformer.blocks.1.up_proj.weight"))
+    with pytest.raises(CheckpointError, match=r"missing weights.*blocks\.1\.up_proj"):
+        load_checkpoint(path)
+
+
+def test_wrong_shape_is_named(make_checkpoint) -> None:
+    path = make_checkpoint("llama")
+    key = "model.layers.0.mlp.gate_proj.weight"
+    _rewrite_weights(path, lambda t: t.__setitem__(key, torch.zeros(3, 3)))
+    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.mlp\.gate_proj\.weight has shape \(3, 3\)"):
+        load_checkpoint(path)
+
+
+def test_unexpected_weight_is_named(make_checkpoint) -> None:
+    path = make_checkpoint("llada")
+    _rewrite_weights(path, lambda t: t.__setitem__("model.transformer.blocks.0.q_norm.weight", torch.ones(4)))
+    with pytest.raises(CheckpointError, match=r"unexpected weights.*q_norm"):
+        load_checkpoint(path)
+
+
+def test_unknown_layout_lists_keys(make_checkpoint) -> None:
+    path = make_checkpoint("llada")
+    _rewrite_weights(path, lambda t: [t.__setitem__(k.replace("model.transformer.", "gpt."), t.pop(k)) for k in list(t)])
+    with pytest.raises(CheckpointError, match=r"unknown checkpoint layout.*gpt\."):
+        load_checkpoint(path)
+
+
+def test_missing_config_field_is_named(make_checkpoint) -> None:
+    path = make_checkpoint("llada")
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["mlp_hidden_size"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="missing 'mlp_hidden_size'"):
+        load_checkpoint(path)
+
+
+def test_corrupt_safetensors(make_checkpoint) -> None:
+    path = make_checkpoint("llada")
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(data[:100])
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        load_checkpoint(path)
+
+
+def test_missing_shard_and_missing_dir(make_checkpoint, tmp_path: Path) -> None:
+    path = make_checkpoint("llada", name="sharded", max_shard_bytes=20_000)
+    next(path.glob("model-00002-*.safetensors")).unlink()
+    with pytest.raises(CheckpointError, match="shard model-00002-of-.* is missing"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="config.json is missing"):
+        load_checkpoint(tmp_path / "empty")
+
+
+def test_pickle_weights_are_refused_with_a_fix(make_checkpoint) -> None:
+    path = make_checkpoint("llada")
+    (path / "model.safetensors").unlink()
+    (path / "pytorch_model.bin").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="safe_serialization"):
+        load_checkpoint(path)
+
+
+def test_llada_8b_config_fields_parse() -> None:
+    """The field names and values of LLaDA-8B-Instruct's config.json (from its model card) map as expected."""
+    raw = {
+        "d_model": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 32, "mlp_hidden_size": 12288,
+        "activation_type": "silu", "block_type": "llama", "vocab_size": 126464, "embedding_size": 126464,
+        "max_sequence_length": 4096, "rope_theta": 500000.0, "layer_norm_type": "rms", "rms_norm_eps": 1e-5,
+        "include_bias": False, "weight_tying": False, "mask_token_id": 126336, "eos_token_id": 126081,
+        "pad_token_id": 126081,
+    }
+    cfg = config_from_dict(raw)
+    assert (cfg.d_model, cfg.head_dim, cfg.mlp_hidden, cfg.mask_id, cfg.eos_id) == (4096, 128, 12288, 126336, 126081)
+    with pytest.raises(CheckpointError, match="mask token id is unknown"):
+        config_from_dict({k: v for k, v in raw.items() if k != "mask_token_id"})
+    with pytest.raises(CheckpointError, match="activation_type 'gelu'"):
+        config_from_dict({**raw, "activation_type": "gelu"})

@@ -1,0 +1,52 @@
+"""Tokenizers from tokenizer.json: the demo's, and LLaDA-Instruct's chat template when header tokens exist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+
+from seer_deploy.errors import CheckpointError
+from seer_deploy.models.demo_tasks import VOCAB, write_tokenizer
+from seer_deploy.models.tokenizer import Tokenizer, special_ids_from_tokenizer_file
+
+
+def test_demo_tokenizer_round_trip(tmp_path: Path) -> None:
+    write_tokenizer(tmp_path / "tokenizer.json")
+    ids = special_ids_from_tokenizer_file(tmp_path / "tokenizer.json")
+    assert ids == {"mask": VOCAB.index("<|mdm_mask|>"), "eos": VOCAB.index("<|endoftext|>"),
+                   "bos": VOCAB.index("<|startoftext|>")}
+    tok = Tokenizer(tmp_path / "tokenizer.json", eos_id=ids["eos"])
+    prompt = tok.encode_prompt("reverse 3141")
+    assert [VOCAB[i] for i in prompt] == ["<|startoftext|>", "reverse", "3", "1", "4", "1", "="]
+    answer = [VOCAB.index(c) for c in "1413"] + [ids["eos"], VOCAB.index("7")]
+    assert tok.decode_answer(answer) == "1413"  # stops at the first EOS
+
+
+def test_chat_template_for_instruct_tokenizers(tmp_path: Path) -> None:
+    specials = ["<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "<|eot_id|>", "<|start_header_id|>",
+                "<|end_header_id|>"]
+    vocab = {t: i for i, t in enumerate(specials + ["user", "assistant", "hi", "\n\n"])}
+    hf = HFTokenizer(WordLevel(vocab, unk_token="<|endoftext|>"))
+    hf.pre_tokenizer = Whitespace()
+    hf.add_special_tokens(specials)
+    hf.save(str(tmp_path / "tokenizer.json"))
+    ids = special_ids_from_tokenizer_file(tmp_path / "tokenizer.json")
+    assert ids["eot"] == vocab["<|eot_id|>"]
+    tok = Tokenizer(tmp_path / "tokenizer.json", eos_id=ids["eos"], eot_id=ids["eot"])
+    assert tok.chat
+    ids_out = tok.encode_prompt("hi")
+    assert ids_out[0] == vocab["<|startoftext|>"]
+    assert vocab["<|eot_id|>"] in ids_out and ids_out.count(vocab["<|start_header_id|>"]) == 2
+    assert tok.decode_answer([vocab["hi"], vocab["<|eot_id|>"], vocab["hi"]]) == "hi"
+
+
+def test_missing_or_broken_tokenizer(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="tokenizer.json is missing"):
+        Tokenizer(tmp_path / "tokenizer.json", eos_id=0)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not a readable tokenizer.json"):
+        Tokenizer(tmp_path / "tokenizer.json", eos_id=0)
