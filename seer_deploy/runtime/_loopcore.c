@@ -1,0 +1,456 @@
+/*
+ * seer_deploy.runtime._loopcore: the host logic of one denoising step in C.
+ *
+ * The same four functions as the numpy twin in loopcore.py, with the same results bit for bit: the transfer
+ * schedule, the top-k commit among masked positions of a block, the masks-left stop test and the bucket choice.
+ * Arrays arrive through the buffer protocol (no numpy C headers at build time); new arrays are made by calling
+ * numpy.empty, which is looked up once per module and kept in the module state (no C globals).
+ *
+ * Order of confidences (shared with the twin and reference.select_transfer): higher first; NaN ranks above every
+ * number; -0.0 equals +0.0; ties go to the lower position. Each (confidence, position) pair is mapped to a unique
+ * uint64 key whose unsigned order is exactly that order, so the top k are the k largest keys.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    PyObject *np_empty;     /* numpy.empty */
+    PyObject *np_int64;     /* numpy.int64 */
+    PyObject *config_error; /* seer_deploy.errors.ConfigError */
+} core_state;
+
+static core_state *get_state(PyObject *module) { return (core_state *)PyModule_GetState(module); }
+
+/* ---------------------------------------------------------------- buffers */
+
+typedef enum { KIND_INT64, KIND_FLOAT32 } elem_kind;
+
+/* The format code without a native byte-order prefix, or NULL when the byte order is not native. */
+static const char *native_format(const char *fmt) {
+    if (fmt == NULL) return "B";
+    if (fmt[0] == '@' || fmt[0] == '=') return fmt + 1;
+#if PY_BIG_ENDIAN
+    if (fmt[0] == '>' || fmt[0] == '!') return fmt + 1;
+    if (fmt[0] == '<') return NULL;
+#else
+    if (fmt[0] == '<') return fmt + 1;
+    if (fmt[0] == '>' || fmt[0] == '!') return NULL;
+#endif
+    return fmt;
+}
+
+static int format_matches(const Py_buffer *view, elem_kind kind) {
+    const char *f = native_format(view->format);
+    if (f == NULL) return 0;
+    if (kind == KIND_INT64) return view->itemsize == 8 && (strcmp(f, "l") == 0 || strcmp(f, "q") == 0);
+    return view->itemsize == 4 && strcmp(f, "f") == 0;
+}
+
+/*
+ * Get a C-contiguous buffer of `ndim` dimensions and the given element kind; on failure raise TypeError (not an
+ * array of that dtype) or ValueError (wrong rank, not contiguous, read-only) naming the argument, and return -1.
+ */
+static int get_array(PyObject *obj, const char *name, elem_kind kind, int ndim, int writable, Py_buffer *view) {
+    const char *dtype = kind == KIND_INT64 ? "int64" : "float32";
+    if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy array of dtype %s, got %s", name, dtype,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (!format_matches(view, kind)) {
+        PyErr_Format(PyExc_TypeError, "%s must have dtype %s (native byte order), got buffer format '%s'", name,
+                     dtype, view->format ? view->format : "B");
+        goto fail;
+    }
+    if (view->ndim != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s must be %d-D, got %d-D", name, ndim, view->ndim);
+        goto fail;
+    }
+    if (!PyBuffer_IsContiguous(view, 'C')) {
+        PyErr_Format(PyExc_ValueError, "%s must be C-contiguous; pass numpy.ascontiguousarray(%s)", name, name);
+        goto fail;
+    }
+    if (writable && view->readonly) {
+        PyErr_Format(PyExc_ValueError, "%s must be writable (it is updated in place)", name);
+        goto fail;
+    }
+    return 0;
+fail:
+    PyBuffer_Release(view);
+    return -1;
+}
+
+/* A new numpy int64 array of the given shape, and its writable buffer in *view. NULL with an exception on error. */
+static PyObject *new_int64_array(core_state *st, int ndim, const Py_ssize_t *shape, Py_buffer *view) {
+    PyObject *dims = PyTuple_New(ndim);
+    if (dims == NULL) return NULL;
+    for (int i = 0; i < ndim; i++) {
+        PyObject *d = PyLong_FromSsize_t(shape[i]);
+        if (d == NULL) {
+            Py_DECREF(dims);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(dims, i, d);
+    }
+    PyObject *kwargs = Py_BuildValue("{sO}", "dtype", st->np_int64);
+    PyObject *args = kwargs == NULL ? NULL : PyTuple_Pack(1, dims);
+    PyObject *arr = args == NULL ? NULL : PyObject_Call(st->np_empty, args, kwargs);
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
+    Py_DECREF(dims);
+    if (arr == NULL) return NULL;
+    if (PyObject_GetBuffer(arr, view, PyBUF_RECORDS) < 0) {
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+/* Check 1-D int64 row arguments of length B. */
+static int check_rows(const Py_buffer *view, const char *name, Py_ssize_t batch) {
+    if (view->shape[0] != batch) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd rows but x has %zd; pass one value per row", name,
+                     view->shape[0], batch);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_block(const int64_t *lo, const int64_t *hi, Py_ssize_t batch, Py_ssize_t seq) {
+    for (Py_ssize_t b = 0; b < batch; b++) {
+        if (lo[b] < 0 || lo[b] > hi[b] || hi[b] > (int64_t)seq) {
+            PyErr_Format(PyExc_ValueError,
+                         "row %zd: block [%lld, %lld) is not inside [0, %zd]; need 0 <= block_lo <= block_hi <= S",
+                         b, (long long)lo[b], (long long)hi[b], seq);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- transfer_schedule */
+
+static PyObject *transfer_schedule(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"n_masked", "steps", NULL};
+    PyObject *n_obj;
+    Py_ssize_t steps;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On:transfer_schedule", kwlist, &n_obj, &steps)) return NULL;
+    if (steps < 1) return PyErr_Format(PyExc_ValueError, "steps must be >= 1, got %zd", steps);
+    Py_buffer n_view;
+    if (get_array(n_obj, "n_masked", KIND_INT64, 1, 0, &n_view) < 0) return NULL;
+    const int64_t *n = (const int64_t *)n_view.buf;
+    Py_ssize_t batch = n_view.shape[0];
+    for (Py_ssize_t b = 0; b < batch; b++) {
+        if (n[b] < 0) {
+            PyBuffer_Release(&n_view);
+            return PyErr_Format(PyExc_ValueError, "n_masked[%zd] is %lld; counts must be >= 0", b, (long long)n[b]);
+        }
+    }
+    Py_ssize_t shape[2] = {batch, steps};
+    Py_buffer out_view;
+    PyObject *out = new_int64_array(get_state(module), 2, shape, &out_view);
+    if (out == NULL) {
+        PyBuffer_Release(&n_view);
+        return NULL;
+    }
+    int64_t *o = (int64_t *)out_view.buf;
+    for (Py_ssize_t b = 0; b < batch; b++) {
+        int64_t base = n[b] / steps, rem = n[b] % steps;
+        for (Py_ssize_t i = 0; i < steps; i++) o[b * steps + i] = base + (i < rem ? 1 : 0);
+    }
+    PyBuffer_Release(&out_view);
+    PyBuffer_Release(&n_view);
+    return out;
+}
+
+/* ---------------------------------------------------------------- commit_step */
+
+/* Map a confidence to a uint32 whose unsigned order is the confidence order (NaN highest, -0.0 == +0.0). */
+static inline uint32_t confidence_key(float c) {
+    if (c != c) return UINT32_MAX;
+    if (c == 0.0f) c = 0.0f;
+    uint32_t bits;
+    memcpy(&bits, &c, sizeof bits);
+    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+/* A unique key per candidate: confidence first, then the lower position wins. */
+static inline uint64_t order_key(float c, Py_ssize_t pos) {
+    return ((uint64_t)confidence_key(c) << 32) | (uint64_t)(UINT32_MAX - (uint32_t)pos);
+}
+
+static inline void sift_down(uint64_t *heap, Py_ssize_t n, Py_ssize_t i) {
+    for (;;) {
+        Py_ssize_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && heap[l] < heap[m]) m = l;
+        if (r < n && heap[r] < heap[m]) m = r;
+        if (m == i) return;
+        uint64_t t = heap[i];
+        heap[i] = heap[m];
+        heap[m] = t;
+        i = m;
+    }
+}
+
+/* Commit one row; `heap` has room for S keys. Returns the number committed. */
+static int64_t commit_row(int64_t *x, const int64_t *x0, const float *conf, Py_ssize_t lo, Py_ssize_t hi, int64_t k,
+                          int64_t mask_id, uint64_t *heap) {
+    if (k <= 0) return 0;
+    Py_ssize_t n_cand = 0;
+    for (Py_ssize_t p = lo; p < hi; p++) n_cand += x[p] == mask_id;
+    if (k >= n_cand) {
+        for (Py_ssize_t p = lo; p < hi; p++)
+            if (x[p] == mask_id) x[p] = x0[p];
+        return n_cand;
+    }
+    /* A min-heap of the k best keys seen so far: O(S log k), exact because keys are unique. */
+    Py_ssize_t size = 0;
+    for (Py_ssize_t p = lo; p < hi; p++) {
+        if (x[p] != mask_id) continue;
+        uint64_t key = order_key(conf[p], p);
+        if (size < k) {
+            Py_ssize_t i = size++;
+            heap[i] = key;
+            while (i > 0 && heap[(i - 1) / 2] > heap[i]) {
+                uint64_t t = heap[i];
+                heap[i] = heap[(i - 1) / 2];
+                heap[(i - 1) / 2] = t;
+                i = (i - 1) / 2;
+            }
+        } else if (key > heap[0]) {
+            heap[0] = key;
+            sift_down(heap, size, 0);
+        }
+    }
+    for (Py_ssize_t i = 0; i < size; i++) {
+        Py_ssize_t p = (Py_ssize_t)(UINT32_MAX - (uint32_t)(heap[i] & UINT32_MAX));
+        x[p] = x0[p];
+    }
+    return size;
+}
+
+static PyObject *commit_step(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"x", "x0", "confidence", "block_lo", "block_hi", "k", "mask_id", NULL};
+    PyObject *objs[6];
+    long long mask_id;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOL:commit_step", kwlist, &objs[0], &objs[1], &objs[2],
+                                     &objs[3], &objs[4], &objs[5], &mask_id))
+        return NULL;
+    static const char *names[6] = {"x", "x0", "confidence", "block_lo", "block_hi", "k"};
+    static const elem_kind kinds[6] = {KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_INT64, KIND_INT64, KIND_INT64};
+    static const int ndims[6] = {2, 2, 2, 1, 1, 1};
+    Py_buffer v[6];
+    int got = 0;
+    PyObject *out = NULL;
+    Py_buffer out_view;
+    int have_out = 0;
+    uint64_t *heap = NULL;
+    for (; got < 6; got++)
+        if (get_array(objs[got], names[got], kinds[got], ndims[got], got == 0, &v[got]) < 0) goto done;
+    Py_ssize_t batch = v[0].shape[0], seq = v[0].shape[1];
+    for (int i = 1; i < 3; i++) {
+        if (v[i].shape[0] != batch || v[i].shape[1] != seq) {
+            PyErr_Format(PyExc_ValueError, "%s has shape [%zd, %zd] but x has [%zd, %zd]; they must match", names[i],
+                         v[i].shape[0], v[i].shape[1], batch, seq);
+            goto done;
+        }
+    }
+    for (int i = 3; i < 6; i++)
+        if (check_rows(&v[i], names[i], batch) < 0) goto done;
+    if ((uint64_t)seq > (uint64_t)UINT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "sequence length %zd is too long (at most 2**32 - 1)", seq);
+        goto done;
+    }
+    const int64_t *lo = (const int64_t *)v[3].buf, *hi = (const int64_t *)v[4].buf, *k = (const int64_t *)v[5].buf;
+    if (check_block(lo, hi, batch, seq) < 0) goto done;
+    for (Py_ssize_t b = 0; b < batch; b++) {
+        if (k[b] < 0) {
+            PyErr_Format(PyExc_ValueError, "k[%zd] is %lld; the number to commit must be >= 0", b, (long long)k[b]);
+            goto done;
+        }
+    }
+    Py_ssize_t shape[1] = {batch};
+    out = new_int64_array(get_state(module), 1, shape, &out_view);
+    if (out == NULL) goto done;
+    have_out = 1;
+    heap = PyMem_Malloc((size_t)(seq > 0 ? seq : 1) * sizeof(uint64_t));
+    if (heap == NULL) {
+        Py_CLEAR(out);
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *x = (int64_t *)v[0].buf, *counts = (int64_t *)out_view.buf;
+    const int64_t *x0 = (const int64_t *)v[1].buf;
+    const float *conf = (const float *)v[2].buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t b = 0; b < batch; b++)
+        counts[b] = commit_row(x + b * seq, x0 + b * seq, conf + b * seq, (Py_ssize_t)lo[b], (Py_ssize_t)hi[b], k[b],
+                               (int64_t)mask_id, heap);
+    Py_END_ALLOW_THREADS
+done:
+    PyMem_Free(heap);
+    if (have_out) PyBuffer_Release(&out_view);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return out;
+}
+
+/* ---------------------------------------------------------------- masks_left */
+
+static PyObject *masks_left(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"x", "block_lo", "block_hi", "mask_id", NULL};
+    PyObject *objs[3];
+    long long mask_id;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOL:masks_left", kwlist, &objs[0], &objs[1], &objs[2],
+                                     &mask_id))
+        return NULL;
+    static const char *names[3] = {"x", "block_lo", "block_hi"};
+    Py_buffer v[3];
+    int got = 0;
+    PyObject *out = NULL;
+    for (; got < 3; got++)
+        if (get_array(objs[got], names[got], KIND_INT64, got == 0 ? 2 : 1, 0, &v[got]) < 0) goto done;
+    Py_ssize_t batch = v[0].shape[0], seq = v[0].shape[1];
+    if (check_rows(&v[1], names[1], batch) < 0 || check_rows(&v[2], names[2], batch) < 0) goto done;
+    const int64_t *x = (const int64_t *)v[0].buf, *lo = (const int64_t *)v[1].buf, *hi = (const int64_t *)v[2].buf;
+    if (check_block(lo, hi, batch, seq) < 0) goto done;
+    Py_ssize_t shape[1] = {batch};
+    Py_buffer out_view;
+    out = new_int64_array(get_state(module), 1, shape, &out_view);
+    if (out == NULL) goto done;
+    int64_t *counts = (int64_t *)out_view.buf;
+    for (Py_ssize_t b = 0; b < batch; b++) {
+        int64_t n = 0;
+        for (int64_t p = lo[b]; p < hi[b]; p++) n += x[b * seq + p] == (int64_t)mask_id;
+        counts[b] = n;
+    }
+    PyBuffer_Release(&out_view);
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return out;
+}
+
+/* ---------------------------------------------------------------- choose_bucket */
+
+static PyObject *choose_bucket(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"length", "buckets", NULL};
+    PyObject *length_obj, *buckets_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:choose_bucket", kwlist, &length_obj, &buckets_obj))
+        return NULL;
+    core_state *st = get_state(module);
+    PyObject *idx = PyNumber_Index(length_obj);
+    if (idx == NULL) return NULL;
+    long long length = PyLong_AsLongLong(idx);
+    Py_DECREF(idx);
+    if (length == -1 && PyErr_Occurred()) return NULL;
+    if (length < 0) return PyErr_Format(st->config_error, "length %lld is negative; lengths are >= 0", length);
+    PyObject *seq = PySequence_Fast(buckets_obj, "buckets must be a sequence of ints");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n == 0) {
+        Py_DECREF(seq);
+        return PyErr_Format(st->config_error, "no length buckets given; build the engine with at least one bucket");
+    }
+    Py_ssize_t best = -1;
+    long long best_value = 0, largest = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyNumber_Index(PySequence_Fast_GET_ITEM(seq, i));
+        if (item == NULL) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        long long value = PyLong_AsLongLong(item);
+        Py_DECREF(item);
+        if (value == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (value < 1) {
+            Py_DECREF(seq);
+            return PyErr_Format(st->config_error, "bucket %zd is %lld; buckets must be positive lengths", i, value);
+        }
+        if (value > largest) largest = value;
+        if (value >= length && (best < 0 || value < best_value)) {
+            best = i;
+            best_value = value;
+        }
+    }
+    Py_DECREF(seq);
+    if (best < 0)
+        return PyErr_Format(st->config_error,
+                            "length %lld does not fit the largest bucket (%lld); rebuild the engine with a bucket "
+                            ">= %lld or lower gen_length",
+                            length, largest, length);
+    return PyLong_FromSsize_t(best);
+}
+
+/* ---------------------------------------------------------------- module */
+
+static PyMethodDef core_methods[] = {
+    {"transfer_schedule", (PyCFunction)(void (*)(void))transfer_schedule, METH_VARARGS | METH_KEYWORDS,
+     "transfer_schedule(n_masked: int64[B], steps) -> int64[B, steps]: even split, remainder to the first steps."},
+    {"commit_step", (PyCFunction)(void (*)(void))commit_step, METH_VARARGS | METH_KEYWORDS,
+     "commit_step(x, x0, confidence, block_lo, block_hi, k, mask_id) -> int64[B]: commit the k[b] most confident "
+     "masked positions of [block_lo[b], block_hi[b]) in place; returns the number committed per row."},
+    {"masks_left", (PyCFunction)(void (*)(void))masks_left, METH_VARARGS | METH_KEYWORDS,
+     "masks_left(x, block_lo, block_hi, mask_id) -> int64[B]: masked positions left in each row's block."},
+    {"choose_bucket", (PyCFunction)(void (*)(void))choose_bucket, METH_VARARGS | METH_KEYWORDS,
+     "choose_bucket(length, buckets) -> int: index of the smallest bucket >= length (ConfigError if none)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int core_exec(PyObject *module) {
+    core_state *st = get_state(module);
+    PyObject *numpy = PyImport_ImportModule("numpy");
+    if (numpy == NULL) return -1;
+    st->np_empty = PyObject_GetAttrString(numpy, "empty");
+    st->np_int64 = PyObject_GetAttrString(numpy, "int64");
+    Py_DECREF(numpy);
+    if (st->np_empty == NULL || st->np_int64 == NULL) return -1;
+    PyObject *errors = PyImport_ImportModule("seer_deploy.errors");
+    if (errors == NULL) return -1;
+    st->config_error = PyObject_GetAttrString(errors, "ConfigError");
+    Py_DECREF(errors);
+    if (st->config_error == NULL) return -1;
+    return PyModule_AddStringConstant(module, "CORE_NAME", "c");
+}
+
+static int core_traverse(PyObject *module, visitproc visit, void *arg) {
+    core_state *st = get_state(module);
+    Py_VISIT(st->np_empty);
+    Py_VISIT(st->np_int64);
+    Py_VISIT(st->config_error);
+    return 0;
+}
+
+static int core_clear(PyObject *module) {
+    core_state *st = get_state(module);
+    Py_CLEAR(st->np_empty);
+    Py_CLEAR(st->np_int64);
+    Py_CLEAR(st->config_error);
+    return 0;
+}
+
+static void core_free(void *module) { core_clear((PyObject *)module); }
+
+static PyModuleDef_Slot core_slots[] = {
+    {Py_mod_exec, (void *)core_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "seer_deploy.runtime._loopcore",
+    .m_doc = "The C core of the denoising loop's host logic (see seer_deploy/runtime/loopcore.py for the twin).",
+    .m_size = sizeof(core_state),
+    .m_methods = core_methods,
+    .m_slots = core_slots,
+    .m_traverse = core_traverse,
+    .m_clear = core_clear,
+    .m_free = core_free,
+};
+
+PyMODINIT_FUNC PyInit__loopcore(void) { return PyModuleDef_Init(&core_module); }
