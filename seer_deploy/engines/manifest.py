@@ -1,0 +1,233 @@
+"""The engine manifest (`engine.json`) and the checks that keep an engine from running where it would be wrong.
+
+An engine is only valid for the exact export it was built from (model fingerprint and graph hashes) and, for
+TensorRT, for the TensorRT version and GPU that built it. Those facts are recorded at build time and compared on
+load: a mismatch is an ArtifactError naming what differs and how to rebuild, never a silently wrong answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from seer_deploy.engines.buckets import ProfileLayout, check_buckets
+from seer_deploy.errors import ArtifactError, ConfigError
+
+ENGINE_FORMAT = "seer-deploy-engine"
+ENGINE_FORMAT_VERSION = 1
+MANIFEST_FILE = "engine.json"
+
+BackendName = Literal["ort", "tensorrt"]
+BACKENDS: tuple[BackendName, ...] = ("ort", "tensorrt")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to a temp file beside `path`, fsync, then rename: readers see the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True)
+class TensorRTFacts:
+    """What a TensorRT engine is tied to, plus which profile serves which bucket."""
+
+    version: str
+    gpu_name: str
+    compute_capability: str  # "major.minor", e.g. "9.0"
+    profile_index: dict[int, int]  # bucket -> optimization profile index (the same in every graph's engine)
+    workspace_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineManifest:
+    """Everything needed to load an engine dir and to refuse it where it does not belong."""
+
+    backend: BackendName
+    buckets: tuple[int, ...]
+    max_batch: int
+    min_prompt: int
+    max_prompt: int
+    model_fingerprint: str
+    graph_hashes: dict[str, str]  # graph name (step0, step) -> sha256 of the ONNX file the engine came from
+    files: dict[str, str]  # graph name -> file in the engine dir ("" for ORT without a saved optimised model)
+    versions: dict[str, str]  # seer_deploy, onnx, onnxruntime / tensorrt
+    tensorrt: TensorRTFacts | None = None
+    ort_session: dict[str, Any] | None = None  # the ORT session settings the engine dir runs with
+    format_version: int = ENGINE_FORMAT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (export dir, build options)
+
+    @property
+    def layout(self) -> ProfileLayout:
+        return ProfileLayout(self.buckets, self.max_batch, self.max_prompt, self.min_prompt)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["buckets"] = list(self.buckets)
+        if self.tensorrt is not None:  # JSON keys are strings
+            data["tensorrt"]["profile_index"] = {str(b): i for b, i in self.tensorrt.profile_index.items()}
+        return {"format": ENGINE_FORMAT, **data}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "engine manifest") -> EngineManifest:
+        """Parse and validate; ArtifactError names the first problem."""
+        if data.get("format") != ENGINE_FORMAT:
+            raise ArtifactError(f"{source} is not a seer-deploy engine manifest (format {data.get('format')!r})")
+        version = data.get("format_version")
+        if version != ENGINE_FORMAT_VERSION:
+            raise ArtifactError(
+                f"{source} has format_version {version}, this seer-deploy reads {ENGINE_FORMAT_VERSION}; "
+                f"rebuild the engine with this version (seer-deploy build EXPORT_DIR --out ENGINE_DIR)"
+            )
+        try:
+            backend = data["backend"]
+            if backend not in BACKENDS:
+                raise ArtifactError(f"{source}: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+            trt = data.get("tensorrt")
+            facts = None
+            if trt is not None:
+                facts = TensorRTFacts(
+                    version=str(trt["version"]),
+                    gpu_name=str(trt["gpu_name"]),
+                    compute_capability=str(trt["compute_capability"]),
+                    profile_index={int(b): int(i) for b, i in trt["profile_index"].items()},
+                    workspace_bytes=None if trt.get("workspace_bytes") is None else int(trt["workspace_bytes"]),
+                )
+            manifest = cls(
+                backend=backend,
+                buckets=tuple(int(b) for b in data["buckets"]),
+                max_batch=int(data["max_batch"]),
+                min_prompt=int(data["min_prompt"]),
+                max_prompt=int(data["max_prompt"]),
+                model_fingerprint=str(data["model_fingerprint"]),
+                graph_hashes={str(k): str(v) for k, v in data["graph_hashes"].items()},
+                files={str(k): str(v) for k, v in data["files"].items()},
+                versions={str(k): str(v) for k, v in data["versions"].items()},
+                tensorrt=facts,
+                ort_session=None if data.get("ort_session") is None else dict(data["ort_session"]),
+                format_version=int(version),
+                extra=dict(data.get("extra") or {}),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ArtifactError(f"{source} is malformed ({type(exc).__name__}: {exc}); rebuild the engine") from exc
+        manifest.validate(source)
+        return manifest
+
+    def validate(self, source: str = "engine manifest") -> None:
+        """Internal consistency: buckets, profiles and the backend's own section."""
+        try:
+            check_buckets(self.buckets)
+            self.layout.validate()
+        except ConfigError as exc:
+            raise ArtifactError(f"{source}: {exc}") from exc
+        if self.backend == "tensorrt":
+            if self.tensorrt is None:
+                raise ArtifactError(f"{source}: a TensorRT engine manifest needs its 'tensorrt' section")
+            if sorted(self.tensorrt.profile_index) != list(self.buckets):
+                raise ArtifactError(
+                    f"{source}: profile_index covers buckets {sorted(self.tensorrt.profile_index)}, "
+                    f"the engine has {list(self.buckets)}"
+                )
+        if set(self.files) != set(self.graph_hashes):
+            raise ArtifactError(f"{source}: files {sorted(self.files)} and graphs {sorted(self.graph_hashes)} differ")
+
+    def save(self, engine_dir: Path) -> Path:
+        path = Path(engine_dir) / MANIFEST_FILE
+        write_atomic(path, (json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n").encode())
+        return path
+
+    @classmethod
+    def load(cls, engine_dir: Path) -> EngineManifest:
+        path = Path(engine_dir) / MANIFEST_FILE
+        if not path.is_file():
+            raise ArtifactError(
+                f"{engine_dir} has no {MANIFEST_FILE}; it is not an engine dir "
+                f"(make one with: seer-deploy build EXPORT_DIR --out {engine_dir})"
+            )
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ArtifactError(f"{path} is not valid JSON ({exc}); rebuild the engine") from exc
+        if not isinstance(data, dict):
+            raise ArtifactError(f"{path} is not a JSON object; rebuild the engine")
+        return cls.from_dict(data, source=str(path))
+
+
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """What the loader sees now: the export it was pointed at and, for TensorRT, the library and the GPU.
+
+    None means "not known / not applicable" and skips that comparison (e.g. no GPU facts for an ORT engine).
+    """
+
+    model_fingerprint: str | None = None
+    graph_hashes: Mapping[str, str] | None = None
+    backend: BackendName | None = None
+    tensorrt_version: str | None = None
+    gpu_name: str | None = None
+    compute_capability: str | None = None
+    onnxruntime_version: str | None = None
+
+
+_REBUILD = "rebuild it here: seer-deploy build EXPORT_DIR --out ENGINE_DIR --backend {backend}"
+
+
+def check_engine_compatible(engine: EngineManifest, facts: RuntimeFacts) -> None:
+    """ArtifactError on the first mismatch between an engine and where it is about to run.
+
+    Checked: backend, model fingerprint, every graph hash, and for TensorRT the exact library version (serialized
+    engines are not portable across versions) and the GPU (name and compute capability: kernels are chosen per
+    device). An ORT engine dir that saved optimised models is also tied to its ONNX Runtime version.
+    """
+    fix = _REBUILD.format(backend=engine.backend)
+    if facts.backend is not None and facts.backend != engine.backend:
+        raise ArtifactError(f"the engine dir holds a {engine.backend} engine, not {facts.backend}; {fix}")
+    if facts.model_fingerprint is not None and facts.model_fingerprint != engine.model_fingerprint:
+        raise ArtifactError(
+            f"the engine was built for model {engine.model_fingerprint[:12]}, the export is model "
+            f"{facts.model_fingerprint[:12]}; use the export it was built from, or {fix}"
+        )
+    if facts.graph_hashes is not None:
+        for name, digest in engine.graph_hashes.items():
+            have = facts.graph_hashes.get(name)
+            if have != digest:
+                what = "is missing" if have is None else f"has hash {have[:12]}"
+                raise ArtifactError(
+                    f"the engine's {name} graph was built from ONNX {digest[:12]}, the export's {name} {what}; "
+                    f"the export changed since the build: {fix}"
+                )
+    if engine.backend == "tensorrt":
+        trt = engine.tensorrt
+        assert trt is not None  # validate() guarantees it
+        if facts.tensorrt_version is not None and facts.tensorrt_version != trt.version:
+            raise ArtifactError(
+                f"the engine was built with TensorRT {trt.version}, this machine has TensorRT "
+                f"{facts.tensorrt_version}; install TensorRT {trt.version} or {fix}"
+            )
+        if facts.gpu_name is not None and facts.gpu_name != trt.gpu_name:
+            raise ArtifactError(f"the engine was built on a {trt.gpu_name}, this GPU is a {facts.gpu_name}; {fix}")
+        if facts.compute_capability is not None and facts.compute_capability != trt.compute_capability:
+            raise ArtifactError(
+                f"the engine was built for compute capability {trt.compute_capability}, this GPU has "
+                f"{facts.compute_capability}; {fix}"
+            )
+    if engine.backend == "ort" and any(engine.files.values()):
+        built = engine.versions.get("onnxruntime")
+        if facts.onnxruntime_version is not None and built is not None and facts.onnxruntime_version != built:
+            raise ArtifactError(
+                f"the engine dir's optimised models were saved by ONNX Runtime {built}, this is "
+                f"{facts.onnxruntime_version}; {fix}"
+            )

@@ -1,0 +1,335 @@
+"""Every TensorRT call in seer-deploy: building an engine with one optimization profile per length bucket, and
+running it (`TensorRTBackend`).
+
+Type-checked against tensorrt-stubs by .ci/mypy-tensorrt.sh; TensorRT itself is only on GPU machines, so this
+module imports without it and `require_tensorrt()` turns its absence into one clear error.
+
+Device buffers are torch CUDA tensors (torch is already a dependency; cuda-python would add one): inputs are
+copied with `tensor.to(device)`, outputs are allocated with `torch.empty`, TensorRT gets their `data_ptr()`, and
+execution is enqueued on torch's current stream so torch's own ordering and caching allocator stay correct.
+All of an engine's profiles share one execution-memory buffer (sized for the largest profile): calls run one at a
+time on one stream, so the per-profile contexts never use it concurrently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from seer_deploy.engines.buckets import Profile, ProfileLayout, choose_profile_for_seq
+from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible, write_atomic
+from seer_deploy.errors import ArtifactError, ConfigError
+from seer_deploy.export.sampling import step_feed
+from seer_deploy.runtime.backend import Step0Output, StepOutput
+
+try:
+    import tensorrt as trt
+except (ImportError, OSError):  # no TensorRT (or no driver for it) on this machine
+    if not TYPE_CHECKING:
+        trt = None
+
+Progress = Callable[[str], None]
+
+INSTALL_HINT = (
+    "TensorRT is not installed (it needs an NVIDIA GPU); install it with `pip install tensorrt` on a GPU machine, "
+    "or build for ONNX Runtime with --backend ort"
+)
+
+
+def tensorrt_available() -> bool:
+    """True when the real TensorRT bindings import (the stubs alone install an empty `tensorrt` package)."""
+    return trt is not None and hasattr(trt, "Builder")
+
+
+def require_tensorrt() -> None:
+    if not tensorrt_available():
+        raise ConfigError(INSTALL_HINT)
+
+
+def tensorrt_version() -> str:
+    require_tensorrt()
+    return str(trt.__version__)
+
+
+def gpu_facts(device: int = 0) -> tuple[str, str]:
+    """(name, "major.minor" compute capability) of the CUDA device engines are built for and run on."""
+    if not torch.cuda.is_available():
+        raise ConfigError("TensorRT needs a CUDA GPU and none is visible (check the driver and CUDA_VISIBLE_DEVICES)")
+    major, minor = torch.cuda.get_device_capability(device)
+    return torch.cuda.get_device_name(device), f"{major}.{minor}"
+
+
+def runtime_facts(device: int = 0) -> RuntimeFacts:
+    """This machine's TensorRT version and GPU, for `check_engine_compatible`."""
+    name, capability = gpu_facts(device)
+    return RuntimeFacts(backend="tensorrt", tensorrt_version=tensorrt_version(), gpu_name=name,
+                        compute_capability=capability)
+
+
+@dataclass(frozen=True)
+class TensorRTBuildOptions:
+    """Builder settings; the engine's precision is whatever the ONNX carries (strongly typed network)."""
+
+    workspace_bytes: int | None = None  # None: TensorRT's default (the device's memory)
+    timing_cache: Path | None = None  # loaded when it exists, saved (atomically) after each build
+    optimization_level: int | None = None  # builder_optimization_level 0..5; None: TensorRT's default (3)
+
+
+def _progress_monitor(progress: Progress) -> trt.IProgressMonitor:
+    """A TensorRT progress monitor that forwards top-level build phases to `progress` (defined here, not at
+    module level, because its base class exists only where TensorRT is installed)."""
+
+    class Monitor(trt.IProgressMonitor):
+        def __init__(self) -> None:
+            trt.IProgressMonitor.__init__(self)
+
+        def phase_start(self, phase_name: str, parent_phase: str, num_steps: int) -> None:
+            if not parent_phase:
+                progress(f"  {phase_name} ({num_steps} steps)")
+
+        def step_complete(self, phase_name: str, step: int) -> bool:
+            return True  # never cancel the build
+
+        def phase_finish(self, phase_name: str) -> None:
+            pass
+
+    return Monitor()
+
+
+def _parse_onnx(builder: trt.Builder, logger: trt.ILogger, onnx_path: Path) -> trt.INetworkDefinition:
+    """A strongly typed network from the ONNX file (parse_from_file resolves external weight files)."""
+    flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise ArtifactError(f"TensorRT cannot parse {onnx_path}: {errors}; re-export it or check the opset")
+    return network
+
+
+def _check_inputs(network: trt.INetworkDefinition, profiles: Sequence[Profile], onnx_path: Path) -> None:
+    names = {network.get_input(i).name: len(network.get_input(i).shape) for i in range(network.num_inputs)}
+    wanted = profiles[0].shapes
+    if set(names) != set(wanted):
+        raise ArtifactError(
+            f"{onnx_path} has inputs {sorted(names)}, the profiles were planned for {sorted(wanted)}; "
+            f"the export manifest and the graph disagree: re-export"
+        )
+    for name, rank in names.items():
+        if rank != len(wanted[name].min):
+            raise ArtifactError(f"{onnx_path}: input {name} has rank {rank}, expected {len(wanted[name].min)}")
+
+
+def build_serialized_engine(
+    onnx_path: Path, profiles: Sequence[Profile], options: TensorRTBuildOptions, progress: Progress
+) -> bytes:
+    """Parse, add one optimization profile per bucket (profile i = bucket i), build, return the plan bytes."""
+    require_tensorrt()
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = _parse_onnx(builder, logger, onnx_path)
+    _check_inputs(network, profiles, onnx_path)
+    config = builder.create_builder_config()
+    if options.workspace_bytes is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_bytes)
+    if options.optimization_level is not None:
+        config.builder_optimization_level = options.optimization_level
+    cache_bytes = b""
+    if options.timing_cache is not None and options.timing_cache.is_file():
+        cache_bytes = options.timing_cache.read_bytes()
+        progress(f"  timing cache: {options.timing_cache} ({len(cache_bytes)} bytes)")
+    cache = config.create_timing_cache(cache_bytes)
+    if not config.set_timing_cache(cache, False):
+        raise ArtifactError(f"timing cache {options.timing_cache} does not fit this TensorRT/GPU; delete it")
+    for profile in profiles:
+        trt_profile = builder.create_optimization_profile()
+        for name, shape in profile.shapes.items():
+            trt_profile.set_shape(name, trt.Dims(list(shape.min)), trt.Dims(list(shape.opt)), trt.Dims(list(shape.max)))
+        index = config.add_optimization_profile(trt_profile)
+        if index != profile.index:
+            raise ArtifactError(f"TensorRT rejected the optimization profile for bucket {profile.bucket}")
+    config.progress_monitor = _progress_monitor(progress)
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise ArtifactError(
+            f"TensorRT could not build an engine from {onnx_path} (see its log above); a larger --workspace or "
+            f"fewer/smaller buckets may help"
+        )
+    if options.timing_cache is not None:
+        write_atomic(options.timing_cache, bytes(config.get_timing_cache().serialize()))
+    return bytes(plan)
+
+
+def _dims(dims: trt.Dims) -> tuple[int, ...]:
+    return tuple(dims[i] for i in range(len(dims)))
+
+
+def _torch_dtype(dtype: trt.DataType) -> torch.dtype:
+    table = {
+        trt.DataType.FLOAT: torch.float32,
+        trt.DataType.HALF: torch.float16,
+        trt.DataType.BF16: torch.bfloat16,
+        trt.DataType.INT32: torch.int32,
+        trt.DataType.INT64: torch.int64,
+        trt.DataType.INT8: torch.int8,
+        trt.DataType.UINT8: torch.uint8,
+        trt.DataType.BOOL: torch.bool,
+    }
+    if dtype not in table:
+        raise ArtifactError(f"engine tensor type {dtype} has no torch equivalent; re-export with standard types")
+    return table[dtype]
+
+
+class _Engine:
+    """One deserialized engine, an execution context per profile, and the execution memory they share."""
+
+    def __init__(self, runtime: trt.Runtime, plan: bytes, n_profiles: int, device: torch.device, path: Path) -> None:
+        engine = runtime.deserialize_cuda_engine(plan)
+        if engine is None:
+            raise ArtifactError(f"TensorRT cannot load {path}; rebuild it with this TensorRT version on this GPU")
+        if engine.num_optimization_profiles != n_profiles:
+            raise ArtifactError(
+                f"{path} has {engine.num_optimization_profiles} optimization profiles, the manifest lists "
+                f"{n_profiles} buckets; rebuild the engine"
+            )
+        self.engine = engine
+        self.device = device
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        self.inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        self.dtypes = {n: _torch_dtype(engine.get_tensor_dtype(n)) for n in names}
+        size = max(engine.get_device_memory_size_for_profile_v2(i) for i in range(n_profiles))
+        self._memory = torch.empty(max(size, 1), dtype=torch.uint8, device=device)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        config = engine.create_runtime_config()
+        config.set_execution_context_allocation_strategy(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+        self.contexts = []
+        for i in range(n_profiles):
+            context = engine.create_execution_context(config)
+            context.set_device_memory(self._memory.data_ptr(), self._memory.numel())
+            if not context.set_optimization_profile_async(i, stream):
+                raise ArtifactError(f"{path}: cannot select optimization profile {i}; rebuild the engine")
+            self.contexts.append(context)
+
+    def run(self, profile: int, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Copy feeds to the device, run on torch's current stream, return every output on the host."""
+        if set(feeds) != set(self.inputs):
+            raise ConfigError(f"the engine takes inputs {sorted(self.inputs)}, got {sorted(feeds)}")
+        context = self.contexts[profile]
+        keep = []  # device tensors must outlive the enqueued work
+        for name, array in feeds.items():
+            tensor = torch.from_numpy(np.ascontiguousarray(array)).to(self.device, self.dtypes[name])
+            keep.append(tensor)
+            if not context.set_input_shape(name, tuple(tensor.shape)):
+                raise ConfigError(f"input {name} of shape {tuple(tensor.shape)} is outside optimization profile "
+                                  f"{profile}; check --max-batch/--max-prompt of the build")
+            context.set_tensor_address(name, tensor.data_ptr())
+        outputs = {}
+        for name in self.outputs:
+            shape = _dims(context.get_tensor_shape(name))
+            outputs[name] = torch.empty(shape, dtype=self.dtypes[name], device=self.device)
+            context.set_tensor_address(name, outputs[name].data_ptr())
+        if not context.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
+            raise ArtifactError(f"TensorRT failed to run profile {profile} (see its log above)")
+        host = {name: t.cpu().numpy() for name, t in outputs.items()}  # .cpu() waits for the stream
+        del keep
+        return host
+
+
+def _base_feeds(input_ids: np.ndarray, attention_mask: np.ndarray | None) -> dict[str, np.ndarray]:
+    ids = np.asarray(input_ids, dtype=np.int64)
+    if ids.ndim != 2:
+        raise ConfigError(f"input_ids must be [batch, seq], got shape {ids.shape}")
+    mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
+    if mask.shape != ids.shape:
+        raise ConfigError(f"attention_mask shape {mask.shape} differs from input_ids shape {ids.shape}")
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+class TensorRTBackend:
+    """`seer_deploy.runtime.backend.Backend` over TensorRT: step0.engine and step.engine, context per profile.
+
+    The profile is chosen from the call's sequence length (the Backend interface passes only input_ids [B, S]):
+    the smallest bucket whose profile covers S, which always exists for S <= max_prompt + largest bucket.
+    """
+
+    name = "tensorrt"
+
+    def __init__(
+        self,
+        engine_dir: Path,
+        manifest: EngineManifest,
+        *,
+        sparsity_rows: list[tuple[int, str]],
+        max_seq_len: int,
+        device: int = 0,
+    ) -> None:
+        require_tensorrt()
+        self.layout: ProfileLayout = manifest.layout
+        self.sparsity_rows = sparsity_rows
+        self.max_seq_len = min(max_seq_len, self.layout.max_prompt + self.layout.buckets[-1])
+        self._device = torch.device("cuda", device)
+        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        self._engines: dict[str, _Engine] = {}
+        for graph in ("step0", "step"):
+            path = engine_dir / manifest.files[graph]
+            self._engines[graph] = _Engine(runtime, path.read_bytes(), len(self.layout.buckets), self._device, path)
+
+    @classmethod
+    def open(
+        cls,
+        engine_dir: Path,
+        export_facts: RuntimeFacts,
+        *,
+        sparsity_rows: list[tuple[int, str]],
+        max_seq_len: int,
+        device: int = 0,
+    ) -> TensorRTBackend:
+        """Load an engine dir after checking it against the export (fingerprint, graph hashes) and this machine."""
+        require_tensorrt()
+        manifest = EngineManifest.load(engine_dir)
+        here = runtime_facts(device)
+        facts = RuntimeFacts(
+            model_fingerprint=export_facts.model_fingerprint,
+            graph_hashes=export_facts.graph_hashes,
+            backend="tensorrt",
+            tensorrt_version=here.tensorrt_version,
+            gpu_name=here.gpu_name,
+            compute_capability=here.compute_capability,
+        )
+        check_engine_compatible(manifest, facts)
+        return cls(engine_dir, manifest, sparsity_rows=sparsity_rows, max_seq_len=max_seq_len, device=device)
+
+    def _run(self, graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        batch, seq = feeds["input_ids"].shape
+        profile = choose_profile_for_seq(seq, self.layout, batch=batch)
+        return self._engines[graph].run(profile, feeds)
+
+    def step0(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> Step0Output:
+        out = self._run("step0", _base_feeds(input_ids, attention_mask))
+        return Step0Output(
+            token_ids=out["token_ids"].astype(np.int64, copy=False),
+            confidence=out["confidence"].astype(np.float32, copy=False),
+            eos_prob=out["eos_prob"].astype(np.float32, copy=False),
+            sparsity=out["sparsity"].astype(np.float32, copy=False),
+        )
+
+    def step(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray | None,
+        temperature: float = 0.0,
+        seed: int | None = None,
+    ) -> StepOutput:
+        feeds = _base_feeds(input_ids, attention_mask)
+        feeds.update(step_feed(input_ids.shape[0], input_ids.shape[1], temperature, seed))
+        out = self._run("step", feeds)
+        return StepOutput(
+            token_ids=out["token_ids"].astype(np.int64, copy=False),
+            confidence=out["confidence"].astype(np.float32, copy=False),
+        )

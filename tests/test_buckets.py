@@ -1,0 +1,255 @@
+"""Length buckets: power-of-two ladders, the histogram-optimal plan (against brute force), profiles and their choice."""
+
+from __future__ import annotations
+
+from itertools import combinations, pairwise
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seer_deploy.engines.buckets import (
+    ProfileLayout,
+    bucket_index,
+    choose_profile,
+    choose_profile_for_seq,
+    expected_padding,
+    input_axes,
+    parse_buckets,
+    plan_buckets,
+    power_of_two_buckets,
+    profile_shapes,
+)
+from seer_deploy.errors import ArtifactError, ConfigError
+
+STEP_INPUTS = {
+    "input_ids": ["batch", "seq"],
+    "attention_mask": ["batch", "seq"],
+    "temperature": ["batch"],
+    "sample_uniform": ["batch", "seq"],
+}
+
+
+# ---------------------------------------------------------------- power-of-two ladders
+
+
+def test_power_of_two_examples() -> None:
+    assert power_of_two_buckets(48, 16) == [16, 32, 48]
+    assert power_of_two_buckets(64, 16) == [16, 32, 64]
+    assert power_of_two_buckets(100, 20) == [32, 64, 100]  # min_bucket rounds up to a power of two
+    assert power_of_two_buckets(10, 16) == [10]  # a tiny model: one bucket, the whole length
+
+
+@given(max_len=st.integers(1, 5000), min_bucket=st.integers(1, 300))
+def test_power_of_two_properties(max_len: int, min_bucket: int) -> None:
+    buckets = power_of_two_buckets(max_len, min_bucket)
+    assert buckets[-1] == max_len
+    assert buckets == sorted(set(buckets))
+    for b in buckets[:-1]:
+        assert b & (b - 1) == 0 and b >= min_bucket
+    for a, b in pairwise(buckets[:-1]):
+        assert b == 2 * a
+
+
+def test_plan_without_histogram_is_the_ladder() -> None:
+    assert plan_buckets(256) == power_of_two_buckets(256)
+
+
+@pytest.mark.parametrize("bad", [{"max_gen_length": 0}, {"max_gen_length": 64, "min_bucket": 0},
+                                 {"max_gen_length": 64, "max_buckets": 0}])
+def test_plan_rejects_bad_settings(bad: dict[str, int]) -> None:
+    with pytest.raises(ConfigError):
+        plan_buckets(**bad)
+
+
+# ---------------------------------------------------------------- the optimal plan against brute force
+
+
+def brute_force_padding(weights: dict[int, int], max_len: int, max_buckets: int, floor: int,
+                        allowed: list[int] | None = None) -> float:
+    """Least expected padding over every bucket set (all lengths >= floor, or `allowed`) ending at max_len."""
+    pool = allowed[:-1] if allowed is not None else [b for b in range(min(floor, max_len), max_len)]
+    best = float("inf")
+    for k in range(max_buckets):
+        for subset in combinations(pool, k):
+            best = min(best, expected_padding([*subset, max_len], weights))
+    return best
+
+
+def check_plan_shape(plan: list[int], max_len: int, max_buckets: int, min_bucket: int) -> None:
+    assert plan == sorted(set(plan)) and plan[-1] == max_len and len(plan) <= max_buckets
+    assert all(b >= min(min_bucket, max_len) for b in plan)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    max_len=st.integers(1, 12),
+    data=st.data(),
+    max_buckets=st.integers(1, 4),
+    min_bucket=st.integers(1, 5),
+)
+def test_histogram_plan_matches_brute_force(max_len: int, data: st.DataObject, max_buckets: int,
+                                            min_bucket: int) -> None:
+    weights = data.draw(st.dictionaries(st.integers(1, max_len), st.integers(1, 20), min_size=1))
+    plan = plan_buckets(max_len, histogram=weights, max_buckets=max_buckets, min_bucket=min_bucket)
+    check_plan_shape(plan, max_len, max_buckets, min_bucket)
+    assert expected_padding(plan, weights) == pytest.approx(
+        brute_force_padding(weights, max_len, max_buckets, min_bucket), abs=1e-9
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(max_len=st.integers(2, 300), max_buckets=st.integers(1, 4))
+def test_ladder_subset_is_best_for_uniform_lengths(max_len: int, max_buckets: int) -> None:
+    ladder = power_of_two_buckets(max_len, 4)
+    plan = plan_buckets(max_len, max_buckets=max_buckets, min_bucket=4)
+    check_plan_shape(plan, max_len, max_buckets, 4)
+    assert set(plan) <= set(ladder)
+    uniform = list(range(1, max_len + 1))
+    assert expected_padding(plan, uniform) == pytest.approx(
+        brute_force_padding(dict.fromkeys(uniform, 1), max_len, max_buckets, 4, allowed=ladder)
+    )
+
+
+def test_histogram_list_and_mapping_agree() -> None:
+    lengths = [3, 3, 7, 20, 20, 20, 41, 60]
+    counts = {3: 2, 7: 1, 20: 3, 41: 1, 60: 1}
+    assert plan_buckets(64, histogram=lengths, max_buckets=3, min_bucket=1) == plan_buckets(
+        64, histogram=counts, max_buckets=3, min_bucket=1
+    )
+
+
+def test_ties_prefer_fewer_buckets() -> None:
+    # Every request keeps 5: one bucket at 5 (plus the mandatory max) has zero padding; more buckets add nothing.
+    assert plan_buckets(64, histogram=[5] * 10, max_buckets=4, min_bucket=1) == [5, 64]
+
+
+def test_histogram_default_max_buckets_is_the_ladder_size() -> None:
+    plan = plan_buckets(256, histogram=list(range(1, 257)), min_bucket=16)
+    assert len(plan) == len(power_of_two_buckets(256, 16))
+
+
+def test_histogram_plan_beats_the_ladder_on_a_peaked_distribution() -> None:
+    lengths = [40] * 50 + [90] * 30 + [200] * 5
+    plan = plan_buckets(256, histogram=lengths, max_buckets=4)
+    assert {40, 90} <= set(plan)
+    assert expected_padding(plan, lengths) < expected_padding(power_of_two_buckets(256), lengths)
+
+
+@pytest.mark.parametrize("histogram", [[0, 5], [65], {10: -1.0}, {10: float("nan")}, [], {3: 0.0}])
+def test_bad_histograms_are_refused(histogram: object) -> None:
+    with pytest.raises(ConfigError):
+        plan_buckets(64, histogram=histogram)  # type: ignore[arg-type]
+
+
+def test_plan_is_fast_enough_for_long_generations() -> None:
+    # Functional check on a realistic size (4096 candidate lengths); speed is benchmarked, not asserted.
+    lengths = [(i * 37) % 4096 + 1 for i in range(20000)]
+    plan = plan_buckets(4096, histogram=lengths, max_buckets=8)
+    check_plan_shape(plan, 4096, 8, 16)
+
+
+# ---------------------------------------------------------------- profiles
+
+
+def test_input_axes_from_manifest_shapes() -> None:
+    axes = input_axes({"input_ids": ["b", "s"], "temperature": ["b"], "extra": ["b", 3, "s"]})
+    assert axes == {"input_ids": ("batch", "seq"), "temperature": ("batch",), "extra": ("batch", 3, "seq")}
+
+
+@pytest.mark.parametrize("inputs", [
+    {"attention_mask": ["b", "s"]},  # no anchor
+    {"input_ids": ["b", 7]},  # anchor not symbolic
+    {"input_ids": ["b", "s"], "x": ["b", "other"]},  # unknown dynamic axis
+    {"input_ids": ["b", "s"], "x": ["b", -1]},
+])
+def test_input_axes_refuses_what_it_cannot_plan(inputs: dict[str, list[int | str]]) -> None:
+    with pytest.raises(ArtifactError):
+        input_axes(inputs)
+
+
+def test_profile_shapes() -> None:
+    layout = ProfileLayout(buckets=(16, 32, 64), max_batch=4, max_prompt=20, min_prompt=2)
+    profiles = profile_shapes(layout, input_axes(STEP_INPUTS))
+    assert [p.index for p in profiles] == [0, 1, 2]
+    assert [(p.lo, p.bucket) for p in profiles] == [(0, 16), (16, 32), (32, 64)]
+    for p in profiles:
+        ids = p.shapes["input_ids"]
+        assert ids.min == (1, layout.min_prompt + p.lo + 1)
+        assert ids.opt == ids.max == (layout.max_batch, layout.max_prompt + p.bucket)
+        assert p.shapes["attention_mask"] == ids == p.shapes["sample_uniform"]
+        assert p.shapes["temperature"].min == (1,)
+        assert p.shapes["temperature"].max == p.shapes["temperature"].opt == (layout.max_batch,)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    buckets=st.lists(st.integers(1, 200), min_size=1, max_size=6, unique=True).map(sorted),
+    min_prompt=st.integers(1, 10),
+    extra_prompt=st.integers(0, 30),
+)
+def test_every_call_fits_its_chosen_profile(buckets: list[int], min_prompt: int, extra_prompt: int) -> None:
+    layout = ProfileLayout(tuple(buckets), max_batch=2, max_prompt=min_prompt + extra_prompt, min_prompt=min_prompt)
+    profiles = profile_shapes(layout, input_axes(STEP_INPUTS))
+
+    def fits(index: int, seq: int) -> bool:
+        r = profiles[index].shapes["input_ids"]
+        return r.min[1] <= seq <= r.max[1]
+
+    for kept in range(1, buckets[-1] + 1):
+        for prompt in (layout.min_prompt, layout.max_prompt):
+            index = choose_profile(kept, layout, prompt_len=prompt, batch=1)
+            assert profiles[index].lo < kept <= profiles[index].bucket
+            assert fits(index, prompt + kept)
+            assert fits(index, prompt + profiles[index].bucket)  # the padded call the runtime makes
+    for seq in range(layout.min_prompt + 1, layout.max_prompt + buckets[-1] + 1):
+        index = choose_profile_for_seq(seq, layout)
+        assert fits(index, seq)
+        assert all(not fits(i, seq) for i in range(index))  # the smallest profile that fits
+
+
+def test_choose_profile_boundaries() -> None:
+    layout = ProfileLayout(buckets=(16, 32, 64), max_batch=4, max_prompt=20)
+    assert choose_profile(1, layout) == 0
+    assert choose_profile(16, layout) == 0  # exactly at a bucket
+    assert choose_profile(17, layout) == 1  # one past
+    assert choose_profile(64, layout) == 2
+    with pytest.raises(ConfigError, match="exceeds the largest bucket 64"):
+        choose_profile(65, layout)
+    with pytest.raises(ConfigError, match="at least 1"):
+        choose_profile(0, layout)
+    with pytest.raises(ConfigError, match="prompt width 21"):
+        choose_profile(10, layout, prompt_len=21)
+    with pytest.raises(ConfigError, match="batch 5"):
+        choose_profile(10, layout, batch=5)
+
+
+def test_choose_profile_for_seq_boundaries() -> None:
+    layout = ProfileLayout(buckets=(16, 32, 64), max_batch=4, max_prompt=20)
+    assert choose_profile_for_seq(20 + 16, layout) == 0
+    assert choose_profile_for_seq(20 + 17, layout) == 1
+    assert choose_profile_for_seq(20 + 64, layout) == 2
+    with pytest.raises(ConfigError, match="exceeds this engine's largest profile"):
+        choose_profile_for_seq(20 + 65, layout)
+    with pytest.raises(ConfigError, match="shorter"):
+        choose_profile_for_seq(1, layout)
+    with pytest.raises(ConfigError, match="batch 0"):
+        choose_profile_for_seq(30, layout, batch=0)
+
+
+def test_layout_validation() -> None:
+    ProfileLayout((16, 32), max_batch=1, max_prompt=96).validate(max_seq_len=128)
+    with pytest.raises(ConfigError, match="exceeds the model's 128 positions"):
+        ProfileLayout((16, 32), max_batch=1, max_prompt=97).validate(max_seq_len=128)
+    for bad in (ProfileLayout((32, 16), 1, 8), ProfileLayout((16,), 0, 8), ProfileLayout((16,), 1, 8, min_prompt=9),
+                ProfileLayout((), 1, 8)):
+        with pytest.raises(ConfigError):
+            bad.validate()
+
+
+def test_bucket_index_and_parse() -> None:
+    assert parse_buckets("32, 64,128") == [32, 64, 128]
+    assert bucket_index(33, [32, 64, 128]) == 1
+    for bad in ("64,32", "32,32", "a,b", "", "0,8"):
+        with pytest.raises(ConfigError):
+            parse_buckets(bad)

@@ -1,0 +1,200 @@
+"""engine.json: round trip, atomic writes, refusal of malformed files, and every compatibility mismatch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from seer_deploy.engines.manifest import (
+    MANIFEST_FILE,
+    EngineManifest,
+    RuntimeFacts,
+    TensorRTFacts,
+    check_engine_compatible,
+    write_atomic,
+)
+from seer_deploy.errors import ArtifactError
+
+FP = "f" * 64
+HASHES = {"step0": "a" * 64, "step": "b" * 64}
+
+
+def trt_manifest(**overrides: Any) -> EngineManifest:
+    fields: dict[str, Any] = {
+        "backend": "tensorrt",
+        "buckets": (16, 32, 64),
+        "max_batch": 8,
+        "min_prompt": 1,
+        "max_prompt": 64,
+        "model_fingerprint": FP,
+        "graph_hashes": dict(HASHES),
+        "files": {"step0": "step0.engine", "step": "step.engine"},
+        "versions": {"seer_deploy": "0.1.0", "tensorrt": "10.13.0.35"},
+        "tensorrt": TensorRTFacts("10.13.0.35", "NVIDIA H200", "9.0", {16: 0, 32: 1, 64: 2}, 4 << 30),
+    }
+    fields.update(overrides)
+    return EngineManifest(**fields)
+
+
+def ort_manifest(**overrides: Any) -> EngineManifest:
+    fields: dict[str, Any] = {
+        "backend": "ort",
+        "tensorrt": None,
+        "files": {"step0": "", "step": ""},
+        "versions": {"seer_deploy": "0.1.0", "onnxruntime": "1.32.0"},
+        "ort_session": {"provider": "CPUExecutionProvider", "intra_op_threads": 2},
+    }
+    fields.update(overrides)
+    return trt_manifest(**fields)
+
+
+def matching_facts(engine: EngineManifest) -> RuntimeFacts:
+    trt = engine.tensorrt
+    return RuntimeFacts(
+        model_fingerprint=engine.model_fingerprint,
+        graph_hashes=dict(engine.graph_hashes),
+        backend=engine.backend,
+        tensorrt_version=trt.version if trt else None,
+        gpu_name=trt.gpu_name if trt else None,
+        compute_capability=trt.compute_capability if trt else None,
+        onnxruntime_version=engine.versions.get("onnxruntime"),
+    )
+
+
+# ---------------------------------------------------------------- round trip and files
+
+
+@pytest.mark.parametrize("make", [trt_manifest, ort_manifest])
+def test_round_trip(tmp_path: Path, make: Any) -> None:
+    manifest = make(extra={"export_dir": "/x/export"})
+    path = manifest.save(tmp_path)
+    assert path == tmp_path / MANIFEST_FILE
+    loaded = EngineManifest.load(tmp_path)
+    assert loaded == manifest
+    assert json.loads(path.read_text())["format"] == "seer-deploy-engine"
+    assert [p.name for p in tmp_path.iterdir()] == [MANIFEST_FILE]  # no temp file left behind
+
+
+def test_profile_index_keys_survive_json(tmp_path: Path) -> None:
+    trt_manifest().save(tmp_path)
+    raw = json.loads((tmp_path / MANIFEST_FILE).read_text())
+    assert raw["tensorrt"]["profile_index"] == {"16": 0, "32": 1, "64": 2}
+    facts = EngineManifest.load(tmp_path).tensorrt
+    assert facts is not None and facts.profile_index == {16: 0, 32: 1, 64: 2}
+
+
+def test_write_atomic_keeps_the_old_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "engine.json"
+    write_atomic(target, b"old")
+
+    def broken_replace(src: str, dst: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(target, b"new")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["engine.json"]
+
+
+def test_write_atomic_replaces(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "cache.bin"
+    write_atomic(target, b"one")
+    write_atomic(target, b"two")
+    assert target.read_bytes() == b"two"
+
+
+# ---------------------------------------------------------------- malformed manifests
+
+
+def mutate(tmp_path: Path, change: Any) -> Path:
+    trt_manifest().save(tmp_path)
+    path = tmp_path / MANIFEST_FILE
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.update(format="other"), "not a seer-deploy engine manifest"),
+        (lambda d: d.update(format_version=2), "format_version 2"),
+        (lambda d: d.update(backend="onnx"), "unknown backend"),
+        (lambda d: d.pop("buckets"), "malformed"),
+        (lambda d: d.update(buckets=[32, 16]), "ascending"),
+        (lambda d: d["tensorrt"]["profile_index"].pop("64"), "profile_index covers"),
+        (lambda d: d.update(tensorrt=None), "needs its 'tensorrt' section"),
+        (lambda d: d["files"].pop("step"), "files"),
+        (lambda d: d.update(max_batch=0), "max-batch"),
+    ],
+)
+def test_malformed_manifest_is_refused(tmp_path: Path, change: Any, message: str) -> None:
+    with pytest.raises(ArtifactError, match=message):
+        EngineManifest.load(mutate(tmp_path, change))
+
+
+def test_missing_and_broken_files(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match="no engine.json"):
+        EngineManifest.load(tmp_path)
+    (tmp_path / MANIFEST_FILE).write_text("{not json")
+    with pytest.raises(ArtifactError, match="not valid JSON"):
+        EngineManifest.load(tmp_path)
+    (tmp_path / MANIFEST_FILE).write_text("[1, 2]")
+    with pytest.raises(ArtifactError, match="not a JSON object"):
+        EngineManifest.load(tmp_path)
+
+
+# ---------------------------------------------------------------- compatibility
+
+
+@pytest.mark.parametrize("make", [trt_manifest, ort_manifest])
+def test_matching_facts_pass(make: Any) -> None:
+    engine = make()
+    check_engine_compatible(engine, matching_facts(engine))
+    check_engine_compatible(engine, RuntimeFacts())  # nothing known: nothing to refuse
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("model_fingerprint", "0" * 64, "built for model ffffffffffff, the export is model 000000000000"),
+        ("graph_hashes", {"step0": "a" * 64, "step": "c" * 64}, "step graph was built from ONNX bbbbbbbbbbbb"),
+        ("graph_hashes", {"step0": "a" * 64}, "export's step is missing"),
+        ("backend", "ort", "holds a tensorrt engine, not ort"),
+        ("tensorrt_version", "10.12.0.36", "built with TensorRT 10.13.0.35, this machine has TensorRT 10.12.0.36"),
+        ("gpu_name", "NVIDIA A100-SXM4-80GB", "built on a NVIDIA H200, this GPU is a NVIDIA A100"),
+        ("compute_capability", "8.0", "compute capability 9.0, this GPU has 8.0"),
+    ],
+)
+def test_every_tensorrt_mismatch_is_an_artifact_error(field: str, value: Any, message: str) -> None:
+    engine = trt_manifest()
+    facts = dataclasses.replace(matching_facts(engine), **{field: value})
+    with pytest.raises(ArtifactError, match=message) as info:
+        check_engine_compatible(engine, facts)
+    assert "seer-deploy build" in str(info.value)  # every refusal says how to fix it
+    assert info.value.exit_code == 2
+
+
+def test_ort_mismatches() -> None:
+    engine = ort_manifest()
+    for field, value in (("model_fingerprint", "0" * 64), ("graph_hashes", {}), ("backend", "tensorrt")):
+        with pytest.raises(ArtifactError):
+            check_engine_compatible(engine, dataclasses.replace(matching_facts(engine), **{field: value}))
+    # GPU facts do not concern an ORT engine.
+    check_engine_compatible(engine, dataclasses.replace(matching_facts(engine), gpu_name="x", tensorrt_version="y"))
+
+
+def test_ort_optimised_models_are_tied_to_the_ort_version() -> None:
+    plain = ort_manifest()
+    saved = ort_manifest(files={"step0": "step0.opt.onnx", "step": "step.opt.onnx"})
+    other = dataclasses.replace(matching_facts(plain), onnxruntime_version="1.20.0")
+    check_engine_compatible(plain, other)  # only the settings are recorded: any ORT can run them
+    with pytest.raises(ArtifactError, match="saved by ONNX Runtime 1.32.0, this is 1.20.0"):
+        check_engine_compatible(saved, other)
