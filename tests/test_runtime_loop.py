@@ -1,0 +1,262 @@
+"""The runtime loop over a Backend gives the reference loop's tokens, with either host core."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_model
+
+from seer_deploy.errors import ConfigError
+from seer_deploy.models.llada import STAT_NAMES, MaskPredictor, StatsSpec
+from seer_deploy.runtime.backend import Step0Output, StepOutput
+from seer_deploy.runtime.loop import (
+    Block,
+    LoopContext,
+    run_blocks,
+    run_generation,
+    start_state,
+    step_zero,
+)
+from seer_deploy.runtime.loopcore import c_core, core_name, python_core
+from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.torch_backend import TorchBackend
+
+CORES = [python_core()] + ([c_core()] if c_core() is not None else [])
+with_cores = pytest.mark.parametrize("core", CORES, ids=lambda c: core_name(c))
+
+
+def _ids(model: MaskPredictor) -> dict[str, Any]:
+    cfg = model.cfg
+    return {"mask_id": cfg.mask_id, "pad_id": cfg.pad_id if cfg.pad_id is not None else cfg.eos_id}
+
+
+PARITY_CASES = [
+    ("one block", [[10, 14, 3, 1, 4, 13]], GenerationConfig(gen_length=8, steps=8)),
+    ("blocks", [[10, 14, 3, 1, 4, 13]], GenerationConfig(gen_length=12, steps=6, block_length=4)),
+    ("steps < gen_length", [[10, 5, 6, 13]], GenerationConfig(gen_length=16, steps=4)),
+    (
+        "left-padded batch",
+        [[10, 14, 3, 13], [10, 1, 2, 3, 4, 5, 6, 13], [7, 13]],
+        GenerationConfig(gen_length=12, steps=6, block_length=6),
+    ),
+    ("equal-length batch", [[10, 3, 13], [10, 4, 13]], GenerationConfig(gen_length=8, steps=4, block_length=4)),
+]
+
+
+@with_cores
+@pytest.mark.parametrize("prompts, config", [c[1:] for c in PARITY_CASES], ids=[c[0] for c in PARITY_CASES])
+def test_tokens_match_the_reference_loop(core: Any, prompts: list[list[int]], config: GenerationConfig) -> None:
+    model = tiny_model()
+    expected = generate(model, prompts, config)
+    got = run_generation(TorchBackend(model), prompts, config, core=core, **_ids(model))
+    assert got.tokens.dtype == np.int64
+    np.testing.assert_array_equal(got.tokens, expected.tokens.numpy())
+    assert got.steps_run == expected.steps_run  # every step commits something here: none is skipped
+    assert got.tokens_processed == expected.tokens_processed
+
+
+@with_cores
+def test_prompt_masks_stay_candidates_as_in_the_reference(core: Any) -> None:
+    model = tiny_model(seed=3)
+    mask = model.cfg.mask_id
+    prompts = [[10, mask, 3, mask, 13], [10, 14, 13]]
+    config = GenerationConfig(gen_length=8, steps=4, block_length=4)
+    expected = generate(model, prompts, config).tokens.numpy()
+    got = run_generation(TorchBackend(model), prompts, config, core=core, **_ids(model))
+    np.testing.assert_array_equal(got.tokens, expected)
+
+
+@with_cores
+def test_steps_that_commit_nothing_are_not_run(core: Any) -> None:
+    model = tiny_model(seed=1)
+    prompts = [[10, 14, 3, 13]]
+    config = GenerationConfig(gen_length=6, steps=20, block_length=3)  # 10 steps per block for 3 masks
+    expected = generate(model, prompts, config)
+    got = run_generation(TorchBackend(model), prompts, config, core=core, **_ids(model))
+    np.testing.assert_array_equal(got.tokens, expected.tokens.numpy())
+    assert expected.steps_run == 20 and got.steps_run == 6  # one pass per committed token
+    assert got.tokens_processed == 6 * (4 + 6)
+
+
+# ---------------------------------------------------------------- a scripted backend for the host semantics
+
+
+class ScriptedBackend:
+    """Token p + 100 at position p; confidence from `scores` (or rising with the position); records every call."""
+
+    name = "scripted"
+    max_seq_len = 256
+    def __init__(self, scores: np.ndarray | None = None) -> None:
+        self.sparsity_rows: list[tuple[int, str]] = []
+        self.scores = scores
+        self.calls: list[dict[str, Any]] = []
+
+    def _out(self, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        B, S = input_ids.shape
+        tokens = np.broadcast_to(np.arange(S, dtype=np.int64) + 100, (B, S)).copy()
+        conf = self.scores[:, :S] if self.scores is not None else np.tile(np.linspace(0, 1, S, dtype=np.float32), (B, 1))
+        return tokens, np.ascontiguousarray(conf, dtype=np.float32)
+
+    def step0(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> Step0Output:
+        self.calls.append({"kind": "step0", "x": input_ids.copy(), "mask": attention_mask})
+        tokens, conf = self._out(input_ids)
+        B, S = input_ids.shape
+        return Step0Output(tokens, conf, np.zeros((B, S), np.float32), np.zeros((B, 0, S), np.float32))
+
+    def step(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray | None, temperature: float = 0.0, seed: int | None = None
+    ) -> StepOutput:
+        self.calls.append({"kind": "step", "x": input_ids.copy(), "temperature": temperature, "seed": seed})
+        return StepOutput(*self._out(input_ids))
+
+
+MASK, PAD = 1, 0
+
+
+def _commits(calls: list[dict[str, Any]], final: np.ndarray) -> list[np.ndarray]:
+    """Bool [B, S] per forward pass: the positions that pass committed."""
+    states = [c["x"] for c in calls] + [final]
+    return [(before == MASK) & (after != MASK) for before, after in itertools.pairwise(states)]
+
+
+@with_cores
+def test_random_remasking_ranks_by_host_uniforms(core: Any) -> None:
+    """Each step commits its quota inside the current block, chosen by numpy uniforms from the seed, not by confidence."""
+    prompts = [[5, 6], [7, 8]]
+    config = GenerationConfig(gen_length=8, steps=4, block_length=4, remasking="random")
+    backend = ScriptedBackend()  # confidence rises with the position: low_confidence would commit right to left
+    result = run_generation(backend, prompts, config, mask_id=MASK, pad_id=PAD, core=core, seed=7)
+    final = np.concatenate([np.array(prompts), result.tokens], axis=1)
+    rng = np.random.default_rng(7)
+    expected_x = backend.calls[0]["x"].copy()
+    for i, commit in enumerate(_commits(backend.calls, final)):
+        hi = 2 + 4 * (i // 2 + 1)
+        scores = rng.random(expected_x.shape, dtype=np.float32)
+        for b in range(2):
+            candidates = [p for p in range(hi) if expected_x[b, p] == MASK]
+            chosen = sorted(candidates, key=lambda p: (-scores[b, p], p))[:2]
+            assert sorted(np.flatnonzero(commit[b]).tolist()) == sorted(chosen)
+            expected_x[b, chosen] = np.array(chosen) + 100
+    np.testing.assert_array_equal(final, expected_x)
+    assert (result.tokens == np.arange(2, 10) + 100).all()  # every slot got the backend's token for it
+    reseeded = ScriptedBackend()
+    other = run_generation(reseeded, prompts, config, mask_id=MASK, pad_id=PAD, core=core, seed=8)
+    other_final = np.concatenate([np.array(prompts), other.tokens], axis=1)
+    orders = [_commits(backend.calls, final), _commits(reseeded.calls, other_final)]
+    assert any(not np.array_equal(a, b) for a, b in zip(*orders, strict=True))  # the seed decides the order
+
+
+@with_cores
+def test_low_confidence_commits_the_most_confident_first(core: Any) -> None:
+    backend = ScriptedBackend()  # confidence rises with the position
+    config = GenerationConfig(gen_length=6, steps=3)
+    result = run_generation(backend, [[5, 6]], config, mask_id=MASK, pad_id=PAD, core=core)
+    commits = _commits(backend.calls, np.concatenate([[[5, 6]], result.tokens], axis=1))
+    assert [np.flatnonzero(c[0]).tolist() for c in commits] == [[6, 7], [4, 5], [2, 3]]
+
+
+def test_temperature_and_per_step_seeds_reach_the_backend() -> None:
+    backend = ScriptedBackend()
+    config = GenerationConfig(gen_length=4, steps=4, temperature=0.7)
+    result = run_generation(backend, [[5, 6]], config, mask_id=MASK, pad_id=PAD, seed=3)
+    kinds = [c["kind"] for c in backend.calls]
+    assert kinds == ["step0", "step", "step", "step", "step"]  # step zero is greedy: a sampled pass commits
+    seeds = [c["seed"] for c in backend.calls[1:]]
+    assert all(c["temperature"] == 0.7 for c in backend.calls[1:]) and len(set(seeds)) == 4
+    assert result.steps_run == 5 and result.tokens_processed == 5 * 6
+    again = ScriptedBackend()
+    run_generation(again, [[5, 6]], config, mask_id=MASK, pad_id=PAD, seed=3)
+    assert [c["seed"] for c in again.calls[1:]] == seeds
+    greedy = ScriptedBackend()
+    run_generation(greedy, [[5, 6]], GenerationConfig(gen_length=4, steps=4), mask_id=MASK, pad_id=PAD)
+    assert [c["kind"] for c in greedy.calls] == ["step0", "step", "step", "step"]
+    assert all(c["seed"] is None and c["temperature"] == 0 for c in greedy.calls[1:])
+
+
+def test_sampling_is_seeded_with_the_torch_backend() -> None:
+    model = tiny_model()
+    config = GenerationConfig(gen_length=8, steps=8, temperature=1.0)
+    runs = [run_generation(TorchBackend(model), [[10, 3, 13]], config, seed=s, **_ids(model)).tokens for s in (0, 0, 1)]
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert not np.array_equal(runs[0], runs[2])
+
+
+def test_left_padding_is_masked_out_for_the_backend() -> None:
+    backend = ScriptedBackend()
+    config = GenerationConfig(gen_length=4, steps=2)
+    run_generation(backend, [[5, 6, 7], [8]], config, mask_id=MASK, pad_id=PAD)
+    first = backend.calls[0]
+    assert first["x"].tolist() == [[5, 6, 7, 1, 1, 1, 1], [0, 0, 8, 1, 1, 1, 1]]
+    assert first["mask"].tolist() == [[1] * 7, [0, 0, 1, 1, 1, 1, 1]]
+
+
+def test_unsupported_settings_are_config_errors() -> None:
+    backend = ScriptedBackend()
+    with pytest.raises(ConfigError, match="cfg_scale.*reference loop.*scripted"):
+        run_generation(backend, [[5]], GenerationConfig(gen_length=4, steps=4, cfg_scale=1.0), mask_id=MASK, pad_id=PAD)
+    with pytest.raises(ConfigError, match="pad_id equals mask_id"):
+        run_generation(backend, [[5]], GenerationConfig(gen_length=4, steps=4), mask_id=MASK, pad_id=MASK)
+    with pytest.raises(ConfigError, match="at least one token"):
+        run_generation(backend, [[5], []], GenerationConfig(gen_length=4, steps=4), mask_id=MASK, pad_id=PAD)
+    with pytest.raises(ConfigError, match="exceeds"):
+        run_generation(backend, [[5] * 250], GenerationConfig(gen_length=8, steps=8), mask_id=MASK, pad_id=PAD)
+
+
+def test_remaining_steps_run_on_a_shorter_kept_length() -> None:
+    """The seam Seer uses: step zero at full length, then the later steps on prompt + kept length only."""
+    backend = ScriptedBackend()
+    config = GenerationConfig(gen_length=8, steps=8, block_length=4)
+    ctx = LoopContext(backend, python_core(), config, MASK, np.random.default_rng(0))
+    full = start_state([[5, 6]], np.full((1, 8), MASK, np.int64), PAD)
+    step_zero(ctx, full, hi=2 + 4, k=np.array([1]))
+    kept = start_state([[5, 6]], full.responses[:, :5].copy(), PAD)
+    run_blocks(ctx, kept, [Block(0, 4, 4), Block(4, 5, 1)])
+    assert [c["x"].shape[1] for c in backend.calls] == [10, 7, 7, 7, 7]
+    assert kept.steps_run == 4 and kept.tokens_processed == 4 * 7
+    assert kept.responses.tolist() == [[102, 103, 104, 105, 106]]
+
+
+# ---------------------------------------------------------------- the torch backend's outputs
+
+
+def test_torch_backend_step0_outputs() -> None:
+    model = tiny_model()
+    x = np.array([[10, 14, 3, 13] + [model.cfg.mask_id] * 4, [0, 0, 10, 13] + [model.cfg.mask_id] * 4], np.int64)
+    attn = np.array([[1] * 8, [0, 0] + [1] * 6], np.int64)
+    out = TorchBackend(model).step0(x, attn)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x), torch.from_numpy(attn), stats=StatsSpec(layers=(0, 1)))
+    probs = F.softmax(ref.logits.float(), dim=-1)
+    np.testing.assert_array_equal(out.token_ids, ref.logits.argmax(-1).numpy())
+    np.testing.assert_array_equal(out.confidence, probs.max(-1).values.numpy())
+    np.testing.assert_array_equal(out.eos_prob, probs[..., model.cfg.eos_id].numpy())
+    assert out.sparsity.shape == (2, 2 * len(STAT_NAMES), 8) and out.sparsity.dtype == np.float32
+    backend = TorchBackend(model)
+    for row, (layer, stat) in enumerate(backend.sparsity_rows):
+        np.testing.assert_array_equal(out.sparsity[:, row], ref.stats[:, layer, STAT_NAMES.index(stat)].numpy())
+
+
+def test_torch_backend_reports_the_requested_layers() -> None:
+    model = tiny_model()
+    backend = TorchBackend(model, StatsSpec(layers=(1,)))
+    assert backend.sparsity_rows == [(1, s) for s in STAT_NAMES]
+    out = backend.step0(np.array([[10, 3, 13, model.cfg.mask_id]], np.int64), None)
+    with torch.no_grad():
+        ref = model(torch.tensor([[10, 3, 13, model.cfg.mask_id]]), stats=StatsSpec(layers=(1,))).stats
+    np.testing.assert_array_equal(out.sparsity, ref[:, 0].numpy())
+    with pytest.raises(ConfigError, match="stats layers"):
+        TorchBackend(model, StatsSpec(layers=(2,)))
+
+
+def test_torch_backend_step_matches_step0_at_temperature_zero() -> None:
+    model = tiny_model()
+    x = np.array([[10, 3, 13] + [model.cfg.mask_id] * 5], np.int64)
+    backend = TorchBackend(model)
+    a, b = backend.step(x, None), backend.step0(x, None)
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    np.testing.assert_array_equal(a.confidence, b.confidence)
