@@ -1,0 +1,79 @@
+"""`seer-deploy export`: a checkpoint -> step0.onnx, step.onnx, weights.bin and manifest.json, validated."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command("export")
+@click.argument("checkpoint")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Export directory to create.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["fp32", "fp16", "bf16"]),
+    default="fp32",
+    show_default=True,
+    help="Weight and activation type (bf16 is refused: ONNX Runtime's CPU provider has no bf16 kernels).",
+)
+@click.option("--opset", type=int, default=20, show_default=True, help="ONNX opset (18 or newer).")
+@click.option("--max-seq-len", type=int, default=None, help="Longest prompt + response [default: the model's].")
+@click.option(
+    "--seer-config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="JSON with stats_layers / abs_threshold / rel_threshold for the step-zero statistics [default: all layers].",
+)
+@click.option("--force", is_flag=True, help="Replace an export of another model in --out.")
+@click.option("--no-verify", is_flag=True, help="Skip the ONNX Runtime vs torch comparison (the ONNX checker still runs).")
+def command(
+    checkpoint: str,
+    out: Path,
+    dtype: str,
+    opset: int,
+    max_seq_len: int | None,
+    seer_config: Path | None,
+    force: bool,
+    no_verify: bool,
+) -> None:
+    """Export CHECKPOINT (a local directory or 'demo') to ONNX graphs in --out, checked against torch."""
+    from seer_deploy.export.exporter import STAGES, export_checkpoint
+    from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
+
+    options = ExportOptions(
+        dtype=dtype,
+        opset=opset,
+        max_seq_len=max_seq_len,
+        seer=load_seer_stats(seer_config) if seer_config is not None else SeerStats(),
+        verify=not no_verify,
+        force=force,
+    )
+    options.validate()
+    with click.progressbar(
+        length=len(STAGES), label="exporting", file=sys.stderr, item_show_func=lambda s: s, show_eta=False
+    ) as bar:
+        done = [0]
+
+        def progress(stage: str) -> None:
+            index = STAGES.index(stage) if stage in STAGES else done[0]
+            bar.update(max(index - done[0], 0), stage)
+            done[0] = max(index, done[0])
+
+        result = export_checkpoint(checkpoint, out, options, progress=progress)
+        bar.update(len(STAGES) - done[0], "done")
+    m = result.manifest
+    weights_mb = m.weights.bytes / 2**20
+    click.echo(
+        f"exported {m.model.source} ({m.model.layout} layout, {m.dtype}, opset {m.opset}, max_seq_len {m.max_seq_len}) "
+        f"to {result.out} in {result.seconds:.1f}s"
+    )
+    click.echo(
+        f"  {', '.join(g.file for g in m.graphs.values())}, {m.weights.file} ({weights_mb:.1f} MiB, shared by both), "
+        f"{len(m.seer.sparsity_rows)} sparsity rows"
+    )
+    if result.max_diff:
+        diffs = ", ".join(f"{k} {v:.2g}" for k, v in sorted(result.max_diff.items()))
+        click.echo(f"  ONNX Runtime vs torch, max |diff|: {diffs}")
+    else:
+        click.echo("  not compared with torch (--no-verify)")

@@ -1,0 +1,169 @@
+"""The ONNX Runtime backend: runs an export directory's step0 / step graphs behind the runtime's `Backend` interface.
+
+The manifest says which inputs each graph takes and what the sparsity rows are; this module only checks the
+artifacts against it (graph hashes, weight file size), feeds the graphs and returns the compact outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import onnxruntime as ort
+
+from seer_deploy.errors import ArtifactError, ConfigError
+from seer_deploy.export.manifest import ExportManifest
+from seer_deploy.export.sampling import step_feed
+from seer_deploy.runtime.backend import Step0Output, StepOutput
+
+GraphOptimization = Literal["disable", "basic", "extended", "all"]
+_OPT_LEVELS: dict[str, ort.GraphOptimizationLevel] = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+
+
+@dataclass(frozen=True)
+class OrtSessionOptions:
+    """How the ONNX Runtime sessions are made. providers None = CUDA when onnxruntime-gpu has it, else CPU."""
+
+    providers: tuple[str, ...] | None = None
+    intra_op_threads: int = 0  # 0 = ONNX Runtime's default (one per physical core)
+    inter_op_threads: int = 0
+    graph_optimization: GraphOptimization = "all"
+    verify_hashes: bool = True  # compare the .onnx files with the manifest's sha256 on load (they are small)
+
+    def resolved_providers(self) -> list[str]:
+        available = ort.get_available_providers()
+        if self.providers is None:
+            return [CUDA, CPU] if CUDA in available else [CPU]
+        unknown = [p for p in self.providers if p not in available]
+        if unknown:
+            raise ConfigError(
+                f"ONNX Runtime provider(s) {', '.join(unknown)} are not available in this install "
+                f"(available: {', '.join(available)}); install onnxruntime-gpu for CUDA or pick another provider"
+            )
+        if not self.providers:
+            raise ConfigError("OrtSessionOptions.providers is empty; give at least one provider or None for the default")
+        return list(self.providers)
+
+    def session_options(self) -> ort.SessionOptions:
+        if self.intra_op_threads < 0 or self.inter_op_threads < 0:
+            raise ConfigError("ONNX Runtime thread counts must be >= 0 (0 = ONNX Runtime's default)")
+        if self.graph_optimization not in _OPT_LEVELS:
+            raise ConfigError(
+                f"graph_optimization '{self.graph_optimization}' is unknown; use one of {', '.join(_OPT_LEVELS)}"
+            )
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = self.intra_op_threads
+        so.inter_op_num_threads = self.inter_op_threads
+        so.graph_optimization_level = _OPT_LEVELS[self.graph_optimization]
+        so.log_severity_level = 3  # errors only: ORT's warnings about unused initializers are not the user's problem
+        return so
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 24), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class OrtBackend:
+    """`Backend` over an export directory (step0.onnx, step.onnx, weights.bin, manifest.json)."""
+
+    def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None) -> None:
+        self.export_dir = Path(export_dir)
+        self.options = options or OrtSessionOptions()
+        self.manifest = ExportManifest.load(self.export_dir)
+        self._check_files()
+        providers = self.options.resolved_providers()
+        self._sessions = {name: self._session(name, providers) for name in ("step0", "step")}
+        active = self._sessions["step"].get_providers()
+        self.providers: list[str] = active
+        self.name = "onnxruntime-cuda" if active and active[0] == CUDA else "onnxruntime-cpu"
+        self.max_seq_len: int = self.manifest.max_seq_len
+        self.sparsity_rows: list[tuple[int, str]] = list(self.manifest.seer.sparsity_rows)
+        self._outputs = {name: list(self.manifest.graphs[name].outputs) for name in self._sessions}
+
+    def _check_files(self) -> None:
+        m = self.manifest
+        weights = self.export_dir / m.weights.file
+        if not weights.is_file():
+            raise ArtifactError(f"{weights} is missing; the export is incomplete, re-run `seer-deploy export`")
+        if weights.stat().st_size != m.weights.bytes:
+            raise ArtifactError(
+                f"{weights} has {weights.stat().st_size} bytes, the manifest says {m.weights.bytes}: the export was "
+                "modified or truncated; re-run `seer-deploy export`"
+            )
+        for name, graph in m.graphs.items():
+            path = self.export_dir / graph.file
+            if not path.is_file():
+                raise ArtifactError(f"{path} ({name} graph) is missing; the export is incomplete, re-run `seer-deploy export`")
+            if self.options.verify_hashes and _sha256(path) != graph.sha256:
+                raise ArtifactError(
+                    f"{path} does not match the sha256 in {self.export_dir / 'manifest.json'}: the graph was modified "
+                    "after export; re-run `seer-deploy export`"
+                )
+
+    def _session(self, name: str, providers: list[str]) -> ort.InferenceSession:
+        graph = self.manifest.graphs[name]
+        # By path, never by bytes: external data is resolved next to the file and protobuf's 2 GB limit never applies.
+        session = ort.InferenceSession(
+            str(self.export_dir / graph.file), sess_options=self.options.session_options(), providers=providers
+        )
+        got = sorted(i.name for i in session.get_inputs())
+        if got != sorted(graph.inputs):
+            raise ArtifactError(
+                f"{graph.file} takes inputs {got}, but the manifest lists {sorted(graph.inputs)}; re-run `seer-deploy export`"
+            )
+        return session
+
+    def _feed(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> dict[str, np.ndarray]:
+        ids = np.asarray(input_ids)
+        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+            raise ConfigError(f"input_ids must be a 2-D integer array [batch, seq], got {ids.dtype} {ids.shape}")
+        B, S = ids.shape
+        if B == 0 or S == 0:
+            raise ConfigError(f"input_ids is empty ({ids.shape}); give at least one row with one token")
+        if S > self.max_seq_len:
+            raise ConfigError(
+                f"the sequence has {S} positions (prompt + response), more than this export's max_seq_len "
+                f"{self.max_seq_len}; shorten the prompt or gen_length, or re-export with a larger --max-seq-len"
+            )
+        if attention_mask is None:
+            mask = np.ones((B, S), dtype=np.int64)
+        else:
+            mask = np.asarray(attention_mask)
+            if mask.shape != ids.shape:
+                raise ConfigError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}; they must match")
+        return {"input_ids": ids.astype(np.int64, copy=False), "attention_mask": mask.astype(np.int64, copy=False)}
+
+    def step0(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> Step0Output:
+        feed = self._feed(input_ids, attention_mask)
+        out = dict(zip(self._outputs["step0"], self._sessions["step0"].run(self._outputs["step0"], feed), strict=True))
+        return Step0Output(out["token_ids"], out["confidence"], out["eos_prob"], out["sparsity"])
+
+    def step(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray | None,
+        temperature: float = 0.0,
+        seed: int | None = None,
+    ) -> StepOutput:
+        """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see export.sampling)."""
+        if np.any(np.asarray(temperature) < 0):
+            raise ConfigError(f"temperature must be >= 0, got {temperature}")
+        feed = self._feed(input_ids, attention_mask)
+        B, S = feed["input_ids"].shape
+        feed.update(step_feed(B, S, temperature, seed))
+        out = dict(zip(self._outputs["step"], self._sessions["step"].run(self._outputs["step"], feed), strict=True))
+        return StepOutput(out["token_ids"], out["confidence"])

@@ -1,0 +1,71 @@
+"""The two exported graphs as torch modules around `MaskPredictor`: the sampling head lives inside the graph.
+
+A step moves B x S numbers to the host rather than B x S x V logits, so argmax, the softmax probability of the
+chosen token, the EOS probability and Seer's sparsity statistics are computed here, in forward (no hooks: torch.export
+rejects them). The same modules are the torch side of export validation, so "ORT matches torch" means these.
+
+Sampling at temperature > 0 (step graph only) is inverse-CDF sampling from softmax(logits / T) with one host-drawn
+uniform number per position: index = #{v : cumsum(p)[v] < u}. That is an exact draw from the distribution LLaDA's
+Gumbel-max `argmax(exp(l) / (-log u)^T)` samples from, needs B x S noise instead of B x S x V, is reproducible from a
+host seed, and uses only Softmax / CumSum / Less / ReduceSum, which ONNX Runtime and TensorRT both run.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from seer_deploy.models.llada import MaskPredictor, StatsSpec
+
+
+def _greedy_head(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """argmax (ties: lowest id), its softmax probability, and the log-sum-exp, all from float32 logits."""
+    logits32 = logits.float()
+    top, token_ids = logits32.max(dim=-1)
+    lse = torch.logsumexp(logits32, dim=-1)
+    return token_ids, torch.exp(top - lse), lse
+
+
+class Step0Graph(nn.Module):
+    """Step zero: token, confidence, EOS probability per position and the sparsity rows [B, K, S] (layer-major)."""
+
+    def __init__(self, model: MaskPredictor, spec: StatsSpec) -> None:
+        super().__init__()
+        self.model = model
+        self.spec = spec
+        self.eos_id = model.cfg.eos_id
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        out = self.model(input_ids, attention_mask, stats=self.spec)
+        assert out.stats is not None
+        token_ids, confidence, lse = _greedy_head(out.logits)
+        eos_prob = torch.exp(out.logits[..., self.eos_id].float() - lse)
+        B, L, F, S = out.stats.shape
+        return token_ids, confidence, eos_prob, out.stats.reshape(B, L * F, S)
+
+
+class StepGraph(nn.Module):
+    """A denoising step: token (argmax, or a sample where temperature[b] > 0) and softmax(logits)[token].
+
+    temperature [B] float32; sample_uniform [B, S] float32 in (0, 1], ignored where temperature[b] == 0.
+    """
+
+    def __init__(self, model: MaskPredictor) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        logits = self.model(input_ids, attention_mask).logits.float()
+        greedy_ids, greedy_conf, lse = _greedy_head(logits)
+        hot = temperature > 0
+        # softmax(l / T) for the rows that sample; T = 1 stands in for greedy rows so nothing divides by zero.
+        t = torch.where(hot, temperature, torch.ones_like(temperature))[:, None, None]
+        cdf = torch.cumsum(torch.softmax(logits / t, dim=-1), dim=-1)
+        drawn = (cdf < sample_uniform[..., None]).sum(dim=-1)
+        # float32 rounding can leave cdf[-1] a hair under u: clamp to the last id.
+        drawn = torch.clamp(drawn, max=logits.shape[-1] - 1)
+        drawn_conf = torch.exp(torch.gather(logits, -1, drawn[..., None]).squeeze(-1) - lse)
+        row_hot = hot[:, None]
+        return torch.where(row_hot, drawn, greedy_ids), torch.where(row_hot, drawn_conf, greedy_conf)

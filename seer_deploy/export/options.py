@@ -1,0 +1,100 @@
+"""What an export is asked to do: dtype, opset, length limit, the Seer statistics, and how to check the result.
+
+A `--seer-config` JSON (e.g. a calibrated `seer.json`) may restrict the statistics the step-zero graph reports; only
+its keys `stats_layers`, `abs_threshold` and `rel_threshold` matter here, the rest belongs to the runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from seer_deploy.errors import ConfigError
+from seer_deploy.export.weights import INLINE_LIMIT_BYTES
+from seer_deploy.models.llada import StatsSpec
+
+DEFAULT_OPSET = 20
+EXPORT_DTYPES: tuple[str, ...] = ("fp32", "fp16")
+
+
+@dataclass(frozen=True)
+class SeerStats:
+    """Which layers the step-zero graph reports statistics for, and the 'near zero' thresholds.
+
+    stats_layers None = every layer; () = the last layer (as SeerConfig reads it); negative indices count from the end.
+    """
+
+    stats_layers: tuple[int, ...] | None = None
+    abs_threshold: float = 0.05
+    rel_threshold: float = 0.05
+
+    def spec(self, n_layers: int) -> StatsSpec:
+        if self.stats_layers is None:
+            layers: tuple[int, ...] = tuple(range(n_layers))
+        else:
+            layers = tuple(i + n_layers if -n_layers <= i < 0 else i for i in self.stats_layers) or (n_layers - 1,)
+        bad = [i for i in layers if not 0 <= i < n_layers]
+        if bad:
+            raise ConfigError(
+                f"seer stats_layers {list(self.stats_layers or ())} name layers that a {n_layers}-layer model lacks; "
+                f"use 0..{n_layers - 1} (or -1 for the last)"
+            )
+        if len(set(layers)) != len(layers):
+            raise ConfigError(f"seer stats_layers {list(layers)} lists a layer twice")
+        return StatsSpec(layers, self.abs_threshold, self.rel_threshold)
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    dtype: str = "fp32"
+    opset: int = DEFAULT_OPSET
+    max_seq_len: int | None = None  # None = the model's max_seq_len
+    seer: SeerStats = SeerStats()
+    verify: bool = True
+    force: bool = False
+    inline_limit_bytes: int = INLINE_LIMIT_BYTES  # initializers at least this large go to the shared weights file
+
+    def validate(self) -> None:
+        if self.dtype == "bf16":
+            raise ConfigError(
+                "--dtype bf16 is not supported: ONNX Runtime's CPU provider has no bf16 kernels, so the export could "
+                "neither be validated nor run on CPU; use --dtype fp16 (GPU) or fp32"
+            )
+        if self.dtype not in EXPORT_DTYPES:
+            raise ConfigError(f"--dtype {self.dtype} is unknown; use one of {', '.join(EXPORT_DTYPES)}")
+        if self.max_seq_len is not None and self.max_seq_len < 1:
+            raise ConfigError(f"--max-seq-len must be positive, got {self.max_seq_len}")
+        if self.inline_limit_bytes < 0:
+            raise ConfigError("inline_limit_bytes must be >= 0")
+
+
+def load_seer_stats(path: str | os.PathLike[str]) -> SeerStats:
+    """Read stats_layers / abs_threshold / rel_threshold from a JSON file; other keys are ignored.
+
+    An absent (or null) stats_layers means every layer; an empty list means the last layer (as SeerConfig reads it).
+    """
+    file = Path(path)
+    try:
+        raw: Any = json.loads(file.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"--seer-config {file} does not exist") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--seer-config {file} is not valid JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--seer-config {file} must hold a JSON object")
+    kwargs: dict[str, Any] = {}
+    for key in ("abs_threshold", "rel_threshold"):
+        if key in raw:
+            value = raw[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(f"--seer-config {file}: {key} must be a positive number, got {value!r}")
+            kwargs[key] = float(value)
+    layers = raw.get("stats_layers")
+    if layers is not None:
+        if not isinstance(layers, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in layers):
+            raise ConfigError(f"--seer-config {file}: stats_layers must be a list of layer indices, got {layers!r}")
+        kwargs["stats_layers"] = tuple(layers)
+    return SeerStats(**kwargs)

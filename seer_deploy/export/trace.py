@@ -1,0 +1,118 @@
+"""torch module -> in-memory ONNX model (onnx_ir), with dynamic batch and sequence, reproducible byte for byte.
+
+The dynamo exporter records stack traces, FX node text and module paths as metadata on every node; they say where the
+exporter ran rather than what the graph computes, so they are dropped: the same checkpoint then gives the same graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import onnx_ir as ir
+import torch
+from torch import nn
+
+from seer_deploy.errors import ConfigError
+from seer_deploy.export.manifest import TensorSpec
+
+MIN_OPSET = 18  # the dynamo exporter's floor
+BATCH, SEQ = "batch", "seq"
+_DTYPE_NAMES = {
+    ir.DataType.INT64: "int64",
+    ir.DataType.FLOAT: "float32",
+    ir.DataType.FLOAT16: "float16",
+    ir.DataType.BFLOAT16: "bfloat16",
+    ir.DataType.BOOL: "bool",
+}
+
+
+def check_opset(opset: int) -> None:
+    import onnx
+
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        raise ConfigError(f"--opset {opset} is out of range: the exporter supports opsets {MIN_OPSET} to {newest}")
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """The exporter's progress prints and warnings are noise for users of `seer-deploy export`."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def trace_graph(
+    module: nn.Module,
+    example_args: tuple[torch.Tensor, ...],
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    dynamic_dims: dict[str, dict[int, str]],
+    opset: int,
+    max_batch: int,
+    max_seq_len: int,
+) -> ir.Model:
+    """Export `module` with the named dims dynamic ('batch' up to max_batch, 'seq' up to max_seq_len)."""
+    check_opset(opset)
+    dims = {
+        BATCH: torch.export.Dim(BATCH, min=1, max=max_batch),
+        SEQ: torch.export.Dim(SEQ, min=1, max=max_seq_len),
+    }
+    dynamic_shapes: dict[str, Any] = {
+        name: {axis: dims[dim] for axis, dim in dynamic_dims.get(name, {}).items()} for name in input_names
+    }
+    with _quiet(), torch.no_grad():
+        program = torch.onnx.export(
+            module,
+            example_args,
+            dynamo=True,
+            input_names=list(input_names),
+            output_names=list(output_names),
+            dynamic_shapes=dynamic_shapes,
+            opset_version=opset,
+            optimize=True,
+            verbose=False,
+            report=False,
+        )
+    if program is None:  # only the legacy exporter returns None
+        raise RuntimeError("torch.onnx.export returned no program")
+    model = program.model
+    strip_metadata(model)
+    return model
+
+
+def strip_metadata(model: ir.Model) -> None:
+    """Drop exporter provenance (stack traces, FX text) from nodes and values; keep names and computation."""
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        node.metadata_props.clear()
+        node.doc_string = None
+        for value in node.outputs:
+            value.metadata_props.clear()
+    for value in (*model.graph.inputs, *model.graph.outputs, *model.graph.initializers.values()):
+        value.metadata_props.clear()
+    model.graph.metadata_props.clear()
+    model.metadata_props.clear()
+
+
+def io_specs(values: Sequence[ir.Value]) -> dict[str, TensorSpec]:
+    """Manifest entries for graph inputs or outputs: element type name and shape (ints or dim names)."""
+    specs: dict[str, TensorSpec] = {}
+    for value in values:
+        if value.name is None or value.dtype is None or value.shape is None:
+            raise RuntimeError(f"exported graph value {value.name!r} has no dtype or shape")
+        dtype = _DTYPE_NAMES.get(value.dtype, str(value.dtype).lower())
+        shape: list[int | str] = [d if isinstance(d, int) else str(d) for d in value.shape]
+        specs[value.name] = TensorSpec(dtype, shape)
+    return specs

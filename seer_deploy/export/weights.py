@@ -1,0 +1,85 @@
+"""One external-data file for both graphs: every initializer is written once and referenced by offset.
+
+Both graphs hold the same weights (the exporter folds e.g. transposed projections into new initializers with
+graph-local names), so tensors are deduplicated by content, not by name. Keeping the weights out of the .onnx
+protobuf also keeps every graph far below protobuf's 2 GB limit, whatever the model size. Offsets are aligned so
+that ONNX Runtime can memory-map large tensors; padding is zeros, so the file is byte-for-byte reproducible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import onnx_ir as ir
+
+WEIGHTS_FILE = "weights.bin"
+INLINE_LIMIT_BYTES = 1024  # initializers smaller than this (shape constants, scalars) stay inside the .onnx
+_LARGE = 1 << 20  # tensors from 1 MiB on start at a 64 KiB boundary (mmap granularity on every OS)
+_LARGE_ALIGN, _SMALL_ALIGN = 1 << 16, 64
+
+
+class SharedWeightFile:
+    """Appends tensor bytes to DIR/weights.bin, returning (offset, length); identical bytes are stored once."""
+
+    def __init__(self, directory: Path, name: str = WEIGHTS_FILE) -> None:
+        self.directory = directory
+        self.name = name
+        self._fh = open(directory / name, "wb")  # noqa: SIM115 (closed by close() / the context manager)
+        self._offsets: dict[tuple[str, int], int] = {}
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self.tensors_written = 0
+        self.tensors_shared = 0
+
+    def add(self, data: bytes) -> tuple[int, int]:
+        key = (hashlib.sha256(data).hexdigest(), len(data))
+        if key in self._offsets:
+            self.tensors_shared += 1
+            return self._offsets[key], len(data)
+        align = _LARGE_ALIGN if len(data) >= _LARGE else _SMALL_ALIGN
+        pad = -self.size % align
+        if pad:
+            self._write(b"\0" * pad)
+        offset = self.size
+        self._write(data)
+        self._offsets[key] = offset
+        self.tensors_written += 1
+        return offset, len(data)
+
+    def _write(self, data: bytes) -> None:
+        self._fh.write(data)
+        self._hash.update(data)
+        self.size += len(data)
+
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.flush()
+            self._fh.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def externalize(self, model: ir.Model, inline_limit_bytes: int = INLINE_LIMIT_BYTES) -> int:
+        """Move every initializer of at least `inline_limit_bytes` into the file; returns how many moved."""
+        moved = 0
+        for name, value in model.graph.initializers.items():
+            tensor = value.const_value
+            if tensor is None or tensor.nbytes < max(inline_limit_bytes, 1):
+                continue
+            offset, length = self.add(tensor.tobytes())
+            value.const_value = ir.ExternalTensor(
+                self.name, offset, length, tensor.dtype, shape=ir.Shape(tensor.shape.numpy()), name=name, base_dir=self.directory
+            )
+            moved += 1
+        return moved
