@@ -35,6 +35,9 @@ def _register() -> None:
 
     for module in (generate, demo):
         cli.add_command(module.command)
+    from seer_deploy.cli import build
+
+    cli.add_command(build.command)
     from seer_deploy.cli import export
 
     cli.add_command(export.command)

@@ -218,12 +218,13 @@ class _Engine:
 
     def run(self, profile: int, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Copy feeds to the device, run on torch's current stream, return every output on the host."""
-        if set(feeds) != set(self.inputs):
-            raise ConfigError(f"the engine takes inputs {sorted(self.inputs)}, got {sorted(feeds)}")
+        missing = sorted(set(self.inputs) - set(feeds))
+        if missing:
+            raise ConfigError(f"the engine needs inputs {missing} that the call did not give")
         context = self.contexts[profile]
         keep = []  # device tensors must outlive the enqueued work
-        for name, array in feeds.items():
-            tensor = torch.from_numpy(np.ascontiguousarray(array)).to(self.device, self.dtypes[name])
+        for name in self.inputs:  # TensorRT drops graph inputs nothing uses; feed only what the engine has
+            tensor = torch.from_numpy(np.ascontiguousarray(feeds[name])).to(self.device, self.dtypes[name])
             keep.append(tensor)
             if not context.set_input_shape(name, tuple(tensor.shape)):
                 raise ConfigError(f"input {name} of shape {tuple(tensor.shape)} is outside optimization profile "

@@ -1,0 +1,95 @@
+"""`seer-deploy build`: an export dir -> an engine dir for ONNX Runtime or TensorRT."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from seer_deploy.errors import ConfigError
+
+
+def read_kept_lengths(path: Path) -> dict[int, float] | list[int]:
+    """A calibration histogram: a JSON list of kept lengths, or a {"length": count} object."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--kept-lengths {path} is not JSON ({exc}); give a list of lengths or {{length: count}}") from exc
+    try:
+        if isinstance(data, dict):
+            return {int(k): float(v) for k, v in data.items()}
+        if isinstance(data, list):
+            return [int(v) for v in data]
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"--kept-lengths {path}: lengths must be integers and counts numbers ({exc})") from exc
+    raise ConfigError(f"--kept-lengths {path} must hold a JSON list of lengths or a {{length: count}} object")
+
+
+@click.command("build")
+@click.argument("export_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="The engine directory to write.")
+@click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)
+@click.option("--buckets", help="Kept-length buckets, e.g. 32,64,128 [default: powers of two up to the max length].")
+@click.option("--max-gen-length", type=int, help="Longest response the engine runs [default: the last bucket, or "
+              "what --max-prompt leaves of the export's positions].")
+@click.option("--max-batch", type=int, default=8, show_default=True, help="Largest batch the profiles cover.")
+@click.option("--max-prompt", type=int, help="Widest (padded) prompt the profiles cover [default: the export's "
+              "positions minus the last bucket, or half of them].")
+@click.option("--min-prompt", type=int, default=1, show_default=True, help="Narrowest prompt the profiles cover.")
+@click.option("--kept-lengths", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Calibration kept lengths (JSON list or {length: count}): buckets minimising expected padding.")
+@click.option("--max-buckets", type=int, help="At most this many buckets (profiles) when planning them.")
+@click.option("--timing-cache", type=click.Path(dir_okay=False, path_type=Path),
+              help="TensorRT timing cache: read if it exists, updated after the build.")
+@click.option("--workspace", help="TensorRT builder workspace limit, e.g. 4G.")
+@click.option("--provider", "providers", multiple=True,
+              help="ONNX Runtime provider, in order of preference (repeat) [default: CUDA if available, else CPU].")
+@click.option("--threads", type=int, default=0, show_default=True, help="ONNX Runtime intra-op threads (0 = default).")
+@click.option("--graph-optimization", type=click.Choice(["disable", "basic", "extended", "all"]), default="all",
+              show_default=True, help="ONNX Runtime graph optimisation level.")
+@click.option("--ort-save-optimized", is_flag=True, help="Also save ONNX Runtime's optimised graphs in the engine dir.")
+def command(export_dir: Path, out: Path, backend: str, buckets: str | None, max_gen_length: int | None,
+            max_batch: int, max_prompt: int | None, min_prompt: int, kept_lengths: Path | None,
+            max_buckets: int | None, timing_cache: Path | None, workspace: str | None, providers: tuple[str, ...],
+            threads: int, graph_optimization: str, ort_save_optimized: bool) -> None:
+    """Build an engine dir from EXPORT_DIR (made by `seer-deploy export`).
+
+    \b
+    ort:       records the session settings (and checks the sessions open); optionally saves optimised graphs.
+    tensorrt:  one engine per graph, one optimization profile per length bucket (needs TensorRT and a GPU).
+    """
+    from seer_deploy.engines.buckets import parse_buckets
+    from seer_deploy.engines.build import BuildOptions, build_engines, parse_size
+    from seer_deploy.engines.ort import OrtSessionOptions
+
+    if buckets is not None and kept_lengths is not None:
+        raise ConfigError("give --buckets or --kept-lengths, not both (--kept-lengths plans the buckets)")
+    options = BuildOptions(
+        backend="tensorrt" if backend == "tensorrt" else "ort",
+        buckets=tuple(parse_buckets(buckets)) if buckets is not None else None,
+        max_gen_length=max_gen_length,
+        max_prompt=max_prompt,
+        min_prompt=min_prompt,
+        max_batch=max_batch,
+        kept_lengths=read_kept_lengths(kept_lengths) if kept_lengths is not None else None,
+        max_buckets=max_buckets,
+        timing_cache=timing_cache,
+        workspace_bytes=parse_size(workspace) if workspace is not None else None,
+        ort_session=OrtSessionOptions(
+            providers=tuple(providers) or None,
+            intra_op_threads=threads,
+            graph_optimization=graph_optimization,  # type: ignore[arg-type]
+        ),
+        ort_save_optimized=ort_save_optimized,
+    )
+    start = time.perf_counter()
+
+    def progress(message: str) -> None:
+        click.echo(f"[{time.perf_counter() - start:7.1f}s] {message}", err=True)
+
+    result = build_engines(export_dir, out, options, progress)
+    m = result.manifest
+    click.echo(f"engine dir: {result.out} ({m.backend}, buckets {list(m.buckets)}, batch 1..{m.max_batch}, "
+               f"prompt {m.min_prompt}..{m.max_prompt}) in {result.seconds:.1f}s")

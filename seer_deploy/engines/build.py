@@ -1,0 +1,268 @@
+"""`build_engines`: export dir -> engine dir (engine.json + the backend's files), for ONNX Runtime or TensorRT.
+
+ONNX Runtime "engines" are the sessions' settings (provider, threads, graph optimisation level), checked by
+opening the sessions once, and optionally ORT-optimised copies of the graphs. TensorRT engines are one serialized
+plan per graph with one optimization profile per bucket. Either way the engine dir is written in a temp dir next
+to the destination and renamed into place, so a failed build leaves nothing half-written; a copy of the export's
+manifest travels with it (`export.json`) so the engine dir says what it was built from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import seer_deploy
+from seer_deploy.engines.buckets import ProfileLayout, input_axes, plan_buckets, profile_shapes
+from seer_deploy.engines.manifest import MANIFEST_FILE, BackendName, EngineManifest, TensorRTFacts
+from seer_deploy.engines.ort import OrtSessionOptions
+from seer_deploy.errors import ArtifactError, ConfigError
+from seer_deploy.export.manifest import MANIFEST_FILE as EXPORT_MANIFEST_FILE
+from seer_deploy.export.manifest import ExportManifest
+
+Progress = Callable[[str], None]
+GRAPHS: tuple[str, ...] = ("step0", "step")
+EXPORT_COPY = "export.json"
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'4G', '512M', '1.5G', '1048576' -> bytes (binary units; a trailing 'B'/'iB' is allowed)."""
+    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = raw[-1] if raw and raw[-1] in _UNITS else ""
+    try:
+        value = float(raw.removesuffix(unit) if unit else raw)
+    except ValueError as exc:
+        raise ConfigError(f"size '{text}' is not a number with an optional K/M/G/T unit, e.g. 4G") from exc
+    if value <= 0:
+        raise ConfigError(f"size '{text}' must be positive, e.g. 4G")
+    return int(value * _UNITS[unit])
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 24), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Everything `seer-deploy build` takes. Unset sizes are derived from the export's max_seq_len."""
+
+    backend: BackendName = "ort"
+    buckets: tuple[int, ...] | None = None  # None: plan_buckets(max_gen_length)
+    max_gen_length: int | None = None  # None: the last bucket, or max_seq_len - max_prompt
+    max_prompt: int | None = None  # None: max_seq_len - the last bucket, or max_seq_len // 2
+    min_prompt: int = 1
+    max_batch: int = 8
+    kept_lengths: Mapping[int, float] | Sequence[int] | None = None  # calibration histogram for plan_buckets
+    max_buckets: int | None = None
+    timing_cache: Path | None = None
+    workspace_bytes: int | None = None
+    ort_session: OrtSessionOptions = field(default_factory=OrtSessionOptions)
+    ort_save_optimized: bool = False
+
+    def layout(self, max_seq_len: int) -> ProfileLayout:
+        """The profile layout for an export with `max_seq_len` positions; ConfigError if it cannot fit."""
+        if self.buckets is not None:
+            if self.max_gen_length is not None and self.max_gen_length != self.buckets[-1]:
+                raise ConfigError(
+                    f"--max-gen-length {self.max_gen_length} differs from the last bucket {self.buckets[-1]}; "
+                    f"give one of them (the last bucket is the longest response the engine runs)"
+                )
+            gen = self.buckets[-1]
+            max_prompt = self.max_prompt if self.max_prompt is not None else max_seq_len - gen
+        else:
+            max_prompt = self.max_prompt if self.max_prompt is not None else max_seq_len // 2
+            gen = self.max_gen_length if self.max_gen_length is not None else max_seq_len - max_prompt
+        if gen < 1 or max_prompt < 1:
+            raise ConfigError(
+                f"the export has {max_seq_len} positions: --max-prompt {max_prompt} leaves no room for a response "
+                f"of {gen}; lower --max-prompt or the buckets"
+            )
+        buckets = self.buckets or tuple(
+            plan_buckets(gen, histogram=self.kept_lengths, max_buckets=self.max_buckets)
+        )
+        layout = ProfileLayout(tuple(buckets), self.max_batch, max_prompt, self.min_prompt)
+        layout.validate(max_seq_len)
+        return layout
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    out: Path
+    manifest: EngineManifest
+    seconds: float
+
+
+def check_destination(out: Path) -> None:
+    """Only an empty or missing directory, or an earlier engine dir (a rebuild), may be replaced."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ArtifactError(f"--out {out} is a file; give a directory path for the engine")
+    if any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
+        raise ArtifactError(
+            f"--out {out} is a non-empty directory that is not a seer-deploy engine dir; refusing to replace it. "
+            f"Choose a new or empty directory"
+        )
+
+
+def _install(tmp: Path, out: Path) -> None:
+    """Rename the finished engine dir into place; an existing one is moved aside first and removed after."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    old = tmp.with_name(tmp.name + ".old")
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_export(export_dir: Path, export: ExportManifest) -> None:
+    """The graph files exist and still hash to what the export manifest says (the engine will record it)."""
+    for name in GRAPHS:
+        path = export_dir / export.graphs[name].file
+        if not path.is_file():
+            raise ArtifactError(f"{path} ({name} graph) is missing; the export is incomplete, re-run `seer-deploy export`")
+        if file_sha256(path) != export.graphs[name].sha256:
+            raise ArtifactError(
+                f"{path} does not match the sha256 in {export_dir / EXPORT_MANIFEST_FILE}: it was modified after "
+                f"export; re-run `seer-deploy export`"
+            )
+
+
+def _versions(backend: BackendName) -> dict[str, str]:
+    import onnx
+    import onnxruntime
+
+    versions = {"seer_deploy": seer_deploy.__version__, "onnx": onnx.__version__,
+                "onnxruntime": onnxruntime.__version__}
+    if backend == "tensorrt":
+        from seer_deploy.engines import tensorrt_engine
+
+        versions["tensorrt"] = tensorrt_engine.tensorrt_version()
+    return versions
+
+
+def _build_ort(export_dir: Path, export: ExportManifest, options: BuildOptions, tmp: Path,
+               progress: Progress) -> tuple[dict[str, str], dict[str, Any]]:
+    """Open the sessions once (provider availability, graph/manifest agreement), optionally save optimised graphs."""
+    import onnxruntime as ort
+
+    from seer_deploy.engines.ort import OrtBackend
+
+    progress("opening ONNX Runtime sessions")
+    backend = OrtBackend(export_dir, options.ort_session)
+    files = dict.fromkeys(GRAPHS, "")
+    if options.ort_save_optimized:
+        for name in GRAPHS:
+            progress(f"saving the optimised {name} graph")
+            so = options.ort_session.session_options()
+            files[name] = f"{name}.opt.onnx"
+            so.optimized_model_filepath = str(tmp / files[name])
+            # Weights go to a side file: an inline >2 GB model cannot be serialized.
+            so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                        f"{files[name]}.data")
+            ort.InferenceSession(str(export_dir / export.graphs[name].file), sess_options=so,
+                                 providers=backend.providers)
+    session = {
+        "providers": list(backend.providers),
+        "intra_op_threads": options.ort_session.intra_op_threads,
+        "inter_op_threads": options.ort_session.inter_op_threads,
+        "graph_optimization": options.ort_session.graph_optimization,
+    }
+    return files, session
+
+
+def _build_tensorrt(export_dir: Path, export: ExportManifest, layout: ProfileLayout, options: BuildOptions,
+                    tmp: Path, progress: Progress) -> tuple[dict[str, str], TensorRTFacts]:
+    from seer_deploy.engines import tensorrt_engine as te
+
+    gpu_name, capability = te.gpu_facts()
+    progress(f"TensorRT {te.tensorrt_version()} on {gpu_name} (compute capability {capability})")
+    trt_options = te.TensorRTBuildOptions(workspace_bytes=options.workspace_bytes, timing_cache=options.timing_cache)
+    files = {}
+    for name in GRAPHS:
+        graph = export.graphs[name]
+        profiles = profile_shapes(layout, input_axes({k: v.shape for k, v in graph.inputs.items()}))
+        progress(f"building the {name} engine ({len(profiles)} profiles)")
+        plan = te.build_serialized_engine(export_dir / graph.file, profiles, trt_options, progress)
+        files[name] = f"{name}.engine"
+        (tmp / files[name]).write_bytes(plan)  # inside the temp dir: the rename below makes it visible
+    facts = TensorRTFacts(
+        version=te.tensorrt_version(),
+        gpu_name=gpu_name,
+        compute_capability=capability,
+        profile_index={bucket: i for i, bucket in enumerate(layout.buckets)},
+        workspace_bytes=options.workspace_bytes,
+    )
+    return files, facts
+
+
+def build_engines(export_dir: Path, out: Path, options: BuildOptions, progress: Progress = lambda _: None
+                  ) -> BuildResult:
+    """Build the engine dir `out` from `export_dir`; ConfigError/ArtifactError name what is wrong."""
+    start = time.perf_counter()
+    export_dir, out = Path(export_dir), Path(out)
+    if options.backend == "tensorrt":
+        from seer_deploy.engines import tensorrt_engine
+
+        tensorrt_engine.require_tensorrt()  # before any work: the user learns at once
+    elif options.backend != "ort":
+        raise ConfigError(f"backend '{options.backend}' is unknown; use ort or tensorrt")
+    elif options.workspace_bytes is not None or options.timing_cache is not None:
+        raise ConfigError("--workspace and --timing-cache apply to --backend tensorrt only; drop them for ort")
+    progress(f"reading {export_dir / EXPORT_MANIFEST_FILE}")
+    export = ExportManifest.load(export_dir)
+    layout = options.layout(export.max_seq_len)
+    progress(f"buckets {list(layout.buckets)}, batch 1..{layout.max_batch}, "
+             f"prompt {layout.min_prompt}..{layout.max_prompt}")
+    _check_export(export_dir, export)
+    check_destination(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        trt_facts: TensorRTFacts | None = None
+        ort_session: dict[str, Any] | None = None
+        if options.backend == "tensorrt":
+            files, trt_facts = _build_tensorrt(export_dir, export, layout, options, tmp, progress)
+        else:
+            files, ort_session = _build_ort(export_dir, export, options, tmp, progress)
+        manifest = EngineManifest(
+            backend=options.backend,
+            buckets=layout.buckets,
+            max_batch=layout.max_batch,
+            min_prompt=layout.min_prompt,
+            max_prompt=layout.max_prompt,
+            model_fingerprint=export.model.fingerprint,
+            graph_hashes={name: export.graphs[name].sha256 for name in GRAPHS},
+            files=files,
+            versions=_versions(options.backend),
+            tensorrt=trt_facts,
+            ort_session=ort_session,
+            extra={"export_dir": str(export_dir.resolve()), "max_seq_len": export.max_seq_len},
+        )
+        manifest.validate()
+        shutil.copyfile(export_dir / EXPORT_MANIFEST_FILE, tmp / EXPORT_COPY)
+        manifest.save(tmp)
+        progress(f"installing {out}")
+        _install(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return BuildResult(out=out, manifest=manifest, seconds=time.perf_counter() - start)
+

@@ -1,0 +1,286 @@
+"""`seer-deploy build` / `build_engines` on a small export dir made here (onnx.helper graphs + a real manifest)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import tiny_config
+from onnx import TensorProto, helper
+
+from seer_deploy.cli import main
+from seer_deploy.engines import tensorrt_engine
+from seer_deploy.engines.buckets import power_of_two_buckets
+from seer_deploy.engines.build import BuildOptions, build_engines, file_sha256, parse_size
+from seer_deploy.engines.manifest import MANIFEST_FILE, EngineManifest, RuntimeFacts, check_engine_compatible
+from seer_deploy.engines.ort import OrtBackend
+from seer_deploy.errors import ArtifactError, ConfigError
+from seer_deploy.export import sampling
+from seer_deploy.export.manifest import ExportManifest, GraphSpec, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
+
+MAX_SEQ_LEN = 96
+BS = ["batch", "seq"]
+
+
+def _io(name: str, elem: int, shape: list[int | str]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def step0_model() -> onnx.ModelProto:
+    """token_ids = input_ids, confidence = eos_prob = float(mask), sparsity = confidence[:, None, :] (K = 1)."""
+    nodes = [
+        helper.make_node("Identity", ["input_ids"], ["token_ids"]),
+        helper.make_node("Cast", ["attention_mask"], ["confidence"], to=TensorProto.FLOAT),
+        helper.make_node("Identity", ["confidence"], ["eos_prob"]),
+        helper.make_node("Constant", [], ["axes"], value=helper.make_tensor("axes", TensorProto.INT64, [1], [1])),
+        helper.make_node("Unsqueeze", ["confidence", "axes"], ["sparsity"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "step0",
+        [_io("input_ids", TensorProto.INT64, BS), _io("attention_mask", TensorProto.INT64, BS)],
+        [_io("token_ids", TensorProto.INT64, BS), _io("confidence", TensorProto.FLOAT, BS),
+         _io("eos_prob", TensorProto.FLOAT, BS), _io("sparsity", TensorProto.FLOAT, ["batch", 1, "seq"])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+def step_model() -> onnx.ModelProto:
+    """token_ids = input_ids, confidence = sample_uniform * float(mask) (temperature is taken, unused)."""
+    nodes = [
+        helper.make_node("Identity", ["input_ids"], ["token_ids"]),
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["sample_uniform", "maskf"], ["confidence"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "step",
+        [_io("input_ids", TensorProto.INT64, BS), _io("attention_mask", TensorProto.INT64, BS),
+         _io("temperature", TensorProto.FLOAT, ["batch"]), _io("sample_uniform", TensorProto.FLOAT, BS)],
+        [_io("token_ids", TensorProto.INT64, BS), _io("confidence", TensorProto.FLOAT, BS)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+def _specs(values: list[onnx.ValueInfoProto]) -> dict[str, TensorSpec]:
+    out = {}
+    for v in values:
+        dims: list[int | str] = [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+        out[v.name] = TensorSpec(helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name, dims)
+    return out
+
+
+def make_export(root: Path, fingerprint: str = "1" * 64) -> Path:
+    """An export dir that ExportManifest.load and OrtBackend accept."""
+    root.mkdir(parents=True, exist_ok=True)
+    graphs = {}
+    for name, model in (("step0", step0_model()), ("step", step_model())):
+        onnx.checker.check_model(model)
+        onnx.save(model, root / f"{name}.onnx")
+        graphs[name] = GraphSpec(f"{name}.onnx", file_sha256(root / f"{name}.onnx"),
+                                 _specs(list(model.graph.input)), _specs(list(model.graph.output)))
+    (root / "weights.bin").write_bytes(b"\0" * 64)
+    cfg = tiny_config(max_seq_len=MAX_SEQ_LEN)
+    ExportManifest(
+        model=ModelSpec("test", "llada", fingerprint, cfg.to_dict()),
+        special_ids={"mask": cfg.mask_id, "eos": cfg.eos_id, "pad": cfg.pad_id, "bos": cfg.bos_id, "eot": None},
+        dtype="fp32",
+        opset=20,
+        max_seq_len=MAX_SEQ_LEN,
+        graphs=graphs,
+        seer=SeerSpec([1], ["frac"], 0.05, 0.05, [(1, "frac")]),
+        sampling=sampling.manifest_entry(),
+        versions={"onnx": onnx.__version__},
+        weights=WeightsSpec("weights.bin", "0" * 64, 64),
+    ).save(root)
+    return root
+
+
+@pytest.fixture
+def export_dir(tmp_path: Path) -> Path:
+    return make_export(tmp_path / "export")
+
+
+def cpu_options(**kw: object) -> BuildOptions:
+    from seer_deploy.engines.ort import OrtSessionOptions
+
+    return BuildOptions(ort_session=OrtSessionOptions(providers=("CPUExecutionProvider",), intra_op_threads=1),
+                        **kw)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- ORT builds
+
+
+def test_ort_build_writes_a_manifest_that_matches_the_export(export_dir: Path, tmp_path: Path) -> None:
+    stages: list[str] = []
+    result = build_engines(export_dir, tmp_path / "engine", cpu_options(buckets=(16, 32, 48)), stages.append)
+    out = tmp_path / "engine"
+    assert result.out == out and sorted(p.name for p in out.iterdir()) == ["engine.json", "export.json"]
+    m = EngineManifest.load(out)
+    export = ExportManifest.load(export_dir)
+    assert m.backend == "ort" and m.buckets == (16, 32, 48) and m.max_batch == 8
+    assert m.max_prompt == MAX_SEQ_LEN - 48  # default: the positions the last bucket leaves
+    assert m.model_fingerprint == export.model.fingerprint
+    assert m.graph_hashes == {name: g.sha256 for name, g in export.graphs.items()}
+    assert m.ort_session is not None and m.ort_session["providers"] == ["CPUExecutionProvider"]
+    assert m.versions["onnxruntime"] == ort.__version__
+    assert json.loads((out / "export.json").read_text()) == export.to_dict()
+    assert any("buckets" in s for s in stages) and any("installing" in s for s in stages)
+    check_engine_compatible(m, RuntimeFacts(model_fingerprint=export.model.fingerprint,
+                                            graph_hashes={k: g.sha256 for k, g in export.graphs.items()}))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dir left
+
+
+def test_default_buckets_are_powers_of_two(export_dir: Path, tmp_path: Path) -> None:
+    m = build_engines(export_dir, tmp_path / "e", cpu_options()).manifest
+    assert m.max_prompt == MAX_SEQ_LEN // 2
+    assert list(m.buckets) == power_of_two_buckets(MAX_SEQ_LEN - MAX_SEQ_LEN // 2)
+
+
+def test_kept_lengths_plan_the_buckets(export_dir: Path, tmp_path: Path) -> None:
+    lengths = [20] * 30 + [37] * 10 + [48]
+    m = build_engines(export_dir, tmp_path / "e", cpu_options(max_gen_length=48, kept_lengths=lengths,
+                                                              max_buckets=3)).manifest
+    assert m.buckets == (20, 37, 48)
+
+
+def test_an_engine_for_another_model_is_refused(tmp_path: Path) -> None:
+    export_a = make_export(tmp_path / "a", fingerprint="a" * 64)
+    export_b = make_export(tmp_path / "b", fingerprint="b" * 64)
+    engine = build_engines(export_a, tmp_path / "engine", cpu_options(buckets=(32,))).manifest
+    other = ExportManifest.load(export_b)
+    with pytest.raises(ArtifactError, match="built for model aaaaaaaaaaaa, the export is model bbbbbbbbbbbb"):
+        check_engine_compatible(engine, RuntimeFacts(model_fingerprint=other.model.fingerprint))
+
+
+def test_saved_optimised_graphs_run_like_the_originals(export_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "engine"
+    m = build_engines(export_dir, out, cpu_options(buckets=(32,), ort_save_optimized=True)).manifest
+    assert m.files == {"step0": "step0.opt.onnx", "step": "step.opt.onnx"}
+    ids = np.arange(12, dtype=np.int64).reshape(2, 6)
+    mask = np.ones_like(ids)
+    mask[0, :2] = 0
+    want = OrtBackend(export_dir).step0(ids, mask)
+    sess = ort.InferenceSession(str(out / m.files["step0"]), providers=["CPUExecutionProvider"])
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"input_ids": ids, "attention_mask": mask}),
+                   strict=True))
+    np.testing.assert_array_equal(got["token_ids"], want.token_ids)
+    np.testing.assert_array_equal(got["sparsity"], want.sparsity)
+
+
+def test_a_modified_graph_is_refused(export_dir: Path, tmp_path: Path) -> None:
+    with open(export_dir / "step.onnx", "ab") as fh:
+        fh.write(b"\0")
+    with pytest.raises(ArtifactError, match="modified after export"):
+        build_engines(export_dir, tmp_path / "e", cpu_options())
+    assert not (tmp_path / "e").exists()
+
+
+def test_destination_rules(export_dir: Path, tmp_path: Path) -> None:
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine")
+    with pytest.raises(ArtifactError, match="not a seer-deploy engine dir"):
+        build_engines(export_dir, precious, cpu_options())
+    assert (precious / "notes.txt").read_text() == "mine"
+    out = tmp_path / "engine"
+    build_engines(export_dir, out, cpu_options(buckets=(16, 48)))
+    build_engines(export_dir, out, cpu_options(buckets=(32, 48)))  # a rebuild replaces the old engine dir
+    assert EngineManifest.load(out).buckets == (32, 48)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"buckets": (16, 64), "max_prompt": 40}, "exceeds the model's 96 positions"),
+        ({"buckets": (16, 32), "max_gen_length": 48}, "differs from the last bucket"),
+        ({"max_prompt": 96}, "leaves no room"),
+        ({"max_batch": 0}, "--max-batch"),
+        ({"workspace_bytes": 1 << 30}, "apply to --backend tensorrt only"),
+    ],
+)
+def test_bad_settings_are_config_errors(export_dir: Path, tmp_path: Path, options: dict[str, object],
+                                        message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_engines(export_dir, tmp_path / "e", cpu_options(**options))
+
+
+def test_parse_size() -> None:
+    assert parse_size("4G") == 4 << 30
+    assert parse_size("512M") == 512 << 20
+    assert parse_size("1.5GiB") == 3 << 29
+    assert parse_size("1048576") == 1 << 20
+    for bad in ("", "G", "-1G", "four"):
+        with pytest.raises(ConfigError):
+            parse_size(bad)
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    captured = capsys.readouterr()
+    return int(info.value.code or 0), captured.out, captured.err
+
+
+def test_cli_build_ort(export_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "engine"
+    code, stdout, err = run_main(["build", str(export_dir), "--out", str(out), "--backend", "ort", "--buckets",
+                                  "16,32,48", "--max-batch", "4", "--provider", "CPUExecutionProvider", "--threads",
+                                  "1"], capsys)
+    assert code == 0, err
+    assert "engine dir:" in stdout and "opening ONNX Runtime sessions" in err  # progress goes to stderr
+    m = EngineManifest.load(out)
+    assert (m.buckets, m.max_batch, m.max_prompt) == ((16, 32, 48), 4, MAX_SEQ_LEN - 48)
+    assert m.ort_session is not None and m.ort_session["intra_op_threads"] == 1
+
+
+def test_cli_kept_lengths_file(export_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hist = tmp_path / "kept.json"
+    hist.write_text(json.dumps({"10": 5, "30": 2, "48": 1}))
+    code, _, err = run_main(["build", str(export_dir), "--out", str(tmp_path / "e"), "--max-gen-length", "48",
+                             "--kept-lengths", str(hist), "--max-buckets", "3", "--provider", "CPUExecutionProvider"],
+                            capsys)
+    assert code == 0, err
+    assert EngineManifest.load(tmp_path / "e").buckets == (16, 30, 48)  # 10 rises to the default min_bucket 16
+
+
+@pytest.mark.skipif(tensorrt_engine.tensorrt_available(), reason="TensorRT is installed here")
+def test_cli_tensorrt_without_tensorrt_is_a_clear_exit_2(export_dir: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(["build", str(export_dir), "--out", str(tmp_path / "e"), "--backend", "tensorrt"], capsys)
+    assert code == 2
+    assert "TensorRT is not installed" in err and "--backend ort" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--buckets", "64,32"], "ascending"),
+        (["--workspace", "lots", "--backend", "ort"], "not a number"),
+        (["--buckets", "16,48", "--kept-lengths", "KEPT"], "not both"),
+    ],
+)
+def test_cli_bad_input_exits_2(export_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                               args: list[str], message: str) -> None:
+    kept = tmp_path / "kept.json"
+    kept.write_text("[1, 2]")
+    args = [str(kept) if a == "KEPT" else a for a in args]
+    code, _, err = run_main(["build", str(export_dir), "--out", str(tmp_path / "e"), *args], capsys)
+    assert code == 2 and message in err, err
+
+
+def test_cli_refuses_a_foreign_engine_manifest_file(export_dir: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "e"
+    out.mkdir()
+    (out / MANIFEST_FILE).write_text("{}")  # looks like an engine dir: replaced by the rebuild
+    code, _, _ = run_main(["build", str(export_dir), "--out", str(out), "--provider", "CPUExecutionProvider"], capsys)
+    assert code == 0
+    assert EngineManifest.load(out).backend == "ort"
