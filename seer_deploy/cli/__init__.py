@@ -35,6 +35,10 @@ def _register() -> None:
 
     for module in (generate, demo):
         cli.add_command(module.command)
+    from seer_deploy.cli import calibrate, inspect
+
+    cli.add_command(calibrate.command)
+    cli.add_command(inspect.command)
     from seer_deploy.cli import build
 
     cli.add_command(build.command)

@@ -10,15 +10,23 @@ never change. Ties in confidence go to the lower position, so every backend and 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from seer_deploy.errors import ConfigError
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.config import ModelConfig
+from seer_deploy.models.llada import MaskPredictor, StatsSpec
+from seer_deploy.runtime.backend import Step0Output
+from seer_deploy.seer.config import SeerConfig
+from seer_deploy.seer.detect import detect
+from seer_deploy.seer.plan import BlockPlan, SeerReport, TruncationPlan, kept_length, make_plan
+from seer_deploy.seer.profile import ResponseProfile, layer_major_rows, profiles_from_step0
 
 Remasking = Literal["low_confidence", "random"]
 
@@ -103,6 +111,83 @@ class GenerationResult:
     steps_run: int  # forward passes of the loop
     tokens_processed: int  # sum over forward passes of the real (non-padding) tokens they ran
     extras: dict[str, object] = field(default_factory=dict)
+    seer: list[SeerReport] | None = None  # per request, when Seer (or a forced kept length) truncated the loop
+
+
+@dataclass
+class _Batch:
+    """The loop's state: the sequence, its attention mask and which positions hold the prompt."""
+
+    x: Tensor  # [B, P + L]
+    attention_mask: Tensor | None
+    is_prompt: Tensor
+    prompt_width: int
+    real_tokens: int
+
+
+def _start(prompts: list[list[int]], responses: Tensor, cfg: ModelConfig, device: torch.device) -> _Batch:
+    """Left-pad the prompts and append the response slots (masks, or step zero's commits)."""
+    pad_id = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    B, P = prompt_ids.shape
+    L = responses.shape[1]
+    x = torch.cat([prompt_ids, responses.cpu()], dim=1).to(device)
+    attn = torch.cat([prompt_mask, torch.ones(B, L, dtype=torch.long)], dim=1).to(device)
+    is_prompt = torch.zeros_like(x, dtype=torch.bool)
+    is_prompt[:, :P] = prompt_mask.bool().to(device)
+    return _Batch(x, None if bool(attn.all()) else attn, is_prompt, P, int(attn.sum()))
+
+
+class _StepOut(NamedTuple):
+    x: Tensor  # the sequence after the commit
+    x0: Tensor  # [B, S] chosen token per position
+    logits: Tensor
+    stats: Tensor | None
+
+
+def _step(
+    model: MaskPredictor,
+    batch: _Batch,
+    hi: int,
+    k: Tensor,
+    config: GenerationConfig,
+    generator: torch.Generator | None,
+    spec: StatsSpec | None = None,
+) -> _StepOut:
+    """One denoising step: forward, x0, score the masked positions before `hi`, commit the top k[b] per row."""
+    mask_id = model.cfg.mask_id
+    x = batch.x
+    is_masked = x == mask_id
+    logits, stats = _logits(model, x, batch.attention_mask, batch.is_prompt, config.cfg_scale, mask_id, spec)
+    x0 = gumbel_argmax(logits, config.temperature, generator)
+    if config.remasking == "low_confidence":
+        probs = F.softmax(logits.float(), dim=-1)
+        score = probs.gather(-1, x0[..., None]).squeeze(-1)
+    else:
+        score = torch.rand(x.shape, generator=generator, device=x.device)
+    score[:, hi:] = -torch.inf
+    confidence = torch.where(is_masked, score, torch.full_like(score, -torch.inf))
+    commit = select_transfer(confidence, k) & is_masked
+    return _StepOut(torch.where(commit, x0, x), x0, logits, stats)
+
+
+def _run_block(
+    model: MaskPredictor,
+    batch: _Batch,
+    lo: int,
+    hi: int,
+    n_steps: int,
+    config: GenerationConfig,
+    generator: torch.Generator | None,
+) -> int:
+    """Run `n_steps` steps on the block [lo, hi) of batch.x in place; the schedule splits its masks evenly."""
+    if n_steps == 0:
+        return 0
+    n_masked = (batch.x[:, lo:hi] == model.cfg.mask_id).sum(-1).tolist()
+    schedules = torch.tensor([transfer_schedule(n, n_steps) for n in n_masked], device=batch.x.device)
+    for i in range(n_steps):
+        batch.x = _step(model, batch, hi, schedules[:, i], config, generator).x
+    return n_steps
 
 
 @torch.no_grad()
@@ -112,53 +197,129 @@ def generate(
     config: GenerationConfig,
     *,
     generator: torch.Generator | None = None,
+    seer: SeerConfig | None = None,
+    kept_lengths: Sequence[int] | None = None,
 ) -> GenerationResult:
-    """Fill `gen_length` masked positions after each prompt; prompts of different length are left-padded."""
+    """Fill `gen_length` masked positions after each prompt; prompts of different length are left-padded.
+
+    seer: detect each answer's end at step zero and run the later steps on prompt + kept length only (see
+    `seer_deploy.seer.plan`). kept_lengths: force the kept length per request instead (oracle studies).
+    """
     cfg = model.cfg
     config.validate(cfg.max_seq_len, max(len(p) for p in prompts))
+    if seer is not None or kept_lengths is not None:
+        return _generate_seer(model, prompts, config, generator, seer, kept_lengths)
     device = next(model.parameters()).device
-    pad_id = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
-    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
-    B, P = prompt_ids.shape
     G, block = config.gen_length, config.block
-    x = torch.full((B, P + G), cfg.mask_id, dtype=torch.long, device=device)
-    x[:, :P] = prompt_ids.to(device)
-    attn = torch.cat([prompt_mask, torch.ones(B, G, dtype=torch.long)], dim=1).to(device)
-    attention_mask = None if bool(attn.all()) else attn
-    is_prompt = torch.zeros_like(x, dtype=torch.bool)
-    is_prompt[:, :P] = prompt_mask.bool().to(device)
+    batch = _start(prompts, torch.full((len(prompts), G), cfg.mask_id, dtype=torch.long), cfg, device)
+    P = batch.prompt_width
     steps_per_block = config.steps // (G // block)
-    steps_run = tokens_processed = 0
-    real_tokens = int(attn.sum())
+    steps_run = 0
     for b in range(G // block):
-        lo, hi = P + b * block, P + (b + 1) * block
-        n_masked = (x[:, lo:hi] == cfg.mask_id).sum(-1).tolist()
-        schedules = torch.tensor([transfer_schedule(n, steps_per_block) for n in n_masked], device=device)
-        for i in range(steps_per_block):
-            is_masked = x == cfg.mask_id
-            logits = _logits(model, x, attention_mask, is_prompt, config.cfg_scale, cfg.mask_id)
-            x0 = gumbel_argmax(logits, config.temperature, generator)
-            if config.remasking == "low_confidence":
-                probs = F.softmax(logits.float(), dim=-1)
-                score = probs.gather(-1, x0[..., None]).squeeze(-1)
-            else:
-                score = torch.rand(x.shape, generator=generator, device=device)
-            score[:, hi:] = -torch.inf
-            confidence = torch.where(is_masked, score, torch.full_like(score, -torch.inf))
-            commit = select_transfer(confidence, schedules[:, i]) & is_masked
-            x = torch.where(commit, x0, x)
-            steps_run += 1
-            tokens_processed += real_tokens * (2 if config.cfg_scale > 0 else 1)
-    return GenerationResult(tokens=x[:, P:].cpu(), steps_run=steps_run, tokens_processed=tokens_processed)
+        steps_run += _run_block(model, batch, P + b * block, P + (b + 1) * block, steps_per_block, config, generator)
+    passes = 2 if config.cfg_scale > 0 else 1
+    return GenerationResult(
+        tokens=batch.x[:, P:].cpu(), steps_run=steps_run, tokens_processed=steps_run * batch.real_tokens * passes
+    )
+
+
+def _generate_seer(
+    model: MaskPredictor,
+    prompts: list[list[int]],
+    config: GenerationConfig,
+    generator: torch.Generator | None,
+    seer: SeerConfig | None,
+    kept_lengths: Sequence[int] | None,
+) -> GenerationResult:
+    """Step zero at full length for the whole batch, then each group of equal plans on its own kept length."""
+    cfg = model.cfg
+    device = next(model.parameters()).device
+    B, G, block = len(prompts), config.gen_length, config.block
+    if kept_lengths is not None and (len(kept_lengths) != B or any(not 1 <= k <= G for k in kept_lengths)):
+        raise ConfigError(f"kept_lengths must give one length in [1, {G}] per prompt ({B} prompts)")
+    batch = _start(prompts, torch.full((B, G), cfg.mask_id, dtype=torch.long), cfg, device)
+    P = batch.prompt_width
+    steps_per_block = config.steps // (G // block)
+    spec = seer.stats_spec(cfg.n_layers) if seer is not None and seer.needs_sparsity else None
+    first = torch.tensor([transfer_schedule(block, steps_per_block)[0]] * B, device=device)
+    zero = _step(model, batch, P + block, first, config, generator, spec)
+    passes = 2 if config.cfg_scale > 0 else 1
+    tokens_processed = batch.real_tokens * passes
+    responses = zero.x[:, P:].cpu()
+    still_masked = (responses == cfg.mask_id).numpy()
+    profiles = _profiles(zero, P, cfg.eos_id, spec) if seer is not None else None
+    plans: list[TruncationPlan] = []
+    for b in range(B):
+        boundary = detect(profiles[b], seer, cfg.eos_id) if profiles is not None and seer is not None else None
+        if kept_lengths is not None:
+            kept = int(kept_lengths[b])
+        else:
+            assert seer is not None and boundary is not None
+            kept = kept_length(boundary.position, seer.margin, G, seer.buckets)
+        plans.append(
+            make_plan(G, config.steps, config.block_length, kept, still_masked=still_masked[b], boundary=boundary)
+        )
+    # Rows with the same plan run together: padded to the group's longest prompt, the padding masked out.
+    groups: dict[tuple[BlockPlan, ...], list[int]] = {}
+    for b, plan in enumerate(plans):
+        groups.setdefault(plan.blocks, []).append(b)
+    tokens = torch.full((B, G), cfg.eos_id, dtype=torch.long)
+    steps_run = 1
+    for blocks, rows in sorted(groups.items(), key=lambda item: (item[0][-1].end, item[1][0])):
+        kept = blocks[-1].end
+        sub = _start([prompts[b] for b in rows], responses[rows, :kept], cfg, device)
+        Pg = sub.prompt_width
+        for j, bp in enumerate(blocks):
+            n_steps = bp.steps - 1 if j == 0 else bp.steps  # step zero was the first block's first step
+            ran = _run_block(model, sub, Pg + bp.start, Pg + bp.end, n_steps, config, generator)
+            steps_run += ran
+            tokens_processed += ran * sub.real_tokens * passes
+        tokens[rows, :kept] = sub.x[:, Pg:].cpu()
+    reports = [
+        SeerReport.from_plan(plan, len(prompts[b]), passes, forced=kept_lengths is not None)
+        for b, plan in enumerate(plans)
+    ]
+    return GenerationResult(tokens=tokens, steps_run=steps_run, tokens_processed=tokens_processed, seer=reports)
+
+
+def _profiles(zero: _StepOut, P: int, eos_id: int, spec: StatsSpec | None) -> list[ResponseProfile]:
+    """Step zero's per-response profiles in the backends' numpy form (sparsity rows layer-major)."""
+    probs = F.softmax(zero.logits.float(), dim=-1)
+    out = Step0Output(
+        token_ids=zero.x0.cpu().numpy().astype(np.int64),
+        confidence=probs.gather(-1, zero.x0[..., None]).squeeze(-1).cpu().numpy(),
+        eos_prob=probs[..., eos_id].cpu().numpy(),
+        sparsity=_flat_stats(zero.stats, zero.x0.shape),
+    )
+    rows = layer_major_rows(spec.layers) if spec is not None else []
+    return profiles_from_step0(out, rows, P, zero.x0.shape[1] - P)
+
+
+def _flat_stats(stats: Tensor | None, shape: torch.Size) -> np.ndarray:
+    """stats [B, L, F, S] -> [B, L*F, S] (layer-major), or an empty [B, 0, S] when none were computed."""
+    if stats is None:
+        return np.zeros((shape[0], 0, shape[1]), dtype=np.float32)
+    B, L, Fn, S = stats.shape
+    return stats.reshape(B, L * Fn, S).float().cpu().numpy()
 
 
 def _logits(
-    model: MaskPredictor, x: Tensor, attention_mask: Tensor | None, is_prompt: Tensor, cfg_scale: float, mask_id: int
-) -> Tensor:
+    model: MaskPredictor,
+    x: Tensor,
+    attention_mask: Tensor | None,
+    is_prompt: Tensor,
+    cfg_scale: float,
+    mask_id: int,
+    spec: StatsSpec | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Logits (with classifier-free guidance when cfg_scale > 0) and, with `spec`, the conditional pass's stats."""
     if cfg_scale == 0:
-        return model(x, attention_mask).logits
+        out = model(x, attention_mask, stats=spec)
+        return out.logits, out.stats
     # Classifier-free guidance: a second copy with the prompt masked gives the unconditional logits.
     uncond = torch.where(is_prompt, torch.full_like(x, mask_id), x)
     mask2 = None if attention_mask is None else torch.cat([attention_mask, attention_mask])
-    cond_logits, uncond_logits = model(torch.cat([x, uncond]), mask2).logits.chunk(2)
-    return uncond_logits + (cfg_scale + 1) * (cond_logits - uncond_logits)
+    out = model(torch.cat([x, uncond]), mask2, stats=spec)
+    cond_logits, uncond_logits = out.logits.chunk(2)
+    stats = None if out.stats is None else out.stats.chunk(2)[0]
+    return uncond_logits + (cfg_scale + 1) * (cond_logits - uncond_logits), stats

@@ -1,0 +1,77 @@
+"""`seer-deploy calibrate`: choose Seer's detector settings and margin for a checkpoint on a prompt set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from seer_deploy.cli.generate import read_prompts
+from seer_deploy.errors import ConfigError
+
+
+def parse_buckets(text: str | None) -> tuple[int, ...]:
+    """'16,32,64' -> (16, 32, 64)."""
+    if not text:
+        return ()
+    try:
+        values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
+    except ValueError as exc:
+        raise ConfigError(f"--buckets '{text}' is not a comma-separated list of lengths (e.g. 16,32,64)") from exc
+    if any(v < 1 for v in values):
+        raise ConfigError(f"--buckets '{text}' has a length below 1")
+    return values
+
+
+@click.command("calibrate")
+@click.argument("target")
+@click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Calibration prompts: JSON lines with a 'prompt' field, or one prompt per line.")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the Seer config (JSON).")
+@click.option("--target-safe", type=float, default=0.995, show_default=True,
+              help="Share of answers that must be kept whole.")
+@click.option("--gen-length", type=int, default=64, show_default=True, help="Response slots to calibrate for.")
+@click.option("--steps", type=int, default=None, help="Denoising steps [default: gen-length].")
+@click.option("--block-length", type=int, default=None, help="Semi-autoregressive block [default: gen-length].")
+@click.option("--detector", type=click.Choice(["fused", "eos", "sparsity"]), default="fused", show_default=True,
+              help="The detector the written config uses (all three are calibrated and reported).")
+@click.option("--holdout", type=float, default=0.5, show_default=True, help="Share of prompts held out to validate.")
+@click.option("--min-margin", type=int, default=0, show_default=True, help="Never keep fewer slots past the boundary.")
+@click.option("--buckets", default=None, help="Allowed kept lengths, e.g. 16,32,64,128 [default: any].")
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the calibration/validation split.")
+def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_length: int, steps: int | None,
+            block_length: int | None, detector: str, holdout: float, min_margin: int, buckets: str | None,
+            batch_size: int, seed: int) -> None:
+    """Calibrate Seer for TARGET (a checkpoint directory or 'demo') and write the config to --out."""
+    from seer_deploy.models import Tokenizer, load_checkpoint
+    from seer_deploy.runtime.reference import GenerationConfig
+    from seer_deploy.seer.calibrate import CalibrationOptions, calibrate_model
+
+    options = CalibrationOptions(target_safe=target_safe, holdout=holdout, seed=seed, detector=detector,
+                                 min_margin=min_margin, buckets=parse_buckets(buckets))
+    options.validate()
+    config = GenerationConfig(gen_length=gen_length, steps=steps or gen_length, block_length=block_length)
+    config.validate()
+    if batch_size < 1:
+        raise ConfigError("--batch-size must be >= 1")
+    texts = read_prompts((), prompts_file)
+    ckpt = load_checkpoint(target)
+    tok = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id, ckpt.config.eot_id)
+    ids = [tok.encode_prompt(t) for t in texts]
+    result = calibrate_model(
+        ckpt.model, ids, config, options, batch_size=batch_size,
+        progress=lambda done, total: click.echo(f"full-length generation: {done}/{total}", err=True),
+    )
+    result.config.save(out)
+    report = result.report
+    click.echo(f"{len(ids)} prompts ({report['n_calibration']} calibration / {report['n_validation']} validation), "
+               f"gen_length {gen_length}, mean true length {report['mean_true_length']}")
+    for name, entry in report["detectors"].items():
+        cal, val = entry["calibration"], entry["validation"]
+        mark = " (written)" if name == detector else ""
+        click.echo(f"  {name:9s} margin {entry['margin']:3d}  safe {cal['safe']:.3f} / {val['safe']:.3f}  "
+                   f"mean kept {cal['mean_kept']:.1f} / {val['mean_kept']:.1f}  (calibration / validation){mark}")
+    click.echo(f"  sparsity: {report['sparsity_choice']}")
+    click.echo(f"wrote {out}")

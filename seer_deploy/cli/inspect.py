@@ -1,0 +1,51 @@
+"""`seer-deploy inspect`: draw what Seer sees at step zero for one prompt, next to the true end of its answer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from seer_deploy.cli.options import generation_config
+
+
+@click.command("inspect")
+@click.argument("target")
+@click.option("--prompt", "-p", required=True, help="The prompt to inspect.")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the figure (PNG).")
+@click.option("--gen-length", type=int, default=64, show_default=True, help="Response slots.")
+@click.option("--steps", type=int, default=None, help="Denoising steps of the full-length run [default: gen-length].")
+@click.option("--block-length", type=int, default=None, help="Semi-autoregressive block [default: gen-length].")
+@click.option("--seer-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Seer config [default: the checkpoint's calibrated one, else built-in defaults].")
+@click.option("--json", "as_json", is_flag=True, help="Also print the per-position numbers as one JSON object.")
+def command(target: str, prompt: str, out: Path, gen_length: int, steps: int | None, block_length: int | None,
+            seer_config: Path | None, as_json: bool) -> None:
+    """Plot per-position MLP statistics of every layer, the EOS probability, the detected boundaries and the true end."""
+    from seer_deploy.models import Tokenizer, load_checkpoint
+    from seer_deploy.seer.config import SeerConfig
+    from seer_deploy.seer.figure import save_figure
+    from seer_deploy.seer.inspect import inspect_prompt
+
+    config = generation_config(gen_length, steps, block_length, 0.0, "low_confidence", 0.0)
+    config.validate()
+    ckpt = load_checkpoint(target)
+    seer = SeerConfig.load(seer_config) if seer_config else SeerConfig.for_checkpoint(target) or SeerConfig()
+    tok = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id, ckpt.config.eot_id)
+    ids = tok.encode_prompt(prompt)
+    config.validate(ckpt.config.max_seq_len, len(ids))
+    inspection = inspect_prompt(ckpt.model, ids, config, seer)
+    save_figure(inspection, out, title=repr(prompt))
+    if as_json:
+        data = inspection.to_dict()
+        data["prompt"] = prompt
+        data["answer"] = tok.decode_answer(inspection.answer.tolist())
+        click.echo(json.dumps(data))
+    else:
+        b = inspection.boundaries
+        click.echo(f"{prompt}: true end {inspection.true_end}; eos {b['eos'].position}, sparsity {b['sparsity'].position} "
+                   f"(score {b['sparsity'].confidence:.2f}), fused {b['fused'].position}; "
+                   f"{seer.detector} keeps {inspection.kept[seer.detector]} of {gen_length}")
+        click.echo(f"wrote {out}")

@@ -1,0 +1,212 @@
+"""Seer's settings: which detector, its floors, the safety margin, the statistics it reads, calibrated vectors.
+
+One small JSON file (`SeerConfig.save` / `SeerConfig.load`) carries a calibration to `generate`, `export` (which reads
+the keys `stats_layers`, `abs_threshold`, `rel_threshold` to build the step-zero graph) and the runtime loops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from seer_deploy.errors import ConfigError
+from seer_deploy.models.llada import STAT_NAMES, StatsSpec
+
+Detector = Literal["sparsity", "eos", "fused"]
+Score = Literal["t", "snr"]
+DETECTORS: tuple[str, ...] = ("sparsity", "eos", "fused")
+CONFIG_VERSION = 1
+DEMO_CONFIG_FILE = Path(__file__).with_name("demo_seer.json")
+CHECKPOINT_CONFIG_NAME = "seer.json"  # a calibration stored inside a checkpoint directory
+
+
+@dataclass(frozen=True)
+class Trend:
+    """The positional trend of each pooled sparsity row at one gen_length, estimated at calibration.
+
+    mean[r][p] is row r's expected value at response position p with the answer/padding step removed; scale[r] is
+    the spread left around it. Subtracting it is what keeps a smooth drift along the position from passing for a step.
+    """
+
+    gen_length: int
+    mean: tuple[tuple[float, ...], ...]  # [R][gen_length]
+    scale: tuple[float, ...]  # [R]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gen_length": self.gen_length, "mean": [list(r) for r in self.mean], "scale": list(self.scale)}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Trend:
+        return cls(
+            gen_length=int(raw["gen_length"]),
+            mean=tuple(tuple(float(v) for v in row) for row in raw["mean"]),
+            scale=tuple(float(v) for v in raw["scale"]),
+        )
+
+
+@dataclass(frozen=True)
+class SeerConfig:
+    """How Seer finds the end of the answer at step zero and how much it keeps.
+
+    detector: 'eos' (first step-zero EOS after which EOS keeps winning), 'sparsity' (SNR step in the pooled MLP
+    sparsity profile) or 'fused' (both; never cuts before either confident boundary).
+    kept length = boundary + margin, rounded up to the smallest of `buckets` that fits, never above gen_length.
+    """
+
+    detector: Detector = "eos"
+    margin: int = 4
+    floor: float = 5.0  # sparsity: the split score below which there is no clear boundary (no truncation)
+    eos_floor: float = 0.5  # eos: the EOS probability at the first tail position below which there is no cut
+    eos_tolerance: int = 0  # eos: stray non-EOS predictions allowed inside the tail
+    stats_layers: tuple[int, ...] = ()  # layers whose MLP statistics step zero reports; () = the last layer
+    abs_threshold: float = 0.05
+    rel_threshold: float = 0.05
+    rows: tuple[tuple[int, str], ...] = ()  # (layer, statistic) rows the sparsity detector pools; () = all reported
+    weights: tuple[float, ...] = ()  # per pooled row: sign and size of its calibrated step; () = two-sided, equal
+    score: Score = "t"  # 't': size-weighted SNR (likelihood ratio); 'snr': the plain mean difference / pooled spread
+    trend_term: bool = True  # also fit a linear positional drift inside each response when scoring a split
+    min_tail: int = 2  # the sparsity detector never places a boundary fewer than this many positions from the end
+    trends: tuple[Trend, ...] = ()
+    buckets: tuple[int, ...] = ()  # allowed kept lengths (response slots), ascending; () = any length
+    calibration: dict[str, Any] = field(default_factory=dict, compare=False)  # provenance and measured rates
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the bad setting and a fix."""
+        if self.detector not in DETECTORS:
+            raise ConfigError(f"seer detector '{self.detector}' is unknown; use one of {', '.join(DETECTORS)}")
+        if self.margin < 0:
+            raise ConfigError(f"seer margin {self.margin} is negative; use 0 or more response slots")
+        if self.eos_tolerance < 0 or self.min_tail < 1:
+            raise ConfigError("seer eos_tolerance must be >= 0 and min_tail >= 1")
+        if self.score not in ("t", "snr"):
+            raise ConfigError(f"seer score '{self.score}' is unknown; use 't' or 'snr'")
+        if not (0 < self.abs_threshold and 0 < self.rel_threshold < 1):
+            raise ConfigError("seer abs_threshold must be > 0 and rel_threshold in (0, 1)")
+        for layer, stat in self.rows:
+            if stat not in STAT_NAMES:
+                raise ConfigError(f"seer row ({layer}, '{stat}') names an unknown statistic; use one of {STAT_NAMES}")
+            if self.stats_layers and layer not in self.stats_layers:
+                raise ConfigError(f"seer row ({layer}, '{stat}') reads layer {layer}, which is not in stats_layers")
+        if self.weights and len(self.weights) != len(self.rows):
+            raise ConfigError(f"seer weights has {len(self.weights)} entries for {len(self.rows)} rows; give one per row")
+        for trend in self.trends:
+            if len(trend.mean) != len(self.rows) or len(trend.scale) != len(self.rows):
+                raise ConfigError(f"seer trend for gen_length {trend.gen_length} does not have one row per pooled row")
+            if any(len(r) != trend.gen_length for r in trend.mean) or any(s <= 0 for s in trend.scale):
+                raise ConfigError(f"seer trend for gen_length {trend.gen_length} is malformed; recalibrate")
+        if list(self.buckets) != sorted(set(self.buckets)) or any(b < 1 for b in self.buckets):
+            raise ConfigError(f"seer buckets {list(self.buckets)} must be positive and strictly ascending")
+
+    # -- what step zero has to report ------------------------------------------------------------------------
+    def layers_for(self, n_layers: int) -> tuple[int, ...]:
+        """The layers step zero reports statistics for (the last layer unless set)."""
+        layers = self.stats_layers or (n_layers - 1,)
+        bad = [i for i in layers if not 0 <= i < n_layers]
+        if bad:
+            raise ConfigError(f"seer stats_layers {bad} do not exist in a {n_layers}-layer model; recalibrate for it")
+        return layers
+
+    def stats_spec(self, n_layers: int) -> StatsSpec:
+        return StatsSpec(self.layers_for(n_layers), self.abs_threshold, self.rel_threshold)
+
+    def pooled_rows(self, n_layers: int) -> tuple[tuple[int, str], ...]:
+        """The (layer, statistic) rows the sparsity detector pools, layer-major like the backends report them."""
+        return self.rows or tuple((layer, s) for layer in self.layers_for(n_layers) for s in STAT_NAMES)
+
+    @property
+    def needs_sparsity(self) -> bool:
+        return self.detector in ("sparsity", "fused")
+
+    def trend_for(self, gen_length: int) -> Trend | None:
+        """The calibrated trend for this gen_length, or the one calibrated at the nearest length."""
+        if not self.trends:
+            return None
+        return min(self.trends, key=lambda t: (abs(t.gen_length - gen_length), -t.gen_length))
+
+    def with_(self, **changes: Any) -> SeerConfig:
+        return replace(self, **changes)
+
+    # -- files ------------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        raw = asdict(self)
+        raw["version"] = CONFIG_VERSION
+        raw["stats_layers"] = list(self.stats_layers)
+        raw["rows"] = [[layer, stat] for layer, stat in self.rows]
+        raw["weights"] = list(self.weights)
+        raw["trends"] = [t.to_dict() for t in self.trends]
+        raw["buckets"] = list(self.buckets)
+        return raw
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str = "seer config") -> SeerConfig:
+        version = raw.get("version", CONFIG_VERSION)
+        if version != CONFIG_VERSION:
+            raise ConfigError(f"{source} has version {version}; this seer-deploy reads version {CONFIG_VERSION}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known - {"version"})
+        if unknown:
+            raise ConfigError(f"{source} has unknown keys {unknown}; remove them or upgrade seer-deploy")
+        try:
+            kwargs: dict[str, Any] = {k: v for k, v in raw.items() if k in known}
+            if "stats_layers" in kwargs:
+                kwargs["stats_layers"] = tuple(int(v) for v in kwargs["stats_layers"])
+            if "rows" in kwargs:
+                kwargs["rows"] = tuple((int(layer), str(stat)) for layer, stat in kwargs["rows"])
+            if "weights" in kwargs:
+                kwargs["weights"] = tuple(float(v) for v in kwargs["weights"])
+            if "trends" in kwargs:
+                kwargs["trends"] = tuple(Trend.from_dict(t) for t in kwargs["trends"])
+            if "buckets" in kwargs:
+                kwargs["buckets"] = tuple(int(v) for v in kwargs["buckets"])
+            for key in ("margin", "eos_tolerance", "min_tail"):
+                if key in kwargs:
+                    kwargs[key] = int(kwargs[key])
+            for key in ("floor", "eos_floor", "abs_threshold", "rel_threshold"):
+                if key in kwargs:
+                    kwargs[key] = float(kwargs[key])
+            return cls(**kwargs)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ConfigError(f"{source} is malformed ({exc}); recalibrate with `seer-deploy calibrate`") from exc
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the config as JSON through a temp file renamed into place."""
+        dest = Path(path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(self.to_dict(), fh, indent=1)
+                fh.write("\n")
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return dest
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> SeerConfig:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"seer config {file} does not exist; write one with `seer-deploy calibrate`")
+        try:
+            raw = json.loads(file.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"seer config {file} is not valid JSON ({exc}); recalibrate") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"seer config {file} must hold a JSON object")
+        return cls.from_dict(raw, source=f"seer config {file}")
+
+    @classmethod
+    def for_checkpoint(cls, name_or_path: str | os.PathLike[str]) -> SeerConfig | None:
+        """The calibrated config for a checkpoint: the shipped one for 'demo', `<dir>/seer.json` otherwise; None if none."""
+        if str(name_or_path) == "demo":
+            return cls.load(DEMO_CONFIG_FILE) if DEMO_CONFIG_FILE.is_file() else None
+        candidate = Path(name_or_path).expanduser() / CHECKPOINT_CONFIG_NAME
+        return cls.load(candidate) if candidate.is_file() else None

@@ -1,0 +1,163 @@
+"""The truncation plan: from a detected boundary to the kept length and the steps that remain.
+
+Step zero is the first denoising step of the loop, run at full length; its commits inside the kept part stand and
+the rest of the loop runs on prompt + kept length only. The step budget shrinks in proportion, keeping the tokens
+committed per step: whole blocks keep their steps, blocks past the cut are dropped, and a partial block of r of
+its B slots gets ceil(steps_per_block * r / B) steps. The cut tail is EOS in the output.
+
+Every loop (the torch reference, the numpy runtime) takes its decisions from here and only applies them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from seer_deploy.errors import ConfigError
+from seer_deploy.seer.config import SeerConfig
+from seer_deploy.seer.detect import Boundary, detect
+from seer_deploy.seer.profile import ResponseProfile
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """One semi-autoregressive block in response coordinates [start, end) and the forward passes it gets."""
+
+    start: int
+    end: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class TruncationPlan:
+    """What the loop does for one request after step zero."""
+
+    gen_length: int
+    kept: int  # response slots kept; positions kept..gen_length-1 are EOS in the output
+    blocks: tuple[BlockPlan, ...]  # blocks[0].steps includes step zero
+    full_steps: int  # the loop's steps at full length
+    boundary: Boundary | None = None
+
+    @property
+    def steps(self) -> int:
+        """Forward passes for this request, step zero included."""
+        return sum(b.steps for b in self.blocks)
+
+    @property
+    def truncated(self) -> bool:
+        return self.kept < self.gen_length
+
+    def tokens_processed(self, prompt_len: int, passes_per_step: int = 1) -> int:
+        """Real tokens run through the model: step zero at full length, the other steps at prompt + kept."""
+        rest = (self.steps - 1) * (prompt_len + self.kept)
+        return passes_per_step * (prompt_len + self.gen_length + rest)
+
+    def full_tokens_processed(self, prompt_len: int, passes_per_step: int = 1) -> int:
+        """What the same request costs without Seer."""
+        return passes_per_step * self.full_steps * (prompt_len + self.gen_length)
+
+
+def kept_length(boundary: int | None, margin: int, gen_length: int, buckets: tuple[int, ...] = ()) -> int:
+    """boundary + margin, rounded up to the smallest bucket that fits, never above gen_length; None keeps all."""
+    if boundary is None:
+        return gen_length
+    if not 1 <= boundary <= gen_length:
+        raise ConfigError(f"boundary {boundary} lies outside the response [1, {gen_length}]")
+    kept = min(gen_length, boundary + margin)
+    if not buckets:
+        return kept
+    fitting = [b for b in buckets if b >= kept]
+    return min(gen_length, fitting[0]) if fitting else gen_length
+
+
+def steps_per_block(gen_length: int, steps: int, block_length: int | None) -> tuple[int, int]:
+    """(block length, steps per block) under LLaDA's even split; ConfigError if the split is not even."""
+    block = block_length or gen_length
+    if block < 1 or gen_length % block:
+        raise ConfigError(f"gen_length {gen_length} is not a multiple of block_length {block}")
+    n_blocks = gen_length // block
+    if steps < 1 or steps % n_blocks:
+        raise ConfigError(f"steps {steps} cannot be split evenly across {n_blocks} blocks; use a multiple of {n_blocks}")
+    return block, steps // n_blocks
+
+
+def block_plan(gen_length: int, steps: int, block_length: int | None, kept: int) -> tuple[BlockPlan, ...]:
+    """The blocks that survive a cut at `kept`, with their step budgets (same tokens per step as full length)."""
+    if not 1 <= kept <= gen_length:
+        raise ConfigError(f"kept length {kept} lies outside [1, gen_length {gen_length}]")
+    block, per_block = steps_per_block(gen_length, steps, block_length)
+    plans = []
+    for start in range(0, kept, block):
+        end = min(start + block, kept)
+        plans.append(BlockPlan(start, end, max(1, math.ceil(per_block * (end - start) / block))))
+    return tuple(plans)
+
+
+def make_plan(
+    gen_length: int,
+    steps: int,
+    block_length: int | None,
+    kept: int,
+    *,
+    still_masked: np.ndarray | None = None,
+    boundary: Boundary | None = None,
+) -> TruncationPlan:
+    """The plan for a request kept at `kept` slots.
+
+    still_masked: bool [gen_length], the response positions still masked after step zero. If the proportional
+    budget leaves step zero alone in a shortened first block while masks remain there, the block gets one more step
+    so every kept position is decided by the model.
+    """
+    blocks = block_plan(gen_length, steps, block_length, kept)
+    first = blocks[0]
+    if still_masked is not None and bool(np.any(still_masked[first.start : first.end])) and first.steps < 2:
+        blocks = (BlockPlan(first.start, first.end, 2), *blocks[1:])
+    return TruncationPlan(gen_length=gen_length, kept=kept, blocks=blocks, full_steps=steps, boundary=boundary)
+
+
+def plan_request(
+    profile: ResponseProfile,
+    seer: SeerConfig,
+    eos_id: int,
+    gen_length: int,
+    steps: int,
+    block_length: int | None,
+    *,
+    still_masked: np.ndarray | None = None,
+) -> TruncationPlan:
+    """Detect the boundary of one response and plan its truncation: the one call a loop makes per request."""
+    boundary = detect(profile, seer, eos_id)
+    kept = kept_length(boundary.position, seer.margin, gen_length, seer.buckets)
+    return make_plan(gen_length, steps, block_length, kept, still_masked=still_masked, boundary=boundary)
+
+
+@dataclass(frozen=True)
+class SeerReport:
+    """What Seer did for one request, next to what full length would have cost."""
+
+    detector: str | None  # None when the kept length was forced (oracle runs)
+    boundary: int | None  # detected first tail position, None = no clear boundary
+    confidence: float
+    kept: int
+    gen_length: int
+    steps: int  # forward passes for this request, step zero included
+    full_steps: int
+    tokens_processed: int
+    full_tokens_processed: int
+
+    @classmethod
+    def from_plan(cls, plan: TruncationPlan, prompt_len: int, passes_per_step: int = 1, forced: bool = False) -> SeerReport:
+        b = plan.boundary
+        return cls(
+            detector=None if forced or b is None else b.detector,
+            boundary=None if b is None else b.position,
+            confidence=0.0 if b is None else b.confidence,
+            kept=plan.kept,
+            gen_length=plan.gen_length,
+            steps=plan.steps,
+            full_steps=plan.full_steps,
+            tokens_processed=plan.tokens_processed(prompt_len, passes_per_step),
+            full_tokens_processed=plan.full_tokens_processed(prompt_len, passes_per_step),
+        )

@@ -1,0 +1,88 @@
+"""`calibrate` writes a config that `generate --seer` uses; `inspect` draws a readable PNG (tiny models, seconds)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+
+from seer_deploy.cli import main
+from seer_deploy.models.llada import STAT_NAMES
+from seer_deploy.seer.config import SeerConfig
+
+PROMPTS = ["reverse 12", "sort 987", "count 4444", "filter 1928", "double 31", "reverse 5", "sort 21", "count 7",
+           "filter 44", "double 9", "reverse 808", "sort 3141"]
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    out = capsys.readouterr()
+    return int(exit_info.value.code or 0), out.out, out.err
+
+
+def test_calibrate_writes_a_config_that_generate_uses(make_checkpoint, tmp_path: Path, capsys) -> None:
+    ckpt = make_checkpoint("llada")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    out = tmp_path / "cfg" / "seer.json"
+    code, stdout, err = run(["calibrate", str(ckpt), "--prompts", str(prompts), "--gen-length", "8", "--out", str(out),
+                             "--target-safe", "0.9", "--batch-size", "5"], capsys)
+    assert code == 0, err
+    assert "wrote" in stdout and "validation" in stdout
+    cfg = SeerConfig.load(out)
+    assert cfg.detector == "fused" and cfg.calibration["n_calibration"] + cfg.calibration["n_validation"] == 12
+    assert set(cfg.calibration["detectors"]) == {"eos", "sparsity", "fused"}
+    assert cfg.trends and cfg.trends[0].gen_length == 8 and len(cfg.weights) == len(cfg.rows) >= 1
+    raw = json.loads(out.read_text())
+    assert {"stats_layers", "abs_threshold", "rel_threshold"} <= set(raw)  # what the exporter reads
+
+    # A config with a large margin keeps every slot: the answers equal the run without Seer.
+    code, plain, _ = run(["generate", str(ckpt), "-p", "sort 987", "-p", "reverse 5", "--gen-length", "8", "--json",
+                          "--no-seer"], capsys)
+    assert code == 0 and all("seer" not in json.loads(line) for line in plain.splitlines())
+    wide = cfg.with_(margin=8)
+    wide.save(tmp_path / "wide.json")
+    code, seered, err = run(["generate", str(ckpt), "-p", "sort 987", "-p", "reverse 5", "--gen-length", "8", "--json",
+                             "--seer-config", str(tmp_path / "wide.json")], capsys)
+    assert code == 0, err
+    rows = [json.loads(line) for line in seered.splitlines()]
+    assert [r["tokens"] for r in rows] == [json.loads(line)["tokens"] for line in plain.splitlines()]
+    assert all(r["seer"]["kept"] == 8 and r["seer"]["detector"] == "fused" for r in rows)
+
+    # The calibrated config itself: each request reports boundary, kept length and work, and the tail is EOS.
+    code, seered, err = run(["generate", str(ckpt), "-p", "sort 987", "--gen-length", "8", "--json", "--seer-config",
+                             str(out)], capsys)
+    assert code == 0, err
+    row = json.loads(seered)
+    report = row["seer"]
+    expected = 8 if report["boundary"] is None else min(8, report["boundary"] + cfg.margin)
+    assert report["kept"] == expected and report["tokens_processed"] <= report["full_tokens_processed"]
+    assert all(t == 11 for t in row["tokens"][report["kept"] :])
+
+
+def test_generate_seer_without_a_calibration_warns(make_checkpoint, capsys) -> None:
+    ckpt = make_checkpoint("llada")
+    code, out, err = run(["generate", str(ckpt), "-p", "sort 987", "--gen-length", "8", "--seer"], capsys)
+    assert code == 0 and "no calibrated Seer config" in err and "tokens processed" in err and "->" in out
+
+
+def test_inspect_writes_a_png_and_json(make_checkpoint, tmp_path: Path, capsys) -> None:
+    ckpt = make_checkpoint("llama")
+    png = tmp_path / "fig" / "profile.png"
+    code, out, err = run(["inspect", str(ckpt), "--prompt", "reverse 1234", "--gen-length", "16", "--out", str(png),
+                          "--json"], capsys)
+    assert code == 0, err
+    image = imread(png)
+    assert image.shape[:2] == (round(100 * (1.9 * 3 + 0.8)), 1100)  # 2 layers + the EOS panel
+    rgb = image[..., :3]
+    assert rgb.std() > 0.05 and len(np.unique(rgb.reshape(-1, 3), axis=0)) > 50  # not blank: lines and text
+    assert [p.name for p in png.parent.iterdir()] == ["profile.png"]  # written atomically
+    data = json.loads(out)
+    assert data["gen_length"] == 16 and len(data["eos_prob"]) == 16 and 0 <= data["true_end"] <= 16
+    assert set(data["stats"]) == {"layer 0", "layer 1"} and set(data["stats"]["layer 1"]) == set(STAT_NAMES)
+    for b in data["boundaries"].values():
+        assert b["position"] is None or 1 <= b["position"] <= 16

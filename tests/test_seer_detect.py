@@ -1,0 +1,148 @@
+"""Boundary detectors on synthetic step-zero profiles: steps are found, noise and trends are not cut."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seer_deploy.models.llada import STAT_NAMES
+from seer_deploy.seer.config import SeerConfig, Trend
+from seer_deploy.seer.detect import detect, detect_eos, detect_sparsity, fuse, split_scores
+from seer_deploy.seer.profile import ResponseProfile
+
+EOS, DIGIT = 11, 3
+ROWS = tuple((3, s) for s in STAT_NAMES)
+
+
+def profile(sparsity: np.ndarray, boundary: int | None = None, eos_hi: float = 0.99) -> ResponseProfile:
+    """A profile whose step-zero prediction is digits before `boundary` and EOS from it on (no EOS if None)."""
+    G = sparsity.shape[1]
+    tail = np.arange(G) >= (boundary if boundary is not None else G)
+    return ResponseProfile(
+        token_ids=np.where(tail, EOS, DIGIT).astype(np.int64),
+        eos_prob=np.where(tail, eos_hi, 0.001).astype(np.float32),
+        sparsity=sparsity.astype(np.float32),
+        rows=ROWS,
+    )
+
+
+def stepped(G: int, k: int, height: float, noise: float, seed: int, trend: float = 0.0) -> np.ndarray:
+    """Four rows: a step of `height` at k (two rows up, two down), optional linear drift, Gaussian noise."""
+    rng = np.random.default_rng(seed)
+    pos = np.arange(G)
+    step = (pos >= k).astype(float) * height
+    signs = np.array([1.0, 1.0, -1.0, -1.0])[:, None]
+    return 0.5 + signs * step + trend * pos / G + rng.normal(0.0, noise, (4, G))
+
+
+@pytest.mark.parametrize("G, k", [(64, 1), (64, 7), (64, 40), (256, 17), (256, 200), (32, 30)])
+def test_a_clean_step_is_found_at_its_position(G: int, k: int) -> None:
+    b = detect_sparsity(profile(stepped(G, k, 0.2, 0.0, 0)), SeerConfig(detector="sparsity"))
+    assert b.position == k
+
+
+@pytest.mark.parametrize("score", ["t", "snr"])
+@pytest.mark.parametrize("trend_term", [True, False])
+def test_a_noisy_step_is_found_near_its_position(score: str, trend_term: bool) -> None:
+    # A 1.5-sigma step per row, four rows pooled; the two scores live on different scales, so do their floors.
+    floor = 3.0 if score == "t" else 1.0
+    cfg = SeerConfig(detector="sparsity", score=score, trend_term=trend_term, floor=floor)  # type: ignore[arg-type]
+    hits = [detect_sparsity(profile(stepped(128, 50, 0.15, 0.1, seed)), cfg).position for seed in range(20)]
+    assert all(h is not None and abs(h - 50) <= 3 for h in hits)
+
+
+def test_flat_and_pure_noise_profiles_give_no_truncation() -> None:
+    cfg = SeerConfig(detector="sparsity")
+    assert detect_sparsity(profile(np.full((4, 128), 0.3)), cfg).position is None
+    cuts = [detect_sparsity(profile(stepped(128, 0, 0.0, 0.05, seed)), cfg).position for seed in range(200)]
+    assert cuts.count(None) == len(cuts)
+
+
+def test_a_trend_without_a_step_gives_no_truncation() -> None:
+    cfg = SeerConfig(detector="sparsity")
+    for seed in range(50):
+        trended = stepped(128, 0, 0.0, 0.02, seed, trend=0.4)
+        assert detect_sparsity(profile(trended), cfg).position is None
+    # Without the drift term the same trend passes for a step: the drift term is what stops it.
+    plain = SeerConfig(detector="sparsity", trend_term=False)
+    assert detect_sparsity(profile(stepped(128, 0, 0.0, 0.02, 0, trend=0.4)), plain).position is not None
+
+
+def test_a_calibrated_trend_is_removed_before_scoring() -> None:
+    G = 96
+    pos = np.arange(G)
+    curve = 0.3 * np.sqrt(pos / G)  # a bent drift, which a linear term cannot absorb
+    mean = tuple(tuple(float(0.5 + curve[p]) for p in pos) for _ in range(4))
+    trend = Trend(gen_length=G, mean=mean, scale=(0.02,) * 4)
+    cfg = SeerConfig(detector="sparsity", rows=ROWS, weights=(1.0,) * 4, trends=(trend,), trend_term=False)
+    rng = np.random.default_rng(1)
+    flat = 0.5 + curve + rng.normal(0, 0.02, (4, G))
+    assert detect_sparsity(profile(flat), cfg).position is None
+    assert detect_sparsity(profile(flat), cfg.with_(trends=())).position is not None  # the bend alone passes for a step
+    with_step = flat + (pos >= 30) * 0.05
+    assert detect_sparsity(profile(with_step), cfg).position == 30
+    # Calibrated weights make the test one-sided: a step the wrong way is not a boundary.
+    assert detect_sparsity(profile(flat - (pos >= 30) * 0.05), cfg).position is None
+
+
+def test_split_scores_match_the_plain_snr_definition() -> None:
+    rng = np.random.default_rng(3)
+    y = np.concatenate([rng.normal(0, 1, 20), rng.normal(2, 1, 30)])
+    scores = split_scores(y, score="snr", trend_term=False)
+    for k in (5, 20, 33):
+        left, right = y[:k], y[k:]
+        pooled = np.sqrt((((left - left.mean()) ** 2).sum() + ((right - right.mean()) ** 2).sum()) / (len(y) - 2))
+        assert scores[k] == pytest.approx((right.mean() - left.mean()) / pooled, rel=1e-4)
+    assert scores[0] == -np.inf and scores[len(y)] == -np.inf
+
+
+def test_eos_detector_finds_the_first_lasting_eos() -> None:
+    cfg = SeerConfig(detector="eos")
+    assert detect_eos(profile(np.zeros((4, 64)), boundary=9), EOS, cfg).position == 9
+    assert detect_eos(profile(np.zeros((4, 64)), boundary=None), EOS, cfg).position is None
+    assert detect_eos(profile(np.zeros((4, 64)), boundary=0), EOS, cfg).position == 1  # answers are never empty
+    # A stray digit deep in the tail moves the boundary past it, unless the tolerance allows it.
+    p = profile(np.zeros((4, 64)), boundary=9)
+    p.token_ids[40] = DIGIT
+    p.eos_prob[40] = 0.1
+    assert detect_eos(p, EOS, cfg).position == 41
+    assert detect_eos(p, EOS, cfg.with_(eos_tolerance=1)).position == 9
+    # An early EOS that does not last is not the boundary.
+    q = profile(np.zeros((4, 64)), boundary=20)
+    q.token_ids[5], q.eos_prob[5] = EOS, 0.9
+    assert detect_eos(q, EOS, cfg).position == 20
+
+
+def test_eos_detector_respects_its_floor() -> None:
+    weak = profile(np.zeros((4, 64)), boundary=12, eos_hi=0.4)  # argmax EOS, but not sure
+    assert detect_eos(weak, EOS, SeerConfig(eos_floor=0.5)).position is None
+    assert detect_eos(weak, EOS, SeerConfig(eos_floor=0.3)).position == 12
+
+
+def test_fused_is_never_earlier_than_either_confident_detector() -> None:
+    cfg = SeerConfig(detector="fused")
+    p = profile(stepped(128, 60, 0.2, 0.01, 0), boundary=40)
+    e, s, f = detect_eos(p, EOS, cfg), detect_sparsity(p, cfg), detect(p, cfg, EOS)
+    assert (e.position, s.position, f.position) == (40, 60, 60)
+    q = profile(stepped(128, 60, 0.0, 0.01, 0), boundary=40)  # no sparsity step: only EOS is confident
+    assert detect(q, cfg, EOS).position == 40
+    assert fuse(detect_eos(profile(np.zeros((4, 64))), EOS, cfg), detect_sparsity(q, cfg)).position is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    G=st.integers(1, 80),
+    seed=st.integers(0, 2**16),
+    boundary=st.one_of(st.none(), st.integers(0, 80)),
+    detector=st.sampled_from(["sparsity", "eos", "fused"]),
+    scale=st.sampled_from([0.0, 1e-9, 0.05, 10.0]),
+)
+def test_detectors_never_leave_the_response(G: int, seed: int, boundary: int | None, detector: str, scale: float) -> None:
+    rng = np.random.default_rng(seed)
+    sparsity = rng.normal(0.5, 1.0, (4, G)) * scale + rng.integers(0, 2, (4, G)) * scale
+    p = profile(sparsity, boundary=None if boundary is None else min(boundary, G))
+    b = detect(p, SeerConfig(detector=detector, floor=0.0), EOS)  # type: ignore[arg-type]
+    assert b.position is None or 1 <= b.position <= G
+    assert b.candidate is None or 1 <= b.candidate <= G
