@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,16 @@ def test_ort_build_writes_a_manifest_that_matches_the_export(export_dir: Path, t
     check_engine_compatible(m, RuntimeFacts(model_fingerprint=export.model.fingerprint,
                                             graph_hashes={k: g.sha256 for k, g in export.graphs.items()}))
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dir left
+
+
+def test_engine_dir_honours_the_umask(export_dir: Path, tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        build_engines(export_dir, tmp_path / "engine", cpu_options(buckets=(32,)))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "engine").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "engine" / MANIFEST_FILE).stat().st_mode & 0o777 == 0o644
 
 
 def test_default_buckets_are_powers_of_two(export_dir: Path, tmp_path: Path) -> None:

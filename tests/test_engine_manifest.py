@@ -198,3 +198,12 @@ def test_ort_optimised_models_are_tied_to_the_ort_version() -> None:
     check_engine_compatible(plain, other)  # only the settings are recorded: any ORT can run them
     with pytest.raises(ArtifactError, match="saved by ONNX Runtime 1.32.0, this is 1.20.0"):
         check_engine_compatible(saved, other)
+
+
+def test_written_files_honour_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "engine.json", b"{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "engine.json").stat().st_mode & 0o777 == 0o644  # readable by the users who run engines

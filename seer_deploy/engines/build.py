@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -234,7 +234,9 @@ def build_engines(export_dir: Path, out: Path, options: BuildOptions, progress: 
     _check_export(export_dir, export)
     check_destination(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    # Not mkdtemp: its 0700 mode would carry over to the installed engine dir; mkdir honours the umask.
+    tmp = out.parent / f".{out.name}.build-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
     try:
         trt_facts: TensorRTFacts | None = None
         ort_session: dict[str, Any] | None = None

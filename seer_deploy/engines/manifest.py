@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,17 +27,20 @@ BACKENDS: tuple[BackendName, ...] = ("ort", "tensorrt")
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to a temp file beside `path`, fsync, then rename: readers see the old file or the new one."""
+    """Write `data` to a temp file beside `path`, fsync, then rename: readers see the old file or the new one.
+
+    Not mkstemp: its 0600 mode would make engines unreadable to other users; open(..., "xb") honours the umask.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with open(tmp, "xb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -153,7 +153,8 @@ def build_serialized_engine(
         index = config.add_optimization_profile(trt_profile)
         if index != profile.index:
             raise ArtifactError(f"TensorRT rejected the optimization profile for bucket {profile.bucket}")
-    config.progress_monitor = _progress_monitor(progress)
+    monitor = _progress_monitor(progress)  # held here: the config does not keep the Python object alive
+    config.progress_monitor = monitor
     plan = builder.build_serialized_network(network, config)
     if plan is None:
         raise ArtifactError(
@@ -271,15 +272,22 @@ class TensorRTBackend:
         device: int = 0,
     ) -> None:
         require_tensorrt()
+        trt_facts = manifest.tensorrt
+        if manifest.backend != "tensorrt" or trt_facts is None:
+            raise ArtifactError(f"{engine_dir} holds a {manifest.backend} engine, not a TensorRT one")
+        if trt_facts.profile_index != {b: i for i, b in enumerate(manifest.buckets)}:
+            raise ArtifactError(f"{engine_dir}: profiles are not in bucket order ({trt_facts.profile_index}); rebuild")
         self.layout: ProfileLayout = manifest.layout
         self.sparsity_rows = sparsity_rows
         self.max_seq_len = min(max_seq_len, self.layout.max_prompt + self.layout.buckets[-1])
         self._device = torch.device("cuda", device)
-        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._runtime = trt.Runtime(self._logger)  # kept: the runtime must outlive the engines it deserialized
         self._engines: dict[str, _Engine] = {}
         for graph in ("step0", "step"):
             path = engine_dir / manifest.files[graph]
-            self._engines[graph] = _Engine(runtime, path.read_bytes(), len(self.layout.buckets), self._device, path)
+            self._engines[graph] = _Engine(self._runtime, path.read_bytes(), len(self.layout.buckets), self._device,
+                                           path)
 
     @classmethod
     def open(
