@@ -23,6 +23,8 @@ from seer_deploy.errors import ConfigError
 from seer_deploy.runtime.backend import Backend, Step0Output, StepOutput
 from seer_deploy.runtime.loopcore import LoopCore, active_core
 from seer_deploy.runtime.reference import GenerationConfig
+from seer_deploy.seer.config import SeerConfig
+from seer_deploy.seer.plan import SeerReport, group_rows, plan_batch
 
 
 @dataclass
@@ -30,6 +32,7 @@ class LoopResult:
     tokens: np.ndarray  # int64 [B, gen_length] response ids
     steps_run: int  # forward passes made
     tokens_processed: int  # sum over forward passes of the real (non-padding) tokens they ran
+    seer: list[SeerReport] | None = None  # per request, when Seer (or forced kept lengths) truncated the loop
 
 
 @dataclass
@@ -215,11 +218,16 @@ def run_generation(
     pad_id: int,
     core: LoopCore | None = None,
     seed: int = 0,
+    seer: SeerConfig | None = None,
+    kept_lengths: Sequence[int] | None = None,
+    eos_id: int | None = None,
 ) -> LoopResult:
     """Fill `gen_length` masked positions after each prompt with `backend`; the tokens of `reference.generate`.
 
     core: the host core (default: the C core if built, else the numpy twin). seed: the host RNG for random
-    remasking scores and the backend's sampling seeds at temperature > 0.
+    remasking scores and the backend's sampling seeds at temperature > 0. seer: truncate each response after step
+    zero as `seer_deploy.seer.plan` decides (kept_lengths forces the kept lengths instead, for oracle runs); eos_id
+    (default: pad_id) is what the cut tail holds and what the EOS detector looks for.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ConfigError("every prompt must have at least one token")
@@ -227,15 +235,64 @@ def run_generation(
     check_supported(config, backend)
     if pad_id == mask_id:
         raise ConfigError(f"pad_id equals mask_id ({mask_id}): padding would be denoised; pad with EOS instead")
-    ctx = LoopContext(backend, core if core is not None else active_core(), config, mask_id, np.random.default_rng(seed))
+    ctx = LoopContext(
+        backend, core if core is not None else active_core(), config, mask_id, np.random.default_rng(seed)
+    )
     state = start_state(prompts, np.full((len(prompts), config.gen_length), mask_id, dtype=np.int64), pad_id)
     B, P = len(prompts), state.prompt_width
     blocks = full_blocks(config)
     first = blocks[0]
-    left = ctx.core.masks_left(state.x, np.full(B, P + first.start, np.int64), np.full(B, P + first.end, np.int64), mask_id)
+    left = ctx.core.masks_left(
+        state.x, np.full(B, P + first.start, np.int64), np.full(B, P + first.end, np.int64), mask_id
+    )
     schedule = ctx.core.transfer_schedule(left, first.steps)
-    step_zero(ctx, state, P + first.end, schedule[:, 0])
-    # Seer cuts in here: read step zero's output, plan the kept lengths (seer.plan), regroup the rows with
-    # start_state(prompts, responses[:, :kept], pad_id) and call run_blocks with the planned blocks.
+    out0 = step_zero(ctx, state, P + first.end, schedule[:, 0])
+    if seer is not None or kept_lengths is not None:
+        return _run_truncated(
+            ctx, state, out0, prompts, pad_id, pad_id if eos_id is None else eos_id, seer, kept_lengths
+        )
     run_blocks(ctx, state, blocks, first_schedule=np.ascontiguousarray(schedule[:, 1:]))
     return LoopResult(tokens=state.responses.copy(), steps_run=state.steps_run, tokens_processed=state.tokens_processed)
+
+
+def _run_truncated(
+    ctx: LoopContext,
+    state: LoopState,
+    out0: Step0Output,
+    prompts: list[list[int]],
+    pad_id: int,
+    eos_id: int,
+    seer: SeerConfig | None,
+    kept_lengths: Sequence[int] | None,
+) -> LoopResult:
+    """Seer after step zero: plan every request (seer.plan decides), run each group of equal plans on its own
+    prompt + kept length (padded to the group's longest prompt), and fill the cut tails with EOS."""
+    config = ctx.config
+    G = config.gen_length
+    responses = state.responses.copy()
+    plans = plan_batch(
+        out0,
+        list(ctx.backend.sparsity_rows),
+        state.prompt_width,
+        responses,
+        seer=seer,
+        eos_id=eos_id,
+        mask_id=ctx.mask_id,
+        gen_length=G,
+        steps=config.steps,
+        block_length=config.block_length,
+        kept_lengths=kept_lengths,
+    )
+    tokens = np.full((len(prompts), G), eos_id, dtype=np.int64)
+    steps_run, tokens_processed = state.steps_run, state.tokens_processed
+    for blocks, rows in group_rows(plans):
+        kept = blocks[-1].end
+        sub = start_state([prompts[b] for b in rows], np.ascontiguousarray(responses[rows, :kept]), pad_id)
+        run_blocks(ctx, sub, blocks)
+        tokens[rows, :kept] = sub.responses
+        steps_run += sub.steps_run
+        tokens_processed += sub.tokens_processed
+    reports = [
+        SeerReport.from_plan(plan, len(prompts[b]), forced=kept_lengths is not None) for b, plan in enumerate(plans)
+    ]
+    return LoopResult(tokens=tokens, steps_run=steps_run, tokens_processed=tokens_processed, seer=reports)

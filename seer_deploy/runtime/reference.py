@@ -24,9 +24,8 @@ from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.llada import MaskPredictor, StatsSpec
 from seer_deploy.runtime.backend import Step0Output
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.seer.detect import detect
-from seer_deploy.seer.plan import BlockPlan, SeerReport, TruncationPlan, kept_length, make_plan
-from seer_deploy.seer.profile import ResponseProfile, layer_major_rows, profiles_from_step0
+from seer_deploy.seer.plan import SeerReport, group_rows, plan_batch
+from seer_deploy.seer.profile import Row, layer_major_rows
 
 Remasking = Literal["low_confidence", "random"]
 
@@ -235,8 +234,6 @@ def _generate_seer(
     cfg = model.cfg
     device = next(model.parameters()).device
     B, G, block = len(prompts), config.gen_length, config.block
-    if kept_lengths is not None and (len(kept_lengths) != B or any(not 1 <= k <= G for k in kept_lengths)):
-        raise ConfigError(f"kept_lengths must give one length in [1, {G}] per prompt ({B} prompts)")
     batch = _start(prompts, torch.full((B, G), cfg.mask_id, dtype=torch.long), cfg, device)
     P = batch.prompt_width
     steps_per_block = config.steps // (G // block)
@@ -246,35 +243,24 @@ def _generate_seer(
     passes = 2 if config.cfg_scale > 0 else 1
     tokens_processed = batch.real_tokens * passes
     responses = zero.x[:, P:].cpu()
-    still_masked = (responses == cfg.mask_id).numpy()
-    profiles = _profiles(zero, P, cfg.eos_id, spec) if seer is not None else None
-    plans: list[TruncationPlan] = []
-    for b in range(B):
-        boundary = detect(profiles[b], seer, cfg.eos_id) if profiles is not None and seer is not None else None
-        if kept_lengths is not None:
-            kept = int(kept_lengths[b])
-        else:
-            assert seer is not None and boundary is not None
-            kept = kept_length(boundary.position, seer.margin, G, seer.buckets)
-        plans.append(
-            make_plan(G, config.steps, config.block_length, kept, still_masked=still_masked[b], boundary=boundary)
-        )
+    step0, rows = _step0_output(zero, cfg.eos_id, spec)
+    plans = plan_batch(
+        step0, rows, P, responses.numpy(), seer=seer, eos_id=cfg.eos_id, mask_id=cfg.mask_id, gen_length=G,
+        steps=config.steps, block_length=config.block_length, kept_lengths=kept_lengths,
+    )
     # Rows with the same plan run together: padded to the group's longest prompt, the padding masked out.
-    groups: dict[tuple[BlockPlan, ...], list[int]] = {}
-    for b, plan in enumerate(plans):
-        groups.setdefault(plan.blocks, []).append(b)
     tokens = torch.full((B, G), cfg.eos_id, dtype=torch.long)
     steps_run = 1
-    for blocks, rows in sorted(groups.items(), key=lambda item: (item[0][-1].end, item[1][0])):
+    for blocks, rows_of_group in group_rows(plans):
         kept = blocks[-1].end
-        sub = _start([prompts[b] for b in rows], responses[rows, :kept], cfg, device)
+        sub = _start([prompts[b] for b in rows_of_group], responses[rows_of_group, :kept], cfg, device)
         Pg = sub.prompt_width
         for j, bp in enumerate(blocks):
             n_steps = bp.steps - 1 if j == 0 else bp.steps  # step zero was the first block's first step
             ran = _run_block(model, sub, Pg + bp.start, Pg + bp.end, n_steps, config, generator)
             steps_run += ran
             tokens_processed += ran * sub.real_tokens * passes
-        tokens[rows, :kept] = sub.x[:, Pg:].cpu()
+        tokens[rows_of_group, :kept] = sub.x[:, Pg:].cpu()
     reports = [
         SeerReport.from_plan(plan, len(prompts[b]), passes, forced=kept_lengths is not None)
         for b, plan in enumerate(plans)
@@ -282,8 +268,8 @@ def _generate_seer(
     return GenerationResult(tokens=tokens, steps_run=steps_run, tokens_processed=tokens_processed, seer=reports)
 
 
-def _profiles(zero: _StepOut, P: int, eos_id: int, spec: StatsSpec | None) -> list[ResponseProfile]:
-    """Step zero's per-response profiles in the backends' numpy form (sparsity rows layer-major)."""
+def _step0_output(zero: _StepOut, eos_id: int, spec: StatsSpec | None) -> tuple[Step0Output, list[Row]]:
+    """Step zero in the backends' numpy form (sparsity rows layer-major) and the labels of its sparsity rows."""
     probs = F.softmax(zero.logits.float(), dim=-1)
     out = Step0Output(
         token_ids=zero.x0.cpu().numpy().astype(np.int64),
@@ -291,8 +277,7 @@ def _profiles(zero: _StepOut, P: int, eos_id: int, spec: StatsSpec | None) -> li
         eos_prob=probs[..., eos_id].cpu().numpy(),
         sparsity=_flat_stats(zero.stats, zero.x0.shape),
     )
-    rows = layer_major_rows(spec.layers) if spec is not None else []
-    return profiles_from_step0(out, rows, P, zero.x0.shape[1] - P)
+    return out, layer_major_rows(spec.layers) if spec is not None else []
 
 
 def _flat_stats(stats: Tensor | None, shape: torch.Size) -> np.ndarray:

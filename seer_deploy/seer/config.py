@@ -116,10 +116,6 @@ class SeerConfig:
     def stats_spec(self, n_layers: int) -> StatsSpec:
         return StatsSpec(self.layers_for(n_layers), self.abs_threshold, self.rel_threshold)
 
-    def pooled_rows(self, n_layers: int) -> tuple[tuple[int, str], ...]:
-        """The (layer, statistic) rows the sparsity detector pools, layer-major like the backends report them."""
-        return self.rows or tuple((layer, s) for layer in self.layers_for(n_layers) for s in STAT_NAMES)
-
     @property
     def needs_sparsity(self) -> bool:
         return self.detector in ("sparsity", "fused")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seer_deploy.errors import ConfigError
+from seer_deploy.errors import ArtifactError, ConfigError
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.profile import ResponseProfile
 
@@ -83,9 +83,22 @@ def split_scores(
     return out
 
 
+def pooled_rows(profile: ResponseProfile, config: SeerConfig) -> tuple[tuple[int, str], ...]:
+    """The rows to pool: the config's, else every statistic of its stats_layers, else of the last reported layer."""
+    if config.rows:
+        return config.rows
+    if not profile.rows:
+        return ()
+    layers = set(config.stats_layers) or {max(layer for layer, _ in profile.rows)}
+    return tuple(r for r in profile.rows if r[0] in layers)
+
+
 def pooled_signal(profile: ResponseProfile, config: SeerConfig) -> tuple[np.ndarray, bool]:
     """The pooled, detrended sparsity signal [G] and whether its step direction is unknown (two-sided test)."""
-    rows = config.rows or profile.rows
+    rows = pooled_rows(profile, config)
+    if not rows:
+        raise ArtifactError("the sparsity detector needs step zero's sparsity rows, but the backend reported none; "
+                            "export with the Seer statistics or use the 'eos' detector")
     x = profile.select(tuple(rows)).astype(np.float64)
     G = x.shape[1]
     trend = config.trend_for(G)

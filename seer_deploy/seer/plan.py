@@ -11,14 +11,16 @@ Every loop (the torch reference, the numpy runtime) takes its decisions from her
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from seer_deploy.errors import ConfigError
+from seer_deploy.runtime.backend import Step0Output
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.detect import Boundary, detect
-from seer_deploy.seer.profile import ResponseProfile
+from seer_deploy.seer.profile import ResponseProfile, Row, profiles_from_step0
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,52 @@ def plan_request(
     boundary = detect(profile, seer, eos_id)
     kept = kept_length(boundary.position, seer.margin, gen_length, seer.buckets)
     return make_plan(gen_length, steps, block_length, kept, still_masked=still_masked, boundary=boundary)
+
+
+def plan_batch(
+    step0: Step0Output,
+    rows: list[Row],
+    prompt_width: int,
+    responses: np.ndarray,
+    *,
+    seer: SeerConfig | None,
+    eos_id: int,
+    mask_id: int,
+    gen_length: int,
+    steps: int,
+    block_length: int | None,
+    kept_lengths: Sequence[int] | None = None,
+) -> list[TruncationPlan]:
+    """Plan every request of a batch from its step-zero output (left-padded to `prompt_width`).
+
+    responses: int64 [B, gen_length], the response slots after step zero's commits. kept_lengths forces the kept
+    length per request (oracle studies); the detector still runs when `seer` is given, for the report.
+    """
+    B = responses.shape[0]
+    if kept_lengths is not None and (len(kept_lengths) != B or any(not 1 <= k <= gen_length for k in kept_lengths)):
+        raise ConfigError(f"kept_lengths must give one length in [1, {gen_length}] per prompt ({B} prompts)")
+    if seer is None and kept_lengths is None:
+        raise ConfigError("plan_batch needs a Seer config or forced kept lengths")
+    profiles = profiles_from_step0(step0, rows, prompt_width, gen_length) if seer is not None else None
+    plans = []
+    for b in range(B):
+        boundary = detect(profiles[b], seer, eos_id) if profiles is not None and seer is not None else None
+        if kept_lengths is not None:
+            kept = int(kept_lengths[b])
+        else:
+            assert seer is not None and boundary is not None
+            kept = kept_length(boundary.position, seer.margin, gen_length, seer.buckets)
+        still = responses[b] == mask_id
+        plans.append(make_plan(gen_length, steps, block_length, kept, still_masked=still, boundary=boundary))
+    return plans
+
+
+def group_rows(plans: Sequence[TruncationPlan]) -> list[tuple[tuple[BlockPlan, ...], list[int]]]:
+    """Rows with the same blocks run together (shortest kept length first); each group pads only to its own length."""
+    groups: dict[tuple[BlockPlan, ...], list[int]] = {}
+    for b, plan in enumerate(plans):
+        groups.setdefault(plan.blocks, []).append(b)
+    return sorted(groups.items(), key=lambda item: (item[0][-1].end, item[1][0]))
 
 
 @dataclass(frozen=True)
