@@ -266,7 +266,11 @@ def _bad_inputs() -> list[tuple[str, dict[str, Any], type[Exception]]]:
         ("shape mismatch", {"confidence": np.zeros((2, 5), np.float32)}, ValueError),
         ("wrong rows", {"k": np.ones(3, np.int64)}, ValueError),
         ("block past end", {"block_hi": np.array([4, 5], np.int64)}, ValueError),
-        ("block reversed", {"block_lo": np.array([3, 0], np.int64), "block_hi": np.array([2, 4], np.int64)}, ValueError),
+        (
+            "block reversed",
+            {"block_lo": np.array([3, 0], np.int64), "block_hi": np.array([2, 4], np.int64)},
+            ValueError,
+        ),
         ("negative k", {"k": np.array([1, -1], np.int64)}, ValueError),
         ("float mask id", {"mask_id": 9.0}, TypeError),
         ("big-endian x0", {"x0": np.zeros((2, 4), ">i8")}, TypeError),

@@ -87,20 +87,19 @@ def test_steps_that_commit_nothing_are_not_run(core: Any) -> None:
 
 
 class ScriptedBackend:
-    """Token p + 100 at position p; confidence from `scores` (or rising with the position); records every call."""
+    """Token p + 100 at position p, confidence rising with the position; records every call."""
 
     name = "scripted"
     max_seq_len = 256
-    def __init__(self, scores: np.ndarray | None = None) -> None:
+
+    def __init__(self) -> None:
         self.sparsity_rows: list[tuple[int, str]] = []
-        self.scores = scores
         self.calls: list[dict[str, Any]] = []
 
     def _out(self, input_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         B, S = input_ids.shape
         tokens = np.broadcast_to(np.arange(S, dtype=np.int64) + 100, (B, S)).copy()
-        conf = self.scores[:, :S] if self.scores is not None else np.tile(np.linspace(0, 1, S, dtype=np.float32), (B, 1))
-        return tokens, np.ascontiguousarray(conf, dtype=np.float32)
+        return tokens, np.tile(np.linspace(0, 1, S, dtype=np.float32), (B, 1))
 
     def step0(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> Step0Output:
         self.calls.append({"kind": "step0", "x": input_ids.copy(), "mask": attention_mask})
@@ -109,7 +108,11 @@ class ScriptedBackend:
         return Step0Output(tokens, conf, np.zeros((B, S), np.float32), np.zeros((B, 0, S), np.float32))
 
     def step(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray | None, temperature: float = 0.0, seed: int | None = None
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray | None,
+        temperature: float = 0.0,
+        seed: int | None = None,
     ) -> StepOutput:
         self.calls.append({"kind": "step", "x": input_ids.copy(), "temperature": temperature, "seed": seed})
         return StepOutput(*self._out(input_ids))
