@@ -1,0 +1,221 @@
+"""Generation with images, for `seer-deploy generate TARGET --image PATH --prompt TEXT` and `seer-deploy demo --vl`.
+
+TARGET is a LLaDA-V-layout checkpoint directory or 'demo-vl' (torch reference loop, Seer optional), or a multimodal
+export directory (ONNX Runtime, runtime loop). Images are handed out to the prompts' `<image>` placeholders in
+order: with one prompt, all images are its own; with several, each prompt takes as many as it has placeholders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from seer_deploy.errors import ConfigError, SeerDeployError
+from seer_deploy.export.manifest import MANIFEST_FILE
+from seer_deploy.models.image import load_image, pixel_batch
+from seer_deploy.models.multimodal import (
+    IMAGE_TOKEN,
+    ImageConditionedModel,
+    MultimodalTokenizer,
+    expand_placeholders,
+    image_table,
+    load_multimodal,
+    resolve_multimodal,
+)
+from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
+from seer_deploy.seer.plan import SeerReport
+
+
+@dataclass
+class VlAnswer:
+    prompt: str
+    images: list[str]
+    answer: str
+    tokens: list[int]
+    seer: SeerReport | None = None
+
+
+@dataclass
+class VlRun:
+    answers: list[VlAnswer]
+    backend: str
+    steps_run: int
+    tokens_processed: int
+    seconds: float
+
+
+def assign_images(texts: Sequence[str], images: Sequence[str | os.PathLike[str]]) -> list[list[str]]:
+    """Hand the images to the prompts' `<image>` placeholders in order; ConfigError when the counts differ."""
+    wanted = [t.count(IMAGE_TOKEN) for t in texts]
+    total = sum(wanted)
+    if total != len(images):
+        if total == 0:
+            fix = f"put '{IMAGE_TOKEN}' in the prompt where the image goes, e.g. --prompt '{IMAGE_TOKEN} colors'"
+        elif total < len(images):
+            fix = f"add an '{IMAGE_TOKEN}' per extra image or drop the extra --image"
+        else:
+            fix = f"give one --image per '{IMAGE_TOKEN}' or remove the extra placeholders"
+        raise ConfigError(
+            f"the prompt(s) hold {total} {IMAGE_TOKEN} placeholder(s) but {len(images)} image(s) were given; {fix}"
+        )
+    out, i = [], 0
+    for n in wanted:
+        out.append([str(p) for p in images[i : i + n]])
+        i += n
+    return out
+
+
+def is_export_dir(target: str) -> bool:
+    return Path(target).is_dir() and (Path(target) / MANIFEST_FILE).is_file()
+
+
+def checkpoint_seer(target: str) -> SeerConfig | None:
+    """The calibrated Seer config stored in a multimodal checkpoint (demo-vl's included), or None."""
+    try:
+        file = resolve_multimodal(target) / CHECKPOINT_CONFIG_NAME
+    except SeerDeployError:  # an unknown target is reported by the loader, not here
+        return None
+    return SeerConfig.load(file) if file.is_file() else None
+
+
+def generate_vl(
+    target: str,
+    texts: Sequence[str],
+    images: Sequence[str | os.PathLike[str]],
+    config: GenerationConfig,
+    *,
+    seer: SeerConfig | None = None,
+    seed: int = 0,
+) -> VlRun:
+    """Answer `texts` about `images` with TARGET (checkpoint / 'demo-vl': torch; export directory: ONNX Runtime)."""
+    per_prompt = assign_images(texts, images)
+    pictures = [load_image(p) for paths in per_prompt for p in paths]  # clear errors before any model loads
+    counts = [len(paths) for paths in per_prompt]
+    if is_export_dir(target):
+        return _generate_ort(target, texts, per_prompt, pictures, counts, config, seer, seed)
+    loaded = load_multimodal(target)
+    tok = MultimodalTokenizer.for_checkpoint(loaded)
+    vcfg, cfg = loaded.vision_config, loaded.config
+    ids = [tok.encode_prompt(t) for t in texts]
+    prompts = expand_placeholders(ids, counts, vcfg.tokens_per_image, vcfg.image_token_index, cfg.n_embed_rows)
+    start = time.perf_counter()
+    with torch.no_grad():
+        embeds = loaded.vision(torch.from_numpy(pixel_batch(pictures, vcfg.image)))
+    model = ImageConditionedModel(loaded.lm.model, image_table(list(embeds), cfg.d_model))
+    result = generate(model, prompts, config, generator=torch.Generator().manual_seed(seed), seer=seer)
+    seconds = time.perf_counter() - start
+    reports: list[SeerReport | None] = list(result.seer) if result.seer else [None] * len(texts)
+    answers = [
+        VlAnswer(text, paths, tok.decode_answer(row.tolist()), row.tolist(), report)
+        for text, paths, row, report in zip(texts, per_prompt, result.tokens, reports, strict=True)
+    ]
+    return VlRun(answers, "torch", result.steps_run, result.tokens_processed, seconds)
+
+
+def _generate_ort(
+    target: str,
+    texts: Sequence[str],
+    per_prompt: list[list[str]],
+    pictures: list[Image.Image],
+    counts: list[int],
+    config: GenerationConfig,
+    seer: SeerConfig | None,
+    seed: int,
+) -> VlRun:
+    from seer_deploy.export.vision import MultimodalOrtBackend
+    from seer_deploy.models.image import ImageConfig
+    from seer_deploy.runtime.loop import run_generation
+
+    if seer is not None:
+        raise ConfigError(
+            "Seer on an ONNX Runtime export needs the runtime's Seer loop, which this build lacks; pass --no-seer "
+            "or give the checkpoint directory (torch) as TARGET"
+        )
+    backend = MultimodalOrtBackend(target)
+    cfg = backend.manifest.model_config()
+    source = backend.manifest.model.source
+    ckpt = resolve_multimodal(source)
+    tok = MultimodalTokenizer(ckpt / "tokenizer.json", cfg.eos_id, cfg.eot_id, backend.image_token_index)
+    vc = backend.multimodal["vision_config"]["image"]
+    image_cfg = ImageConfig(int(vc["image_size"]), tuple(vc["mean"]), tuple(vc["std"]), str(vc["aspect"]))
+    ids = [tok.encode_prompt(t) for t in texts]
+    prompts = expand_placeholders(ids, counts, backend.tokens_per_image, backend.image_token_index, backend.image_id_base)
+    start = time.perf_counter()
+    embeds = backend.encode_images(pixel_batch(pictures, image_cfg))
+    backend.set_image_table([embeds])
+    pad = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
+    result = run_generation(backend, prompts, config, mask_id=cfg.mask_id, pad_id=pad, seed=seed)
+    seconds = time.perf_counter() - start
+    answers = [
+        VlAnswer(text, paths, tok.decode_answer(row.tolist()), row.tolist())
+        for text, paths, row in zip(texts, per_prompt, result.tokens, strict=True)
+    ]
+    return VlRun(answers, backend.name, result.steps_run, result.tokens_processed, seconds)
+
+
+def demo_images(n: int, directory: Path) -> list[tuple[str, str, str]]:
+    """Write n held-out demo-vl pictures as PNGs: (prompt, image path, expected answer) each."""
+    from seer_deploy.models.demo_vl_tasks import heldout_examples
+
+    out = []
+    for i, ex in enumerate(heldout_examples(n)):
+        file = directory / f"demo-vl-{i}.png"
+        ex.image().save(file)
+        out.append((ex.prompt, str(file), ex.answer))
+    return out
+
+
+def run_demo_vl(gen_length: int, n: int = 8, say: Callable[[str], None] = print) -> VlRun:
+    """`seer-deploy demo --vl`: the bundled demo-vl model on a few held-out pictures, Seer on when calibrated."""
+    loaded = load_multimodal("demo-vl")
+    seer = checkpoint_seer("demo-vl")
+    n_params = loaded.lm.model.num_parameters() + loaded.vision.num_parameters()
+    say(f"demo-vl checkpoint: {loaded.path} ({n_params / 1e6:.2f}M parameters, SigLIP tower + "
+        f"{loaded.vision_config.projector_type} projector + LLaDA-style LM)")
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = demo_images(n, Path(tmp))
+        run = generate_vl("demo-vl", [c[0] for c in cases], [c[1] for c in cases],
+                          GenerationConfig(gen_length, gen_length), seer=seer)
+    for (prompt, _, expected), ans in zip(cases, run.answers, strict=True):
+        mark = "ok" if ans.answer == expected else f"expected {expected}"
+        say(f"  picture {Path(ans.images[0]).name:14s} {prompt:18s} -> {ans.answer:40s} [{mark}]")
+    seer_note = f", Seer ({seer.detector})" if seer is not None else ""
+    say(f"{len(cases)} pictures, gen_length {gen_length}: {run.steps_run} steps, {run.tokens_processed} tokens "
+        f"processed, {run.seconds:.2f}s (torch reference loop{seer_note})")
+    return run
+
+
+
+def echo_generate_vl(
+    target: str,
+    texts: Sequence[str],
+    images: Sequence[str],
+    config: GenerationConfig,
+    *,
+    seer: SeerConfig | None,
+    seed: int,
+    as_json: bool,
+    say: Callable[[str], None] = print,
+) -> VlRun:
+    """The body of `seer-deploy generate TARGET --image PATH --prompt TEXT`: one line (or JSON object) per prompt."""
+    run = generate_vl(target, texts, images, config, seer=seer, seed=seed)
+    for ans in run.answers:
+        if as_json:
+            record: dict[str, object] = {"prompt": ans.prompt, "images": ans.images, "answer": ans.answer,
+                                         "tokens": ans.tokens}
+            if ans.seer is not None:
+                record["seer"] = dataclasses.asdict(ans.seer)
+            say(json.dumps(record))
+        else:
+            say(f"{ans.prompt} [{', '.join(Path(p).name for p in ans.images)}] -> {ans.answer}")
+    return run

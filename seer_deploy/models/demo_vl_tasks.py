@@ -1,0 +1,152 @@
+"""The multimodal demo's synthetic task: pictures of coloured shapes in a row, questions with answers of varying length.
+
+A 48 x 48 picture holds 1 to 6 shapes (square, circle, triangle) in six 8-pixel columns, one per column at most, at a
+random height, in one of six colours (slightly tinted). Each shape lies inside one 8 x 8 cell, the demo tower's patch. Prompts are `"<image> <task>"` (the tokenizer adds BOS in front and `=` behind):
+  colors   -> the colours, left to right          (1-6 tokens)
+  shapes   -> the shapes, left to right           (1-6 tokens)
+  describe -> colour and shape of each, left to right (2-12 tokens)
+  count    -> how many shapes there are           (1 token)
+then EOS to the end of the response, as LLaDA's SFT data is padded.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+IMAGE_SIZE = 48
+COLUMNS = 6  # one shape per 8-pixel column at most, so "left to right" is unambiguous
+COLUMN_WIDTH = IMAGE_SIZE // COLUMNS
+CELL = COLUMN_WIDTH  # shapes sit inside one CELL x CELL square
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (230, 40, 40),
+    "green": (40, 200, 60),
+    "blue": (50, 90, 240),
+    "yellow": (240, 220, 40),
+    "magenta": (220, 50, 220),
+    "cyan": (40, 210, 220),
+}
+SHAPES: tuple[str, ...] = ("square", "circle", "triangle")
+TASKS: tuple[str, ...] = ("colors", "shapes", "describe", "count")
+SPECIALS: list[str] = ["<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "=", "<image>"]
+VOCAB: list[str] = SPECIALS + [str(d) for d in range(10)] + list(COLOURS) + list(SHAPES) + list(TASKS)
+MAX_OBJECTS = COLUMNS
+MAX_ANSWER_TOKENS = 2 * MAX_OBJECTS
+HELDOUT_SEED = 20_261_203  # held-out pictures; training streams from other seeds
+
+
+@dataclass(frozen=True)
+class Shape:
+    colour: str
+    kind: str
+    column: int  # 0..COLUMNS-1, left to right
+    x_offset: int  # pixels from the column's left edge
+    y: int  # top row
+    size: int  # side of the bounding box in pixels
+    tint: tuple[int, int, int]  # small per-shape colour jitter, so colours are ranges, not exact values
+
+
+@dataclass(frozen=True)
+class VlExample:
+    task: str
+    shapes: tuple[Shape, ...]  # sorted by column
+
+    @property
+    def prompt(self) -> str:
+        return f"<image> {self.task}"
+
+    @property
+    def answer(self) -> str:
+        return solve(self.task, self.shapes)
+
+    def image(self) -> Image.Image:
+        return render(self.shapes)
+
+
+def solve(task: str, shapes: tuple[Shape, ...]) -> str:
+    if task == "colors":
+        return " ".join(s.colour for s in shapes)
+    if task == "shapes":
+        return " ".join(s.kind for s in shapes)
+    if task == "describe":
+        return " ".join(f"{s.colour} {s.kind}" for s in shapes)
+    if task == "count":
+        return str(len(shapes))
+    raise ValueError(f"unknown demo-vl task '{task}'; choose one of {', '.join(TASKS)}")
+
+
+def _mask(kind: str, size: int) -> np.ndarray:
+    """Boolean [size, size] footprint of a shape."""
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) + 0.5
+    if kind == "square":
+        return np.ones((size, size), dtype=bool)
+    if kind == "circle":
+        c = size / 2
+        return (yy - c) ** 2 + (xx - c) ** 2 <= c * c
+    if kind == "triangle":  # apex up: row r (from the top) is (r + 1) / size of the base wide
+        half = (yy / size) * (size / 2)
+        return np.abs(xx - size / 2) <= half + 0.25
+    raise ValueError(f"unknown shape '{kind}'")
+
+
+def render(shapes: tuple[Shape, ...]) -> Image.Image:
+    """The picture: black background, each shape filled with its colour plus tint."""
+    canvas = np.zeros((IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)
+    for s in shapes:
+        x0 = s.column * COLUMN_WIDTH + s.x_offset
+        colour = np.clip(np.asarray(COLOURS[s.colour]) + np.asarray(s.tint), 0, 255).astype(np.uint8)
+        region = canvas[s.y : s.y + s.size, x0 : x0 + s.size]
+        region[_mask(s.kind, s.size)] = colour
+    return Image.fromarray(canvas, mode="RGB")
+
+
+def sample_shapes(rng: random.Random, n: int | None = None) -> tuple[Shape, ...]:
+    n = n if n is not None else rng.randint(1, MAX_OBJECTS)
+    columns = sorted(rng.sample(range(COLUMNS), n))
+    out = []
+    for col in columns:
+        size = rng.randint(6, 7)
+        out.append(
+            Shape(
+                colour=rng.choice(list(COLOURS)),
+                kind=rng.choice(SHAPES),
+                column=col,
+                x_offset=rng.randint(0, COLUMN_WIDTH - size),
+                y=rng.randrange(0, IMAGE_SIZE, CELL) + rng.randint(0, CELL - size),
+                size=size,
+                tint=(rng.randint(-15, 15), rng.randint(-15, 15), rng.randint(-15, 15)),
+            )
+        )
+    return tuple(out)
+
+
+def sample_example(rng: random.Random, task: str | None = None) -> VlExample:
+    return VlExample(task or rng.choice(TASKS), sample_shapes(rng))
+
+
+def heldout_examples(n: int, seed: int = HELDOUT_SEED) -> list[VlExample]:
+    """Held-out pictures: a fixed seed that training never uses, tasks in rotation."""
+    rng = random.Random(seed)
+    return [sample_example(rng, TASKS[i % len(TASKS)]) for i in range(n)]
+
+
+def write_tokenizer(path: Path) -> None:
+    """The demo's tokenizer.json: one token per word or digit, `<image>` special, BOS in front and '=' behind."""
+    from tokenizers import Tokenizer, pre_tokenizers, processors
+    from tokenizers.models import WordLevel
+
+    vocab = {tok: i for i, tok in enumerate(VOCAB)}
+    tok = Tokenizer(WordLevel(vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
+    )
+    tok.add_special_tokens(SPECIALS)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|startoftext|> $A =",
+        special_tokens=[("<|startoftext|>", vocab["<|startoftext|>"]), ("=", vocab["="])],
+    )
+    tok.save(str(path))

@@ -1,0 +1,478 @@
+"""LLaDA-V-style multimodal checkpoints (layout, loading, writing) and prompt assembly (image embeddings spliced in).
+
+Layout: a Llama-style language model (`model.layers.N...`, `model.embed_tokens`, `model.norm`, `lm_head`, loaded by
+`load_checkpoint`) plus LLaVA's names for the vision side: `model.vision_tower.vision_tower.vision_model.*` (SigLIP),
+`model.mm_projector.{0,2,...}.*` and `model.image_newline`, with LLaVA's config keys (`mm_vision_tower`,
+`mm_projector_type`, `mm_vision_select_layer`, `mm_vision_select_feature`, `mm_hidden_size`, `mm_patch_merge_type`,
+`image_aspect_ratio`, `image_token_index`). The SigLIP config is read from `vision_config` in config.json, from a local
+directory named by `mm_vision_tower`, or, for the published so400m towers, from their known shape (never downloaded).
+
+Prompt assembly: each `<image>` placeholder becomes `tokens_per_image` ids at and above the embedding table's size
+(`id_base` = ModelConfig.n_embed_rows); id `id_base + j` means row j of the batch's image table (all images of the
+batch, in order, one row per image token). Such ids embed to their image-table row, every other id to its token
+embedding. Because the image ids travel inside the ids, any loop that regroups, pads or truncates rows (Seer's
+hybrid batching) keeps each row pointing at its own images; and the exported graphs do the same lookup in-graph.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from seer_deploy.errors import CheckpointError, ConfigError
+from seer_deploy.models.checkpoint import (
+    SINGLE_FILE,
+    LoadedCheckpoint,
+    load_checkpoint,
+    read_config,
+    resolve_checkpoint,
+    weight_files,
+    weight_name_map,
+)
+from seer_deploy.models.config import ModelConfig, config_from_dict
+from seer_deploy.models.image import SIGLIP_MEAN, SIGLIP_STD, ImageConfig
+from seer_deploy.models.llada import MaskPredictor, ModelOutput, StatsSpec
+from seer_deploy.models.tokenizer import Tokenizer
+from seer_deploy.models.vision import VisionConfig, VisionEncoder
+
+DEMO_VL_NAME = "demo-vl"
+DEMO_VL_DIR = Path(__file__).parent / "demo_vl"  # a hyphen is not importable, so 'demo-vl' resolves here
+IMAGE_TOKEN = "<image>"
+LLAVA_IMAGE_TOKEN_INDEX = -200  # LLaVA's IMAGE_TOKEN_INDEX: the placeholder id in prompt ids
+# Where LLaVA-family checkpoints keep the SigLIP weights: transformers 4.x names (vision_model.*) first, then 5.x.
+VISION_PREFIXES: tuple[str, ...] = ("model.vision_tower.vision_tower.vision_model.", "model.vision_tower.vision_tower.")
+PROJECTOR_PREFIX = "model.mm_projector."
+NEWLINE_NAME = "model.image_newline"
+PREPROCESSOR_FILE = "preprocessor_config.json"
+# The published SigLIP so400m towers (LLaVA-OneVision, LLaDA-V): their shape, so a checkpoint that only names
+# the tower still loads without a download. Weights always come from the checkpoint itself.
+KNOWN_TOWERS: dict[str, dict[str, Any]] = {
+    name: {
+        "hidden_size": 1152,
+        "intermediate_size": 4304,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 16,
+        "num_channels": 3,
+        "image_size": 384,
+        "patch_size": 14,
+        "hidden_act": "gelu_pytorch_tanh",
+        "layer_norm_eps": 1e-6,
+    }
+    for name in ("google/siglip-so400m-patch14-384", "google/siglip2-so400m-patch14-384")
+}
+_SIGLIP_TYPES = ("siglip_vision_model", "siglip", "siglip2_vision_model")
+
+
+def is_multimodal(raw: dict[str, Any]) -> bool:
+    """True for LLaVA-style configs (a vision tower is named or described)."""
+    return bool(raw.get("mm_vision_tower") or raw.get("vision_tower") or isinstance(raw.get("vision_config"), dict))
+
+
+def _tower_fields(raw: dict[str, Any], path: Path | None) -> dict[str, Any]:
+    name = raw.get("mm_vision_tower") or raw.get("vision_tower")
+    vc = raw.get("vision_config")
+    if isinstance(vc, dict):
+        fields = dict(vc)
+    elif isinstance(name, str) and _local_tower(name, path) is not None:
+        tower_cfg = _local_tower(name, path)
+        assert tower_cfg is not None
+        loaded = json.loads(tower_cfg.read_text())
+        fields = dict(loaded.get("vision_config", loaded))
+    elif isinstance(name, str) and name in KNOWN_TOWERS:
+        fields = dict(KNOWN_TOWERS[name])
+    else:
+        raise CheckpointError(
+            f"config.json names the vision tower {name!r} but holds no 'vision_config'; add the tower's SigLIP config "
+            "(hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, image_size, patch_size) as "
+            "'vision_config' to config.json, or point mm_vision_tower at a local directory with its config.json"
+        )
+    model_type = fields.get("model_type")
+    if model_type is not None and model_type not in _SIGLIP_TYPES:
+        raise CheckpointError(
+            f"vision tower model_type '{model_type}' is not supported; seer-deploy runs SigLIP-family towers "
+            f"({', '.join(_SIGLIP_TYPES)})"
+        )
+    return fields
+
+
+def _local_tower(name: str, path: Path | None) -> Path | None:
+    for base in ([path] if path is not None else []) + [Path.cwd()]:
+        candidate = (base / name).expanduser()
+        if (candidate / "config.json").is_file():
+            return candidate / "config.json"
+    return None
+
+
+def _image_config(raw: dict[str, Any], siglip: dict[str, Any], path: Path | None) -> ImageConfig:
+    """Mean/std/size from preprocessor_config.json when the checkpoint has one, else config.json, else SigLIP's."""
+    proc: dict[str, Any] = {}
+    if path is not None and (path / PREPROCESSOR_FILE).is_file():
+        try:
+            proc = json.loads((path / PREPROCESSOR_FILE).read_text())
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{path / PREPROCESSOR_FILE} is not valid JSON ({exc})") from exc
+    mean = proc.get("image_mean", raw.get("image_mean", siglip.get("image_mean", SIGLIP_MEAN)))
+    std = proc.get("image_std", raw.get("image_std", siglip.get("image_std", SIGLIP_STD)))
+    aspect = raw.get("image_aspect_ratio") or "square"
+    return ImageConfig(
+        image_size=int(siglip["image_size"]),
+        mean=tuple(float(v) for v in mean),  # type: ignore[arg-type]
+        std=tuple(float(v) for v in std),  # type: ignore[arg-type]
+        aspect=str(aspect),
+    )
+
+
+def vision_config_from_dict(raw: dict[str, Any], path: Path | None = None) -> VisionConfig:
+    """The vision side of a LLaVA-style config.json (CheckpointError / ConfigError naming what is wrong)."""
+    if not is_multimodal(raw):
+        raise CheckpointError(
+            "config.json describes no vision tower (no mm_vision_tower or vision_config): not a multimodal "
+            "(LLaDA-V-style) checkpoint; use it without --image"
+        )
+    siglip = _tower_fields(raw, path)
+    lm = config_from_dict(raw)
+    return VisionConfig(
+        siglip=siglip,
+        lm_hidden_size=lm.d_model,
+        mm_hidden_size=int(raw.get("mm_hidden_size") or siglip.get("hidden_size", 0)),
+        image=_image_config(raw, siglip, path),
+        select_layer=int(raw.get("mm_vision_select_layer", -2)),
+        select_feature=str(raw.get("mm_vision_select_feature") or "patch"),
+        projector_type=str(raw.get("mm_projector_type") or "linear"),
+        patch_merge_type=str(raw.get("mm_patch_merge_type") or "flat"),
+        image_token_index=int(raw.get("image_token_index", LLAVA_IMAGE_TOKEN_INDEX)),
+    )
+
+
+@dataclass
+class LoadedMultimodal:
+    """A multimodal checkpoint: the language model (as load_checkpoint gives it) and the vision encoder."""
+
+    lm: LoadedCheckpoint
+    vision: VisionEncoder
+    vision_config: VisionConfig
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.lm.config
+
+    @property
+    def path(self) -> Path:
+        return self.lm.path
+
+
+def load_multimodal(
+    name_or_path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> LoadedMultimodal:
+    """Load a LLaDA-V-layout checkpoint: language model, SigLIP tower, projector (and image_newline)."""
+    path = resolve_multimodal(name_or_path)
+    raw = read_config(path)
+    vcfg = vision_config_from_dict(raw, path)
+    lm = load_checkpoint(path, dtype=dtype, device=device)
+    vision = load_vision(path, vcfg, dtype=dtype, device=device)
+    return LoadedMultimodal(lm=lm, vision=vision, vision_config=vcfg)
+
+
+def resolve_multimodal(name_or_path: str | os.PathLike[str]) -> Path:
+    """'demo-vl' -> the bundled multimodal demo; anything else as `resolve_checkpoint`."""
+    if str(name_or_path) == DEMO_VL_NAME:
+        return DEMO_VL_DIR
+    return resolve_checkpoint(name_or_path)
+
+
+def vision_weight_names(encoder: VisionEncoder, prefix: str = VISION_PREFIXES[0]) -> dict[str, str]:
+    """Internal parameter name (of VisionEncoder) -> checkpoint name, for every weight a checkpoint must hold."""
+    names = {f"tower.body.{k}": prefix + k for k, _ in encoder.tower.body.named_parameters()}
+    names.update({f"projector.{k}": PROJECTOR_PREFIX + k for k, _ in encoder.projector.named_parameters()})
+    if encoder.image_newline is not None:
+        names["image_newline"] = NEWLINE_NAME
+    return names
+
+
+def load_vision(
+    path: Path, cfg: VisionConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> VisionEncoder:
+    """Build the VisionEncoder and fill it from the checkpoint's vision-tower / projector / newline weights."""
+    files = weight_files(path)
+    prefix = next((p for p in VISION_PREFIXES if p + "embeddings.patch_embedding.weight" in files), None)
+    if prefix is None:
+        raise CheckpointError(
+            f"{path}: no vision tower weights (expected {VISION_PREFIXES[0]}embeddings.patch_embedding.weight and the "
+            "encoder layers); the checkpoint is text-only or uses an unknown vision layout"
+        )
+    with torch.device(device):
+        encoder = VisionEncoder(cfg)
+    expected = vision_weight_names(encoder, prefix)
+    optional = {n for n in expected if n.startswith("tower.body.post_layernorm.")}  # unused by LLaVA's features
+    missing = sorted(expected[n] for n in expected if expected[n] not in files and n not in optional)
+    if missing:
+        raise CheckpointError(f"{path}: missing vision weights: {_short(missing)}")
+    used_layers = cfg.layers_to_run
+    unexpected = []
+    for name in files:
+        if not name.startswith((prefix, PROJECTOR_PREFIX, NEWLINE_NAME)) or name in expected.values():
+            continue
+        rest = name[len(prefix) :] if name.startswith(prefix) else ""
+        if rest.startswith("head.") or _layer_index(rest) >= used_layers:
+            continue  # LLaVA drops the pooling head; layers past the selected one never run
+        unexpected.append(name)
+    if unexpected:
+        raise CheckpointError(f"{path}: unexpected vision weights for this config: {_short(sorted(unexpected))}")
+    params = dict(encoder.named_parameters())
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for internal, external in expected.items():
+        if external in files:
+            by_file.setdefault(files[external], []).append((internal, external))
+    with torch.no_grad():
+        for file, pairs in by_file.items():
+            try:
+                with safe_open(file, framework="pt", device="cpu") as f:
+                    for internal, external in pairs:
+                        tensor = f.get_tensor(external)
+                        if tuple(tensor.shape) != tuple(params[internal].shape):
+                            raise CheckpointError(
+                                f"{path}: weight {external} has shape {tuple(tensor.shape)}, but the vision config "
+                                f"implies {tuple(params[internal].shape)}; the config and the weights disagree"
+                            )
+                        params[internal].copy_(tensor)
+            except (SafetensorError, OSError, ValueError) as exc:
+                raise CheckpointError(f"{file} is not a readable safetensors file ({exc}); re-download or re-save it") from exc
+    return encoder.to(dtype=dtype).eval().requires_grad_(False)
+
+
+def _layer_index(rest: str) -> int:
+    """N for 'encoder.layers.N.*', else -1."""
+    parts = rest.split(".")
+    if len(parts) > 2 and parts[0] == "encoder" and parts[1] == "layers" and parts[2].isdigit():
+        return int(parts[2])
+    return -1
+
+
+def _short(names: list[str], limit: int = 6) -> str:
+    return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def multimodal_config_dict(lm_cfg: ModelConfig, vcfg: VisionConfig, tower_name: str = "local-siglip") -> dict[str, Any]:
+    """config.json of a LLaDA-V-layout checkpoint: Llama-style LM fields plus LLaVA's mm_* keys and vision_config."""
+    d = lm_cfg.to_llama_dict()
+    d["model_type"] = "llava_llada"
+    d["architectures"] = ["LlavaLLaDAModelLM"]
+    d.update(
+        {
+            "mm_vision_tower": tower_name,
+            "mm_projector_type": vcfg.projector_type,
+            "mm_vision_select_layer": vcfg.select_layer,
+            "mm_vision_select_feature": vcfg.select_feature,
+            "mm_hidden_size": vcfg.mm_hidden_size,
+            "mm_patch_merge_type": vcfg.patch_merge_type,
+            "image_aspect_ratio": vcfg.image.aspect,
+            "image_token_index": vcfg.image_token_index,
+            "use_mm_proj": True,
+            "vision_config": {"model_type": "siglip_vision_model", **vcfg.siglip},
+        }
+    )
+    return d
+
+
+def save_multimodal_checkpoint(
+    lm: MaskPredictor,
+    vision: VisionEncoder,
+    path: str | os.PathLike[str],
+    *,
+    tokenizer_file: str | os.PathLike[str] | None = None,
+    extra_files: dict[str, str] | None = None,
+    dtype: torch.dtype | None = None,
+    unused_layers: bool = False,
+) -> Path:
+    """Write a LLaDA-V-layout checkpoint (one model.safetensors, config.json, preprocessor_config.json).
+
+    The tower is stored as LLaVA-OneVision stores it: the layers that run and the (unused) post-layernorm.
+    unused_layers=True adds layers past the selected one (copies of the last layer that runs, never read), as a
+    checkpoint of the full SigLIP tower would hold them.
+    Written to a temporary directory next to `path` and renamed into place.
+    """
+    vcfg = vision.cfg
+    if lm.cfg.d_model != vcfg.lm_hidden_size:
+        raise ConfigError(f"the projector outputs {vcfg.lm_hidden_size} wide embeddings but the LM is {lm.cfg.d_model} wide")
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        lm_params = dict(lm.named_parameters())
+        tensors: dict[str, Tensor] = {ext: lm_params[internal] for internal, ext in weight_name_map(lm.cfg, "llama").items()}
+        v_params = dict(vision.named_parameters())
+        tensors.update({ext: v_params[internal] for internal, ext in vision_weight_names(vision).items()})
+        if unused_layers:
+            tensors.update(_unused_layers(vision))
+        out = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in tensors.items()}
+        save_file(out, str(tmp / SINGLE_FILE), metadata={"format": "pt"})
+        config = multimodal_config_dict(lm.cfg, vcfg)
+        config["torch_dtype"] = str(next(iter(out.values())).dtype).removeprefix("torch.")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        proc = {
+            "image_processor_type": "SiglipImageProcessor",
+            "image_mean": list(vcfg.image.mean),
+            "image_std": list(vcfg.image.std),
+            "size": {"height": vcfg.image.image_size, "width": vcfg.image.image_size},
+            "resample": 3,
+            "rescale_factor": vcfg.image.rescale,
+        }
+        (tmp / PREPROCESSOR_FILE).write_text(json.dumps(proc, indent=2) + "\n")
+        if tokenizer_file is not None:
+            shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def _unused_layers(vision: VisionEncoder) -> dict[str, Tensor]:
+    """Weights for the tower layers past the selected one, named as a full SigLIP checkpoint names them."""
+    cfg = vision.cfg
+    total = int(cfg.siglip["num_hidden_layers"])
+    if cfg.layers_to_run >= total or not len(vision.tower.body.encoder.layers):
+        return {}
+    template = vision.tower.body.encoder.layers[-1].state_dict()
+    out: dict[str, Tensor] = {}
+    for i in range(cfg.layers_to_run, total):
+        for k, v in template.items():
+            out[f"{VISION_PREFIXES[0]}encoder.layers.{i}.{k}"] = v.clone()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- prompt assembly
+
+
+class MultimodalTokenizer(Tokenizer):
+    """A Tokenizer whose prompts may contain `<image>`: each becomes the placeholder id `image_token_index`."""
+
+    def __init__(self, file: str | os.PathLike[str], eos_id: int, eot_id: int | None, image_token_index: int) -> None:
+        super().__init__(file, eos_id, eot_id)
+        self.image_token_index = image_token_index
+        # Checkpoints whose tokenizer lacks '<image>' (LLaVA splits the text on it instead) get it as a special token
+        # here, so it is never split into pieces; its id is replaced by the placeholder below.
+        if self._tok.token_to_id(IMAGE_TOKEN) is None:
+            self._tok.add_special_tokens([IMAGE_TOKEN])
+        self._image_id = self._tok.token_to_id(IMAGE_TOKEN)
+
+    @classmethod
+    def for_checkpoint(cls, loaded: LoadedMultimodal) -> MultimodalTokenizer:
+        cfg = loaded.config
+        return cls(loaded.path / "tokenizer.json", cfg.eos_id, cfg.eot_id, loaded.vision_config.image_token_index)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return [self.image_token_index if t == self._image_id else t for t in super().encode_prompt(text)]
+
+
+def count_placeholders(ids: Sequence[int], image_token_index: int) -> int:
+    return sum(1 for t in ids if t == image_token_index)
+
+
+def check_image_counts(prompts: Sequence[Sequence[int]], n_images: Sequence[int], image_token_index: int) -> None:
+    """ConfigError when a prompt's `<image>` placeholders and its images differ in number."""
+    if len(prompts) != len(n_images):
+        raise ConfigError(f"{len(prompts)} prompts but image lists for {len(n_images)}; give one image list per prompt")
+    for i, (ids, n) in enumerate(zip(prompts, n_images, strict=True)):
+        k = count_placeholders(ids, image_token_index)
+        if k != n:
+            where = f"prompt {i + 1}" if len(prompts) > 1 else "the prompt"
+            fix = (
+                f"put '{IMAGE_TOKEN}' in the prompt once per image, where the image goes (e.g. '{IMAGE_TOKEN} what colours?')"
+                if k < n
+                else f"give one image per '{IMAGE_TOKEN}' (--image PATH, repeated) or remove the extra placeholders"
+            )
+            raise ConfigError(f"{where} has {k} {IMAGE_TOKEN} placeholder(s) but {n} image(s) were given; {fix}")
+
+
+def expand_placeholders(
+    prompts: Sequence[Sequence[int]], n_images: Sequence[int], tokens_per_image: int, image_token_index: int, id_base: int
+) -> list[list[int]]:
+    """Replace each placeholder by `tokens_per_image` image ids id_base + j (j counts the batch's image tokens)."""
+    check_image_counts(prompts, n_images, image_token_index)
+    out: list[list[int]] = []
+    j = 0
+    for ids in prompts:
+        row: list[int] = []
+        for t in ids:
+            if t == image_token_index:
+                row.extend(range(id_base + j, id_base + j + tokens_per_image))
+                j += tokens_per_image
+            else:
+                row.append(int(t))
+        out.append(row)
+    return out
+
+
+def image_table(embeds: Sequence[Tensor], width: int) -> Tensor:
+    """[max(1, n_tokens), width]: every image's embeddings in batch order (a zero row when there are none)."""
+    rows = [e.reshape(-1, width) for e in embeds if e.numel()]
+    if not rows:
+        return torch.zeros(1, width)
+    return torch.cat(rows)
+
+
+def image_table_np(embeds: Sequence[np.ndarray], width: int, dtype: np.dtype | type = np.float32) -> np.ndarray:
+    """The numpy twin of `image_table` (what an exported graph's image_table input takes)."""
+    rows = [np.asarray(e).reshape(-1, width) for e in embeds if np.asarray(e).size]
+    if not rows:
+        return np.zeros((1, width), dtype=dtype)
+    return np.ascontiguousarray(np.concatenate(rows).astype(dtype, copy=False))
+
+
+def embed_with_images(embed: nn.Embedding, ids: Tensor, table: Tensor) -> Tensor:
+    """Token embeddings, with ids >= embed.num_embeddings taken from the image table (row id - num_embeddings)."""
+    n = embed.num_embeddings
+    is_image = ids >= n
+    text = embed(torch.where(is_image, torch.zeros_like(ids), ids))
+    rows = table[(ids - n).clamp(min=0)]
+    return torch.where(is_image[..., None], rows.to(text.dtype), text)
+
+
+class ImageConditionedModel(MaskPredictor):
+    """A MaskPredictor whose prompts may hold image ids: it shares the LM's modules and holds the image table.
+
+    Every loop written for a MaskPredictor (the reference loop, Seer's truncated loop, a torch backend) runs on it
+    unchanged, since image ids are plain ints in the prompt.
+    """
+
+    image_table: Tensor
+
+    def __init__(self, lm: MaskPredictor, table: Tensor) -> None:
+        nn.Module.__init__(self)  # share the LM's modules rather than building new ones
+        self.cfg = lm.cfg
+        self.embed = lm.embed
+        self.blocks = lm.blocks
+        self.final_norm = lm.final_norm
+        self.lm_head = lm.lm_head
+        self.register_buffer("image_table", table.to(lm.embed.weight), persistent=False)
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        *,
+        inputs_embeds: Tensor | None = None,
+        stats: StatsSpec | None = None,
+    ) -> ModelOutput:
+        if inputs_embeds is None:
+            if input_ids is None:
+                raise ConfigError("give input_ids or inputs_embeds")
+            inputs_embeds = embed_with_images(self.embed, input_ids, self.image_table)
+        return super().forward(None, attention_mask, inputs_embeds=inputs_embeds, stats=stats)

@@ -1,0 +1,84 @@
+"""Generation with images through the CLI functions: torch checkpoints, ORT exports, and the bad-input errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_multimodal import pictures, write_tiny_vl
+
+from seer_deploy.cli.vl import assign_images, echo_generate_vl, generate_vl
+from seer_deploy.errors import ConfigError
+from seer_deploy.export.vision import export_multimodal
+from seer_deploy.models.image import pixel_batch
+from seer_deploy.models.multimodal import (
+    ImageConditionedModel,
+    MultimodalTokenizer,
+    expand_placeholders,
+    load_multimodal,
+)
+from seer_deploy.runtime.reference import GenerationConfig, generate
+
+CONFIG = GenerationConfig(gen_length=8, steps=8)
+
+
+@pytest.fixture
+def images(tmp_path: Path) -> list[str]:
+    out = []
+    for i, img in enumerate(pictures(3)):
+        file = tmp_path / f"pic{i}.png"
+        img.save(file)
+        out.append(str(file))
+    return out
+
+
+def test_images_go_to_placeholders_in_order() -> None:
+    assert assign_images(["<image> a", "b", "<image> <image> c"], ["x", "y", "z"]) == [["x"], [], ["y", "z"]]
+    with pytest.raises(ConfigError, match=r"hold 0 <image> placeholder\(s\) but 1 image.*put '<image>' in the prompt"):
+        assign_images(["colors"], ["x"])
+    with pytest.raises(ConfigError, match=r"hold 1 <image> placeholder\(s\) but 2 image.*drop the extra --image"):
+        assign_images(["<image> colors"], ["x", "y"])
+    with pytest.raises(ConfigError, match=r"hold 2 <image> placeholder\(s\) but 1 image.*one --image per '<image>'"):
+        assign_images(["<image> <image> colors"], ["x"])
+
+
+def test_generate_vl_torch_matches_the_reference_loop(tmp_path: Path, images: list[str]) -> None:
+    ckpt, _, _ = write_tiny_vl(tmp_path / "ck")
+    run = generate_vl(str(ckpt), ["<image> colors", "<image> count"], images[:2], CONFIG)
+    loaded = load_multimodal(ckpt)
+    vcfg, cfg = loaded.vision_config, loaded.config
+    tok = MultimodalTokenizer.for_checkpoint(loaded)
+    ids = expand_placeholders([tok.encode_prompt("<image> colors"), tok.encode_prompt("<image> count")], [1, 1],
+                              vcfg.tokens_per_image, vcfg.image_token_index, cfg.n_embed_rows)
+    with torch.no_grad():
+        table = loaded.vision(torch.from_numpy(pixel_batch(pictures(2), vcfg.image))).reshape(-1, cfg.d_model)
+    want = generate(ImageConditionedModel(loaded.lm.model, table), ids, CONFIG).tokens
+    assert [a.tokens for a in run.answers] == want.tolist()
+    assert run.backend == "torch" and run.answers[0].images == [images[0]]
+
+
+def test_generate_vl_on_an_export_equals_torch(tmp_path: Path, images: list[str]) -> None:
+    ckpt, _, _ = write_tiny_vl(tmp_path / "ck", seed=2)
+    out = export_multimodal(ckpt, tmp_path / "export").out
+    texts = ["<image> describe", "<image> shapes"]
+    ort = generate_vl(str(out), texts, images[1:], CONFIG)
+    ref = generate_vl(str(ckpt), texts, images[1:], CONFIG)
+    assert ort.backend.startswith("onnxruntime")
+    assert [a.tokens for a in ort.answers] == [a.tokens for a in ref.answers]
+
+
+def test_json_output_and_bad_images(tmp_path: Path, images: list[str]) -> None:
+    ckpt, _, _ = write_tiny_vl(tmp_path / "ck")
+    lines: list[str] = []
+    echo_generate_vl(str(ckpt), ["<image> colors"], images[:1], CONFIG, seer=None, seed=0, as_json=True, say=lines.append)
+    record = json.loads(lines[0])
+    assert record["prompt"] == "<image> colors" and record["images"] == images[:1] and len(record["tokens"]) == 8
+    with pytest.raises(ConfigError, match="does not exist"):
+        generate_vl(str(ckpt), ["<image> colors"], [str(tmp_path / "missing.png")], CONFIG)
+    (tmp_path / "bad.png").write_bytes(b"\x89PNG not really")
+    with pytest.raises(ConfigError, match="not a readable image"):
+        generate_vl(str(ckpt), ["<image> colors"], [str(tmp_path / "bad.png")], CONFIG)
+    with pytest.raises(ConfigError, match=r"1 <image> placeholder\(s\) but 2 image"):
+        generate_vl(str(ckpt), ["<image> colors"], images[:2], CONFIG)

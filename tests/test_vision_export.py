@@ -1,0 +1,102 @@
+"""Multimodal export: vision.onnx + image-aware step graphs, validated and run by ONNX Runtime, equal to torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_multimodal import pictures, write_tiny_vl
+
+from seer_deploy.errors import ArtifactError, ConfigError
+from seer_deploy.export.options import ExportOptions
+from seer_deploy.export.vision import MULTIMODAL_KEY, MultimodalOrtBackend, export_multimodal
+from seer_deploy.models.image import pixel_batch
+from seer_deploy.models.multimodal import (
+    ImageConditionedModel,
+    MultimodalTokenizer,
+    expand_placeholders,
+    image_table,
+    load_multimodal,
+)
+from seer_deploy.runtime.loop import run_generation
+from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.torch_backend import TorchBackend
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("vl-export")
+    ckpt, _, _ = write_tiny_vl(root / "tiny-vl", seed=1)
+    result = export_multimodal(ckpt, root / "export")
+    return ckpt, result.out
+
+
+def test_export_writes_three_graphs_and_a_manifest(exported) -> None:
+    ckpt, out = exported
+    assert {p.name for p in out.iterdir()} == {"vision.onnx", "step0.onnx", "step.onnx", "weights.bin", "manifest.json"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    section = manifest["extra"][MULTIMODAL_KEY]
+    assert section["vision"]["inputs"]["pixel_values"]["shape"][1:] == [3, 16, 16]
+    assert section["vision"]["outputs"]["image_embeds"]["shape"][1:] == [17, 32]  # 16 patches + image_newline
+    assert manifest["graphs"]["step0"]["inputs"]["image_table"]["shape"][1] == 32
+    assert section["image_id_base"] == load_multimodal(ckpt).config.n_embed_rows
+    diffs = manifest["extra"]["validation_max_diff"]
+    assert diffs["vision"] < 1e-4 and diffs["step0 confidence"] < 1e-4
+
+
+def test_ort_runtime_tokens_equal_torch(exported) -> None:
+    ckpt, out = exported
+    loaded = load_multimodal(ckpt)
+    vcfg, cfg = loaded.vision_config, loaded.config
+    tok = MultimodalTokenizer.for_checkpoint(loaded)
+    texts = ["<image> colors", "<image> describe", "<image> <image> count"]
+    ids = expand_placeholders([tok.encode_prompt(t) for t in texts], [1, 1, 2], vcfg.tokens_per_image,
+                              vcfg.image_token_index, cfg.n_embed_rows)
+    px = pixel_batch(pictures(4), vcfg.image)
+    backend = MultimodalOrtBackend(out)
+    embeds = backend.encode_images(px)
+    with torch.no_grad():
+        want = loaded.vision(torch.from_numpy(px)).numpy()
+    assert np.allclose(embeds, want, atol=1e-5)
+    backend.set_image_table([embeds])
+    config = GenerationConfig(gen_length=12, steps=12)
+    pad = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
+    ort_tokens = run_generation(backend, ids, config, mask_id=cfg.mask_id, pad_id=pad).tokens
+    model = ImageConditionedModel(loaded.lm.model, image_table([torch.from_numpy(embeds)], cfg.d_model))
+    ref = generate(model, ids, config).tokens.numpy()
+    torch_backend = run_generation(TorchBackend(model), ids, config, mask_id=cfg.mask_id, pad_id=pad).tokens
+    assert np.array_equal(ort_tokens, ref)
+    assert np.array_equal(torch_backend, ref)
+
+
+def test_ort_backend_refuses_ids_past_its_table(exported) -> None:
+    _, out = exported
+    backend = MultimodalOrtBackend(out)
+    base = backend.image_id_base
+    with pytest.raises(ConfigError, match="image table has 1 rows; call set_image_table"):
+        backend.step0(np.array([[0, base + 3, 4]]), None)
+    with pytest.raises(ConfigError, match=r"pixel_values must be \[N, 3, 16, 16\]"):
+        backend.encode_images(np.zeros((1, 3, 8, 8), np.float32))
+
+
+def test_text_export_is_not_a_multimodal_one(exported, tmp_path: Path) -> None:
+    _, out = exported
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["extra"][MULTIMODAL_KEY]
+    copy = tmp_path / "text-only"
+    copy.mkdir()
+    for p in out.iterdir():
+        (copy / p.name).write_bytes(p.read_bytes())
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="text-only export"):
+        MultimodalOrtBackend(copy)
+
+
+def test_export_refuses_a_too_short_max_seq_len(exported, tmp_path: Path) -> None:
+    ckpt, _ = exported
+    with pytest.raises(ConfigError, match="cannot hold one image"):
+        export_multimodal(ckpt, tmp_path / "short", ExportOptions(max_seq_len=10))
+    assert not (tmp_path / "short").exists()
