@@ -19,6 +19,7 @@ WEIGHTS_FILE = "weights.bin"
 INLINE_LIMIT_BYTES = 1024  # initializers smaller than this (shape constants, scalars) stay inside the .onnx
 _LARGE = 1 << 20  # tensors from 1 MiB on start at a 64 KiB boundary (mmap granularity on every OS)
 _LARGE_ALIGN, _SMALL_ALIGN = 1 << 16, 64
+_FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 
 
 class SharedWeightFile:
@@ -71,11 +72,15 @@ class SharedWeightFile:
         self.close()
 
     def externalize(self, model: ir.Model, inline_limit_bytes: int = INLINE_LIMIT_BYTES) -> int:
-        """Move every initializer of at least `inline_limit_bytes` into the file; returns how many moved."""
+        """Move every floating-point initializer of at least `inline_limit_bytes` into the file; returns how many.
+
+        Integer initializers (shapes, axes, indices) stay inline whatever their size: shape inference (the ONNX
+        checker) and TensorRT's shape-tensor handling read their values, which they cannot do from external data.
+        """
         moved = 0
         for name, value in model.graph.initializers.items():
             tensor = value.const_value
-            if tensor is None or tensor.nbytes < max(inline_limit_bytes, 1):
+            if tensor is None or tensor.dtype not in _FLOAT_TYPES or tensor.nbytes < max(inline_limit_bytes, 1):
                 continue
             offset, length = self.add(tensor.tobytes())
             value.const_value = ir.ExternalTensor(

@@ -1,0 +1,354 @@
+"""`seer-deploy export`: tiny checkpoints in both layouts export, validate, are reproducible and fail cleanly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from conftest import tiny_model
+
+from seer_deploy.cli import main
+from seer_deploy.engines.ort import OrtBackend
+from seer_deploy.errors import ArtifactError, ConfigError
+from seer_deploy.export import exporter as exporter_module
+from seer_deploy.export import validate as validate_module
+from seer_deploy.export.exporter import ExportResult, check_destination, export_checkpoint
+from seer_deploy.export.graphs import Step0Graph
+from seer_deploy.export.manifest import ExportManifest
+from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
+from seer_deploy.export.validate import ExportValidationError
+from seer_deploy.models.checkpoint import Layout, checkpoint_fingerprint, load_checkpoint, save_checkpoint
+from seer_deploy.models.demo_tasks import write_tokenizer
+from seer_deploy.models.llada import STAT_NAMES, StatsSpec
+
+EXPORT_FILES = {"manifest.json", "step0.onnx", "step.onnx", "weights.bin"}
+
+
+def write_checkpoint(root: Path, layout: Layout, seed: int = 0) -> Path:
+    """A tiny random checkpoint, written once per (root, layout, seed)."""
+    path = root / f"ckpt-{layout}-{seed}"
+    if path.exists():
+        return path
+    root.mkdir(parents=True, exist_ok=True)
+    tok = root / "tokenizer.json"
+    if not tok.exists():
+        write_tokenizer(tok)
+    return save_checkpoint(tiny_model(seed), path, layout, tokenizer_file=tok)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    return {p.name: sha256(p) for p in sorted(directory.iterdir())}
+
+
+def leftovers(parent: Path) -> list[str]:
+    """Temporary export directories left beside the destination."""
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("export")
+
+
+@pytest.fixture(scope="module")
+def exports(root: Path) -> dict[str, tuple[Path, ExportResult]]:
+    """layout -> (checkpoint, export of it), both layouts of the same random model."""
+    out = {}
+    for layout in ("llada", "llama"):
+        ckpt = write_checkpoint(root, layout)  # type: ignore[arg-type]
+        out[layout] = (ckpt, export_checkpoint(ckpt, root / "exports" / layout))
+    return out
+
+
+@pytest.mark.parametrize("layout", ["llada", "llama"])
+def test_export_writes_graphs_weights_and_a_complete_manifest(exports: dict[str, Any], layout: str) -> None:
+    ckpt, result = exports[layout]
+    out: Path = result.out
+    assert {p.name for p in out.iterdir()} == EXPORT_FILES
+    assert leftovers(out.parent) == []
+    m = ExportManifest.load(out)
+    cfg = load_checkpoint(ckpt).config
+    raw = json.loads((out / "manifest.json").read_text())
+    assert raw["format"] == "seer-deploy-export" and raw["format_version"] == 1
+    assert m.model.layout == layout and m.model.fingerprint == checkpoint_fingerprint(ckpt)
+    assert m.model.config == cfg.to_dict() and m.model_config() == cfg
+    assert m.special_ids == {"mask": cfg.mask_id, "eos": cfg.eos_id, "pad": cfg.pad_id, "bos": cfg.bos_id, "eot": None}
+    assert (m.dtype, m.opset, m.max_seq_len) == ("fp32", 20, cfg.max_seq_len)
+    assert set(raw["versions"]) >= {"seer_deploy", "torch", "onnx", "onnxruntime"}
+    # Graph interfaces as the manifest records them and as the files really are.
+    step0, step = m.graphs["step0"], m.graphs["step"]
+    assert {k: (v.dtype, v.shape) for k, v in step0.inputs.items()} == {
+        "input_ids": ("int64", ["batch", "seq"]),
+        "attention_mask": ("int64", ["batch", "seq"]),
+    }
+    K = cfg.n_layers * len(STAT_NAMES)
+    assert {k: (v.dtype, v.shape) for k, v in step0.outputs.items()} == {
+        "token_ids": ("int64", ["batch", "seq"]),
+        "confidence": ("float32", ["batch", "seq"]),
+        "eos_prob": ("float32", ["batch", "seq"]),
+        "sparsity": ("float32", ["batch", K, "seq"]),
+    }
+    assert list(step.inputs) == ["input_ids", "attention_mask", "temperature", "sample_uniform"]
+    assert step.inputs["temperature"].shape == ["batch"] and step.inputs["sample_uniform"].shape == ["batch", "seq"]
+    assert list(step.outputs) == ["token_ids", "confidence"]
+    for spec in (step0, step):
+        assert sha256(out / spec.file) == spec.sha256
+        proto = onnx.load(str(out / spec.file), load_external_data=False)
+        assert [i.name for i in proto.graph.input] == list(spec.inputs)
+        assert [o.name for o in proto.graph.output] == list(spec.outputs)
+    # Sparsity rows: layer-major flatten of [L, F].
+    assert m.seer.stats_layers == list(range(cfg.n_layers)) and m.seer.stat_names == list(STAT_NAMES)
+    assert m.seer.sparsity_rows == [(layer, s) for layer in range(cfg.n_layers) for s in STAT_NAMES]
+    assert m.weights.sha256 == sha256(out / "weights.bin") and m.weights.bytes == (out / "weights.bin").stat().st_size
+    assert m.sampling["method"] == "inverse_cdf"
+    assert set(result.max_diff) >= {"step0 confidence", "step0 eos_prob", "sparsity", "step confidence"}
+
+
+def test_weights_are_external_and_shared_by_both_graphs(exports: dict[str, Any]) -> None:
+    ckpt, result = exports["llada"]
+    out: Path = result.out
+    param_bytes = sum(p.numel() * 4 for p in load_checkpoint(ckpt).model.parameters())
+    locations: dict[str, set[tuple[int, int]]] = {}
+    for name in ("step0", "step"):
+        proto = onnx.load(str(out / f"{name}.onnx"), load_external_data=False)
+        refs = set()
+        for init in proto.graph.initializer:
+            if init.data_location == onnx.TensorProto.EXTERNAL:
+                ext = {e.key: e.value for e in init.external_data}
+                assert ext["location"] == "weights.bin"
+                refs.add((int(ext["offset"]), int(ext["length"])))
+            else:  # what stays inline is small: shape constants and scalars
+                assert len(init.raw_data) < 1024
+        locations[name] = refs
+        assert (out / f"{name}.onnx").stat().st_size < param_bytes / 2
+    # Every weight the step graph reads is one step0 reads too: the file holds the model once, not twice.
+    assert locations["step"] <= locations["step0"]
+    assert param_bytes * 0.95 <= (out / "weights.bin").stat().st_size <= param_bytes * 1.3
+
+
+def test_onnx_runtime_matches_torch_through_polygraphy(exports: dict[str, Any]) -> None:
+    """polygraphy's comparator: ORT on step0.onnx against the torch Step0Graph, per output."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+    from polygraphy.comparator import Comparator, CompareFunc
+
+    ckpt, result = exports["llama"]
+    model = load_checkpoint(ckpt).model
+    cfg = model.cfg
+    torch_graph = Step0Graph(model, StatsSpec(tuple(range(cfg.n_layers))))
+    rng = np.random.default_rng(3)
+    feeds = []
+    for B, S in ((1, 11), (4, 37)):
+        mask = np.ones((B, S), dtype=np.int64)
+        mask[1:, : S // 3] = 0
+        feeds.append({"input_ids": rng.integers(0, cfg.vocab_size, (B, S)), "attention_mask": mask})
+    ort_runner = OnnxrtRunner(SessionFromOnnx(str(result.out / "step0.onnx"), providers=["CPUExecutionProvider"]))
+    results = Comparator.run([ort_runner], data_loader=feeds)
+    # polygraphy's PytRunner moves inputs to CUDA, so the torch side is added as precomputed results.
+    names = ["token_ids", "confidence", "eos_prob", "sparsity"]
+    with torch.no_grad():
+        torch_out = [torch_graph(torch.from_numpy(f["input_ids"]), torch.from_numpy(f["attention_mask"])) for f in feeds]
+    results.add([dict(zip(names, (t.numpy() for t in out), strict=True)) for out in torch_out], runner_name="torch")
+    atol = {"token_ids": 0.0, "confidence": 1e-5, "eos_prob": 1e-5, "sparsity": 1e-5}
+    accuracy = Comparator.compare_accuracy(results, compare_func=CompareFunc.simple(atol=atol, rtol=1e-5))
+    assert bool(accuracy)
+    # The comparison is real: the same comparator fails on a corrupted output.
+    results[1][1][0]["confidence"] = results[1][1][0]["confidence"] + 1e-3
+    assert not bool(Comparator.compare_accuracy(results, compare_func=CompareFunc.simple(atol=atol, rtol=1e-5)))
+
+
+def test_exporting_twice_gives_identical_files(exports: dict[str, Any], root: Path) -> None:
+    ckpt, first = exports["llada"]
+    second = export_checkpoint(ckpt, root / "again")
+    assert snapshot(first.out) | {"manifest.json": ""} == snapshot(second.out) | {"manifest.json": ""}
+    for name in ("step0", "step"):
+        assert first.manifest.graphs[name].sha256 == second.manifest.graphs[name].sha256
+    assert first.manifest.weights.sha256 == second.manifest.weights.sha256
+
+
+def test_fp16_export_halves_the_weights_and_validates(exports: dict[str, Any], root: Path) -> None:
+    ckpt, fp32 = exports["llada"]
+    result = export_checkpoint(ckpt, root / "fp16", ExportOptions(dtype="fp16"))
+    assert result.manifest.dtype == "fp16"
+    proto = onnx.load(str(result.out / "step0.onnx"), load_external_data=False)
+    big = [i for i in proto.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL]
+    assert big and all(i.data_type == onnx.TensorProto.FLOAT16 for i in big)
+    assert result.manifest.weights.bytes < 0.6 * fp32.manifest.weights.bytes
+    # The outputs stay float32 whatever the weights are.
+    assert result.manifest.graphs["step0"].outputs["confidence"].dtype == "float32"
+    assert 0 < result.max_diff["step0 confidence"] <= validate_module.TOLERANCES["fp16"].prob_atol
+
+
+def test_large_model_path_puts_every_tensor_outside_the_graph_and_checks_by_path(
+    exports: dict[str, Any], root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Models over 2 GB: with the inline limit lowered to 0 no weight is embedded, and the checker gets paths."""
+    ckpt, _ = exports["llama"]
+    checked: list[object] = []
+    real_check = onnx.checker.check_model
+
+    def spy(model: object, *args: object, **kwargs: object) -> None:
+        checked.append(model)
+        real_check(model, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(onnx.checker, "check_model", spy)
+    result = export_checkpoint(ckpt, root / "all-external", ExportOptions(inline_limit_bytes=0))
+    assert checked and all(isinstance(m, str) for m in checked)  # by path, never a >2 GB in-memory proto
+    for name in ("step0", "step"):
+        proto = onnx.load(str(result.out / f"{name}.onnx"), load_external_data=False)
+        for init in proto.graph.initializer:  # every float tensor; shape constants stay for shape inference
+            is_float = init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+            assert (init.data_location == onnx.TensorProto.EXTERNAL) == is_float, init.name
+    ids = np.array([[1, 2, 3, 4]])
+    torch_logits = load_checkpoint(ckpt).model(torch.from_numpy(ids)).logits
+    assert np.array_equal(OrtBackend(result.out).step0(ids, None).token_ids, torch_logits.argmax(-1).numpy())
+
+
+def test_bf16_is_a_config_error_that_names_the_cpu_provider(root: Path) -> None:
+    ckpt = write_checkpoint(root, "llada")
+    with pytest.raises(ConfigError, match="bf16.*CPU"):
+        export_checkpoint(ckpt, root / "bf16", ExportOptions(dtype="bf16"))
+    assert not (root / "bf16").exists()
+
+
+def test_another_models_export_is_refused_without_force(exports: dict[str, Any], root: Path) -> None:
+    _, result = exports["llada"]
+    other = write_checkpoint(root / "other", "llada", seed=7)
+    before = snapshot(result.out)
+    with pytest.raises(ArtifactError, match="another model.*--force"):
+        export_checkpoint(other, result.out)
+    assert snapshot(result.out) == before
+    # Forced: replaced by the other model's export, nothing left beside it.
+    target = root / "forced"
+    export_checkpoint(exports["llama"][0], target, ExportOptions(verify=False))
+    replaced = export_checkpoint(other, target, ExportOptions(force=True, verify=False))
+    assert ExportManifest.load(target).model.fingerprint == checkpoint_fingerprint(other)
+    assert replaced.max_diff == {} and leftovers(root) == []
+
+
+def test_destination_rules(tmp_path: Path, exports: dict[str, Any]) -> None:
+    _, result = exports["llada"]
+    fingerprint = result.manifest.model.fingerprint
+    check_destination(tmp_path / "new", fingerprint, force=False)  # absent: fine
+    (tmp_path / "empty").mkdir()
+    check_destination(tmp_path / "empty", fingerprint, force=False)
+    check_destination(result.out, fingerprint, force=False)  # same model: re-export allowed
+    with pytest.raises(ArtifactError, match="another model"):
+        check_destination(result.out, "0" * 64, force=False)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    for force in (False, True):  # never delete a directory that is not an export
+        with pytest.raises(ArtifactError, match="not a seer-deploy export"):
+            check_destination(tmp_path / "notes", fingerprint, force=force)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ArtifactError, match="is a file"):
+        check_destination(tmp_path / "file", fingerprint, force=False)
+
+
+def test_failed_validation_leaves_nothing_behind(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ckpt = write_checkpoint(root, "llada")
+    parent = root / "failing"
+    parent.mkdir()
+
+    def disagree(*args: object, **kwargs: object) -> dict[str, float]:
+        raise ExportValidationError("ONNX Runtime disagrees with torch; step0 confidence: max |diff| 0.5 > 1e-4")
+
+    monkeypatch.setattr(exporter_module, "compare_with_torch", disagree)
+    with pytest.raises(ExportValidationError, match="max \\|diff\\| 0.5"):
+        export_checkpoint(ckpt, parent / "out")
+    assert list(parent.iterdir()) == []
+
+
+def test_interrupted_export_keeps_the_previous_export_intact(
+    exports: dict[str, Any], root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt, result = exports["llama"]
+    before = snapshot(result.out)
+    real_trace = exporter_module.trace_graph
+    calls: list[int] = []
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:  # step0.onnx is already written in the temporary directory
+            raise KeyboardInterrupt
+        return real_trace(*args, **kwargs)
+
+    monkeypatch.setattr(exporter_module, "trace_graph", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_checkpoint(ckpt, result.out)
+    assert snapshot(result.out) == before
+    assert leftovers(result.out.parent) == []
+
+
+def test_bad_settings_are_config_errors(root: Path, tmp_path: Path) -> None:
+    ckpt = write_checkpoint(root, "llada")
+    with pytest.raises(ConfigError, match="opset"):
+        export_checkpoint(ckpt, tmp_path / "a", ExportOptions(opset=11))
+    with pytest.raises(ConfigError, match="exceeds the model's 128"):
+        export_checkpoint(ckpt, tmp_path / "b", ExportOptions(max_seq_len=4096))
+    with pytest.raises(ConfigError, match="2-layer"):
+        export_checkpoint(ckpt, tmp_path / "c", ExportOptions(seer=SeerStats(stats_layers=(5,))))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_seer_config_keys(tmp_path: Path) -> None:
+    file = tmp_path / "seer.json"
+    file.write_text(json.dumps({"stats_layers": [-1], "abs_threshold": 0.1, "detector": "fused", "margin": 4}))
+    stats = load_seer_stats(file)
+    assert stats.spec(4) == StatsSpec((3,), 0.1, 0.05)
+    file.write_text(json.dumps({"rel_threshold": 0.2}))
+    assert load_seer_stats(file).spec(3) == StatsSpec((0, 1, 2), 0.05, 0.2)  # no stats_layers: every layer
+    file.write_text(json.dumps({"stats_layers": []}))
+    assert load_seer_stats(file).spec(3).layers == (2,)  # empty: the last layer, as SeerConfig reads it
+    for bad, match in (({"abs_threshold": -1}, "positive"), ({"stats_layers": "3"}, "list"), ([1], "object")):
+        file.write_text(json.dumps(bad))
+        with pytest.raises(ConfigError, match=match):
+            load_seer_stats(file)
+    file.write_text(json.dumps({"stats_layers": [1, 1]}))
+    with pytest.raises(ConfigError, match="twice"):
+        load_seer_stats(file).spec(3)
+    file.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_seer_stats(file)
+
+
+@pytest.fixture
+def cli_exit(capsys: pytest.CaptureFixture[str]) -> Iterator[Any]:
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        out, err = capsys.readouterr()
+        return int(exc.value.code or 0), out, err
+
+    yield run
+
+
+def test_cli_export_with_a_seer_config(root: Path, tmp_path: Path, cli_exit: Any) -> None:
+    ckpt = write_checkpoint(root, "llama")
+    seer = tmp_path / "seer.json"
+    seer.write_text(json.dumps({"stats_layers": [1], "abs_threshold": 0.02, "rel_threshold": 0.1, "floor": 3.0}))
+    code, out, err = cli_exit(["export", str(ckpt), "--out", str(tmp_path / "x"), "--seer-config", str(seer)])
+    assert code == 0, err
+    assert "exported" in out and "max |diff|" in out
+    m = ExportManifest.load(tmp_path / "x")
+    assert m.seer.stats_layers == [1] and (m.seer.abs_threshold, m.seer.rel_threshold) == (0.02, 0.1)
+    assert m.seer.sparsity_rows == [(1, s) for s in STAT_NAMES]
+    assert m.graphs["step0"].outputs["sparsity"].shape == ["batch", len(STAT_NAMES), "seq"]
+    # The sparsity rows follow the thresholds of the config, computed in the graph.
+    ids = np.array([[10, 15, 3, 1, 4, 13, 12, 12, 12]])
+    got = OrtBackend(tmp_path / "x").step0(ids, None).sparsity
+    model = load_checkpoint(ckpt).model
+    want = model(torch.from_numpy(ids), stats=StatsSpec((1,), 0.02, 0.1)).stats
+    assert want is not None and np.allclose(got, want.reshape(1, 4, -1).numpy(), atol=1e-6)
+    code, _, err = cli_exit(["export", str(ckpt), "--out", str(tmp_path / "y"), "--dtype", "bf16"])
+    assert code == 2 and "bf16" in err and "Traceback" not in err
