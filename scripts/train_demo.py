@@ -34,7 +34,7 @@ from seer_deploy.runtime.reference import GenerationConfig, generate
 MAX_GEN_LENGTH = 256
 # Slot counts per batch (and their weights): mostly short batches, enough long ones to learn long EOS tails.
 SLOT_CHOICES = (48, 96, 160, 256)
-SLOT_WEIGHTS = (0.5, 0.2, 0.15, 0.15)
+SLOT_WEIGHTS = (0.55, 0.2, 0.1, 0.15)
 
 
 def demo_config() -> ModelConfig:

@@ -14,7 +14,7 @@ from pathlib import Path
 DIGITS = [str(d) for d in range(10)]
 TASKS = ("reverse", "sort", "filter", "double", "count")
 VOCAB: list[str] = DIGITS + ["<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "="] + list(TASKS)
-MAX_DIGITS = {"reverse": 32, "sort": 32, "filter": 32, "double": 20, "count": 40}
+MAX_DIGITS = {"reverse": 24, "sort": 24, "filter": 32, "double": 20, "count": 30}
 MAX_PROMPT_TOKENS = 3 + max(MAX_DIGITS.values())  # BOS, task, digits, '='
 MAX_ANSWER_TOKENS = 40
 HELDOUT_SEED = 20_261_202  # held-out prompts; training streams from other seeds
