@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from seer_deploy.models.checkpoint import save_checkpoint
+from seer_deploy.models.checkpoint import load_checkpoint, save_checkpoint
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.demo_tasks import MAX_ANSWER_TOKENS, VOCAB, heldout_examples, sample_example, write_tokenizer
 from seer_deploy.models.llada import MaskPredictor
@@ -98,6 +98,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--init-from", type=Path, default=None, help="continue from this checkpoint's weights")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -108,6 +109,9 @@ def main() -> None:
     write_tokenizer(tmp / "tokenizer.json")
     tok = Tokenizer(tmp / "tokenizer.json", cfg.eos_id)
     model = MaskPredictor(cfg)
+    if args.init_from is not None:
+        model.load_state_dict(load_checkpoint(args.init_from).model.state_dict())
+        model.requires_grad_(True).train()
     print(f"demo model: {model.num_parameters() / 1e6:.2f}M parameters", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = 100
@@ -140,6 +144,7 @@ def main() -> None:
     minutes = (time.time() - start) / 60
     acc64 = evaluate(model, tok, 200, 64)
     print(f"trained {args.steps} steps in {minutes:.1f} min; held-out exact match at gen_length 64: {acc64:.3f}")
+    init = f" --init-from {args.init_from}" if args.init_from else ""
     card = f"""# seer-deploy demo checkpoint
 
 A {model.num_parameters() / 1e6:.2f}M-parameter LLaDA-style mask predictor ({cfg.n_layers} layers, d_model {cfg.d_model},
@@ -148,7 +153,7 @@ A {model.num_parameters() / 1e6:.2f}M-parameter LLaDA-style mask predictor ({cfg
 Stored in LLaDA's original layout (config.json field names and `model.transformer.blocks.N...` weights).
 
 Training: `python scripts/train_demo.py --steps {args.steps} --batch {args.batch} --lr {args.lr} --seed {args.seed} \\
---threads {args.threads}` ({minutes:.1f} minutes on {args.threads} CPU threads). LLaDA's SFT objective with EOS tails of
+--threads {args.threads}{init}` ({minutes:.1f} minutes on {args.threads} CPU threads). LLaDA's SFT objective with EOS tails of
 varying length (up to {MAX_GEN_LENGTH} response slots).
 
 Held-out exact match (reference loop, 200 prompts, steps = gen_length, block_length = gen_length, temperature 0):
