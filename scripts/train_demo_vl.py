@@ -9,7 +9,12 @@ between the answer length and the batch's slot count; slots past it are padding,
 The image reaches the LM exactly as at inference: `<image>` expands to image ids that index the batch's image table
 (`seer_deploy.models.multimodal.embed_with_images`), so training and generation share one code path.
 
+After training, Seer is calibrated for the model (seer.calibrate on pictures drawn from a calibration seed) and the
+config is stored as the checkpoint's seer.json; the card reports exact match and Seer's safe / identical rates on the
+held-out pictures.
+
     python scripts/train_demo_vl.py --out seer_deploy/models/demo_vl     # about 20 minutes on 2 CPU cores
+    python scripts/train_demo_vl.py --out seer_deploy/models/demo_vl --calibrate-only   # recalibrate Seer only
 
 Deterministic for a given seed and thread count.
 """
@@ -17,20 +22,25 @@ Deterministic for a given seed and thread count.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.demo_vl_tasks import (
+    HELDOUT_SEED,
     IMAGE_SIZE,
     MAX_ANSWER_TOKENS,
     VOCAB,
+    VlExample,
     heldout_examples,
     sample_example,
     write_tokenizer,
@@ -42,10 +52,14 @@ from seer_deploy.models.multimodal import (
     MultimodalTokenizer,
     embed_with_images,
     expand_placeholders,
+    load_multimodal,
     save_multimodal_checkpoint,
 )
 from seer_deploy.models.vision import VisionConfig, VisionEncoder
 from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.seer.calibrate import CalibrationOptions, calibrate_model
+from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
+from seer_deploy.seer.metrics import true_lengths
 
 MAX_GEN_LENGTH = 64
 SLOT_CHOICES = (16, 32, 64)
@@ -119,21 +133,71 @@ def make_batch(
 
 
 @torch.no_grad()
+def conditioned(
+    lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalTokenizer, examples: list[VlExample]
+) -> tuple[ImageConditionedModel, list[list[int]]]:
+    """The LM holding these pictures' image table, and the prompts whose image ids point into it."""
+    vcfg = vision.cfg
+    prompts = expand_placeholders(
+        [tok.encode_prompt(e.prompt) for e in examples], [1] * len(examples), vcfg.tokens_per_image,
+        vcfg.image_token_index, lm.cfg.n_embed_rows,
+    )
+    table = vision(torch.from_numpy(pixel_batch([e.image() for e in examples], vcfg.image))).reshape(-1, lm.cfg.d_model)
+    return ImageConditionedModel(lm, table.float()), prompts
+
+
+@torch.no_grad()
 def evaluate(lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalTokenizer, n: int, gen_length: int) -> float:
     """Held-out exact match with the reference loop (steps = gen_length, one block, temperature 0)."""
     lm.eval()
     vision.eval()
     examples = heldout_examples(n)
-    vcfg = vision.cfg
-    prompts = expand_placeholders(
-        [tok.encode_prompt(e.prompt) for e in examples], [1] * n, vcfg.tokens_per_image, vcfg.image_token_index,
-        lm.cfg.n_embed_rows,
-    )
-    table = vision(torch.from_numpy(pixel_batch([e.image() for e in examples], vcfg.image))).reshape(-1, lm.cfg.d_model)
-    out = generate(ImageConditionedModel(lm, table), prompts, GenerationConfig(gen_length=gen_length, steps=gen_length))
+    model, prompts = conditioned(lm, vision, tok, examples)
+    out = generate(model, prompts, GenerationConfig(gen_length=gen_length, steps=gen_length))
     lm.train()
     vision.train()
     return sum(tok.decode_answer(row.tolist()) == e.answer for row, e in zip(out.tokens, examples, strict=True)) / n
+
+
+def calibrate_seer(lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalTokenizer, n: int) -> SeerConfig:
+    """Seer's settings for this model, chosen on pictures of a calibration seed (never the held-out one)."""
+    model, prompts = conditioned(lm.eval(), vision.eval(), tok, heldout_examples(n, seed=HELDOUT_SEED + 1))
+    config = GenerationConfig(gen_length=MAX_GEN_LENGTH, steps=MAX_GEN_LENGTH)
+    return calibrate_model(model, prompts, config, CalibrationOptions(), batch_size=n).config
+
+
+@torch.no_grad()
+def seer_report(
+    lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalTokenizer, seer: SeerConfig, n: int
+) -> dict[str, Any]:
+    """Held-out: exact match at full length and with Seer, safe rate (kept >= the full answer's length),
+    identical rate (Seer's tokens equal full length's up to and including the first EOS), work done."""
+    examples = heldout_examples(n)
+    model, prompts = conditioned(lm.eval(), vision.eval(), tok, examples)
+    config = GenerationConfig(gen_length=MAX_GEN_LENGTH, steps=MAX_GEN_LENGTH)
+    full = generate(model, prompts, config)
+    cut = generate(model, prompts, config, seer=seer)
+    full_tokens, cut_tokens = full.tokens.numpy(), cut.tokens.numpy()
+    true_len = true_lengths(full_tokens, {lm.cfg.eos_id})
+    kept = np.array([r.kept for r in cut.seer or []])
+    upto = np.minimum(true_len + 1, MAX_GEN_LENGTH)
+    identical = [np.array_equal(cut_tokens[i, : upto[i]], full_tokens[i, : upto[i]]) for i in range(n)]
+
+    def exact(tokens: np.ndarray) -> float:
+        return float(np.mean([tok.decode_answer(t.tolist()) == e.answer for t, e in zip(tokens, examples, strict=True)]))
+
+    return {
+        "pictures": n,
+        "gen_length": MAX_GEN_LENGTH,
+        "detector": seer.detector,
+        "margin": seer.margin,
+        "exact_full": exact(full_tokens),
+        "exact_seer": exact(cut_tokens),
+        "safe": float(np.mean(kept >= true_len)),
+        "identical": float(np.mean(identical)),
+        "mean_kept": float(kept.mean()),
+        "tokens_processed_vs_full": cut.tokens_processed / full.tokens_processed,
+    }
 
 
 def main() -> None:
@@ -145,9 +209,20 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--calibration-pictures", type=int, default=400)
+    ap.add_argument("--eval-pictures", type=int, default=400, help="Held-out pictures for the final report.")
+    ap.add_argument("--calibrate-only", action="store_true", help="Recalibrate Seer for the checkpoint at --out.")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
+    if args.calibrate_only:
+        loaded = load_multimodal(args.out)
+        tok = MultimodalTokenizer.for_checkpoint(loaded)
+        seer = calibrate_seer(loaded.lm.model, loaded.vision, tok, args.calibration_pictures)
+        seer.save(args.out / CHECKPOINT_CONFIG_NAME)
+        print(json.dumps(seer_report(loaded.lm.model, loaded.vision, tok, seer, args.eval_pictures), indent=1))
+        print(f"wrote {args.out / CHECKPOINT_CONFIG_NAME}")
+        return
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     cfg, vcfg = demo_vl_configs()
@@ -190,8 +265,11 @@ def main() -> None:
             print(f"  held-out exact match (100 pictures, gen 32): {evaluate(lm, vision, tok, 100, 32):.3f}", flush=True)
 
     minutes = (time.time() - start) / 60
-    acc64 = evaluate(lm, vision, tok, 400, MAX_GEN_LENGTH)
+    acc64 = evaluate(lm, vision, tok, args.eval_pictures, MAX_GEN_LENGTH)
     print(f"trained {args.steps} steps in {minutes:.1f} min; held-out exact match at gen_length 64: {acc64:.3f}")
+    seer = calibrate_seer(lm, vision, tok, args.calibration_pictures)
+    report = seer_report(lm, vision, tok, seer, args.eval_pictures)
+    print(f"seer: {json.dumps(report)}", flush=True)
     s = vcfg.siglip
     card = f"""# seer-deploy demo-vl checkpoint
 
@@ -209,10 +287,18 @@ Training: `python scripts/train_demo_vl.py --steps {args.steps} --batch {args.ba
 --threads {args.threads}` ({minutes:.1f} minutes on {args.threads} CPU threads). LLaDA's SFT objective with EOS tails of
 varying length (up to {MAX_GEN_LENGTH} response slots), vision tower, projector and LM trained together.
 
-Held-out exact match (reference loop, 400 pictures, steps = gen_length = block_length = 64, temperature 0): {acc64:.3f}.
+Held-out exact match (reference loop, {args.eval_pictures} pictures, steps = gen_length = block_length = 64, temperature
+0): {acc64:.3f}.
+
+Seer (`seer.json`, calibrated on {args.calibration_pictures} pictures of another seed; detector `{seer.detector}`, margin
+{seer.margin}) on the {args.eval_pictures} held-out pictures at gen_length 64: safe {report['safe']:.3f}, answers identical to full
+length {report['identical']:.3f}, exact match {report['exact_seer']:.3f} (full length {report['exact_full']:.3f}), mean kept
+{report['mean_kept']:.1f} of 64 slots, {report['tokens_processed_vs_full']:.2f}x the tokens processed at full length.
 """
+    seer_json = json.dumps(seer.to_dict(), indent=1) + "\n"
     save_multimodal_checkpoint(
-        lm, vision, args.out, tokenizer_file=tmp / "tokenizer.json", extra_files={"README.md": card}
+        lm, vision, args.out, tokenizer_file=tmp / "tokenizer.json",
+        extra_files={"README.md": card, CHECKPOINT_CONFIG_NAME: seer_json},
     )
     print(f"wrote {args.out}")
 

@@ -70,6 +70,12 @@ def test_ort_runtime_tokens_equal_torch(exported) -> None:
     torch_backend = run_generation(TorchBackend(model), ids, config, mask_id=cfg.mask_id, pad_id=pad).tokens
     assert np.array_equal(ort_tokens, ref)
     assert np.array_equal(torch_backend, ref)
+    # Truncated runs regroup the rows by kept length; each row still reads its own images.
+    kept = [4, 12, 8]
+    ort_cut = run_generation(backend, ids, config, mask_id=cfg.mask_id, pad_id=pad, kept_lengths=kept, eos_id=cfg.eos_id)
+    ref_cut = generate(model, ids, config, kept_lengths=kept).tokens.numpy()
+    assert np.array_equal(ort_cut.tokens, ref_cut)
+    assert [r.kept for r in ort_cut.seer or []] == kept
 
 
 def test_ort_backend_refuses_ids_past_its_table(exported) -> None:

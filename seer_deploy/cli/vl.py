@@ -23,6 +23,7 @@ from seer_deploy.errors import ConfigError, SeerDeployError
 from seer_deploy.export.manifest import MANIFEST_FILE
 from seer_deploy.models.image import load_image, pixel_batch
 from seer_deploy.models.multimodal import (
+    DEMO_VL_NAME,
     IMAGE_TOKEN,
     ImageConditionedModel,
     MultimodalTokenizer,
@@ -79,13 +80,48 @@ def is_export_dir(target: str) -> bool:
     return Path(target).is_dir() and (Path(target) / MANIFEST_FILE).is_file()
 
 
+def wants_vl(target: str, images: Sequence[str]) -> bool:
+    """Whether `generate` should take the multimodal path: images were given, or TARGET is demo-vl or a
+    multimodal export (a multimodal checkpoint without images also runs text-only through the text path)."""
+    if images or target == DEMO_VL_NAME:
+        return True
+    if is_export_dir(target):
+        from seer_deploy.export.vision import MULTIMODAL_KEY
+
+        try:
+            raw = json.loads((Path(target) / MANIFEST_FILE).read_text())
+        except (OSError, ValueError):
+            return False  # the export loader reports a broken manifest
+        return isinstance(raw, dict) and isinstance(raw.get("extra"), dict) and MULTIMODAL_KEY in raw["extra"]
+    return False
+
+
 def checkpoint_seer(target: str) -> SeerConfig | None:
-    """The calibrated Seer config stored in a multimodal checkpoint (demo-vl's included), or None."""
+    """The calibrated Seer config of a multimodal checkpoint (demo-vl's included) or of an export's checkpoint."""
     try:
+        if is_export_dir(target):
+            raw = json.loads((Path(target) / MANIFEST_FILE).read_text())
+            target = str(raw["model"]["source"])
         file = resolve_multimodal(target) / CHECKPOINT_CONFIG_NAME
-    except SeerDeployError:  # an unknown target is reported by the loader, not here
+    except (SeerDeployError, KeyError, TypeError, json.JSONDecodeError):  # the loaders report bad targets
         return None
     return SeerConfig.load(file) if file.is_file() else None
+
+
+def resolve_seer_vl(
+    target: str, use_seer: bool | None, seer_config: Path | None, warn: Callable[[str], None] = print
+) -> SeerConfig | None:
+    """--seer/--no-seer and --seer-config for multimodal targets: the file given, else the checkpoint's seer.json."""
+    if use_seer is False:
+        return None
+    if seer_config is not None:
+        return SeerConfig.load(seer_config)
+    found = checkpoint_seer(target)
+    if found is None and use_seer:
+        warn("warning: no calibrated Seer config for this checkpoint; using the built-in defaults "
+             "(calibrate one for a safe margin)")
+        return SeerConfig()
+    return found
 
 
 def generate_vl(
@@ -136,11 +172,6 @@ def _generate_ort(
     from seer_deploy.models.image import ImageConfig
     from seer_deploy.runtime.loop import run_generation
 
-    if seer is not None:
-        raise ConfigError(
-            "Seer on an ONNX Runtime export needs the runtime's Seer loop, which this build lacks; pass --no-seer "
-            "or give the checkpoint directory (torch) as TARGET"
-        )
     backend = MultimodalOrtBackend(target)
     cfg = backend.manifest.model_config()
     source = backend.manifest.model.source
@@ -154,11 +185,14 @@ def _generate_ort(
     embeds = backend.encode_images(pixel_batch(pictures, image_cfg))
     backend.set_image_table([embeds])
     pad = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
-    result = run_generation(backend, prompts, config, mask_id=cfg.mask_id, pad_id=pad, seed=seed)
+    result = run_generation(
+        backend, prompts, config, mask_id=cfg.mask_id, pad_id=pad, seed=seed, seer=seer, eos_id=cfg.eos_id
+    )
     seconds = time.perf_counter() - start
+    reports: list[SeerReport | None] = list(result.seer) if result.seer else [None] * len(texts)
     answers = [
-        VlAnswer(text, paths, tok.decode_answer(row.tolist()), row.tolist())
-        for text, paths, row in zip(texts, per_prompt, result.tokens, strict=True)
+        VlAnswer(text, paths, tok.decode_answer(row.tolist()), row.tolist(), report)
+        for text, paths, row, report in zip(texts, per_prompt, result.tokens, reports, strict=True)
     ]
     return VlRun(answers, backend.name, result.steps_run, result.tokens_processed, seconds)
 
