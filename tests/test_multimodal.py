@@ -24,6 +24,7 @@ from seer_deploy.models.multimodal import (
     embed_with_images,
     expand_placeholders,
     image_table,
+    is_multimodal_checkpoint,
     load_multimodal,
     save_multimodal_checkpoint,
     vision_config_from_dict,
@@ -118,6 +119,12 @@ def test_round_trip_gives_identical_embeddings_and_logits(tiny_vl) -> None:
     assert torch.equal(loaded.lm.model(ids).logits, lm(ids).logits)
     # The text-only loader reads the same checkpoint and ignores the vision weights.
     assert torch.equal(load_checkpoint(path).model(ids).logits, lm(ids).logits)
+
+
+def test_multimodal_checkpoints_are_told_apart(tiny_vl, make_checkpoint) -> None:
+    path, _, _ = tiny_vl
+    assert is_multimodal_checkpoint(path) and is_multimodal_checkpoint("demo-vl")
+    assert not is_multimodal_checkpoint(make_checkpoint("llama")) and not is_multimodal_checkpoint("demo")
 
 
 def test_features_come_from_the_selected_siglip_layer(tiny_vl) -> None:

@@ -80,6 +80,20 @@ def is_multimodal(raw: dict[str, Any]) -> bool:
     return bool(raw.get("mm_vision_tower") or raw.get("vision_tower") or isinstance(raw.get("vision_config"), dict))
 
 
+def is_multimodal_checkpoint(name_or_path: str | os.PathLike[str]) -> bool:
+    """True for 'demo-vl' and checkpoint directories whose config.json describes a vision tower."""
+    if str(name_or_path) == DEMO_VL_NAME:
+        return True
+    path = Path(name_or_path).expanduser()
+    if not (path / "config.json").is_file():
+        return False
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False  # the loaders report a malformed config.json
+    return isinstance(raw, dict) and is_multimodal(raw)
+
+
 def _tower_fields(raw: dict[str, Any], path: Path | None) -> dict[str, Any]:
     name = raw.get("mm_vision_tower") or raw.get("vision_tower")
     vc = raw.get("vision_config")
