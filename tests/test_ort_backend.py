@@ -65,7 +65,7 @@ def test_backend_reports_the_manifest(backends: tuple[OrtBackend, TorchBackend],
 def test_step0_matches_torch(backends: tuple[OrtBackend, TorchBackend], exported: tuple[MaskPredictor, Path]) -> None:
     ort_backend, torch_backend = backends
     cfg = exported[0].cfg
-    for B, S, seed in ((1, 5, 0), (3, 40, 1), (8, 128, 2)):
+    for B, S, seed in ((2, 1, 3), (1, 5, 0), (3, 40, 1), (8, 128, 2)):
         ids, mask = batch(cfg.vocab_size, cfg.mask_id, B, S, seed)
         got, want = ort_backend.step0(ids, mask), torch_backend.step0(ids, mask)
         assert got.token_ids.dtype == np.int64 and got.sparsity.dtype == np.float32
@@ -219,6 +219,29 @@ def test_damaged_exports_are_refused(exported: tuple[MaskPredictor, Path], tmp_p
         OrtBackend(copy, CPU)
     with pytest.raises(ArtifactError, match="does not exist"):
         OrtBackend(tmp_path / "nowhere", CPU)
+
+
+def test_shared_weights_give_the_same_outputs_from_one_copy(
+    backends: tuple[OrtBackend, TorchBackend], exported: tuple[MaskPredictor, Path]
+) -> None:
+    import onnx
+
+    ort_backend, _ = backends
+    model, out = exported
+    shared = OrtBackend(out, OrtSessionOptions(providers=("CPUExecutionProvider",), share_weights=True))
+    # One OrtValue per distinct tensor of weights.bin, used by both sessions.
+    step0_refs = {
+        (e.value for e in init.external_data if e.key == "offset").__next__()
+        for init in onnx.load(str(out / "step0.onnx"), load_external_data=False).graph.initializer
+        if init.data_location == onnx.TensorProto.EXTERNAL
+    }
+    assert len(shared._shared) == len(step0_refs) > 0
+    ids, mask = batch(model.cfg.vocab_size, model.cfg.mask_id, 3, 30, 4)
+    for a, b in zip(shared.step0(ids, mask), ort_backend.step0(ids, mask), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(shared.step(ids, mask, 1.0, 3).token_ids, ort_backend.step(ids, mask, 1.0, 3).token_ids)
+    with pytest.raises(ConfigError, match="share_weights needs the CPU provider"):
+        OrtBackend(out, OrtSessionOptions(providers=("AzureExecutionProvider", "CPUExecutionProvider"), share_weights=True))
 
 
 def test_session_options(tmp_path: Path) -> None:

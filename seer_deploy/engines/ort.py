@@ -39,6 +39,9 @@ class OrtSessionOptions:
     inter_op_threads: int = 0
     graph_optimization: GraphOptimization = "all"
     verify_hashes: bool = True  # compare the .onnx files with the manifest's sha256 on load (they are small)
+    # CPU only: both sessions read one memory-mapped copy of weights.bin instead of a copy each. Weight prepacking
+    # is turned off for that, so matmuls get somewhat slower: for models whose two copies would not fit in memory.
+    share_weights: bool = False
 
     def resolved_providers(self) -> list[str]:
         available = ort.get_available_providers()
@@ -86,6 +89,12 @@ class OrtBackend:
         self.manifest = ExportManifest.load(self.export_dir)
         self._check_files()
         providers = self.options.resolved_providers()
+        if self.options.share_weights and providers[0] != CPU:
+            raise ConfigError(
+                f"share_weights needs the CPU provider (sessions on {providers[0]} copy weights to the device each); "
+                "turn it off or choose providers=('CPUExecutionProvider',)"
+            )
+        self._shared: dict[tuple[int, int, int, tuple[int, ...]], ort.OrtValue] = {}  # outlives the sessions
         self._sessions = {name: self._session(name, providers) for name in ("step0", "step")}
         active = self._sessions["step"].get_providers()
         self.providers: list[str] = active
@@ -116,16 +125,36 @@ class OrtBackend:
 
     def _session(self, name: str, providers: list[str]) -> ort.InferenceSession:
         graph = self.manifest.graphs[name]
+        so = self.options.session_options()
+        if self.options.share_weights:
+            self._add_shared_initializers(so, self.export_dir / graph.file)
         # By path, never by bytes: external data is resolved next to the file and protobuf's 2 GB limit never applies.
-        session = ort.InferenceSession(
-            str(self.export_dir / graph.file), sess_options=self.options.session_options(), providers=providers
-        )
+        session = ort.InferenceSession(str(self.export_dir / graph.file), sess_options=so, providers=providers)
         got = sorted(i.name for i in session.get_inputs())
         if got != sorted(graph.inputs):
             raise ArtifactError(
                 f"{graph.file} takes inputs {got}, but the manifest lists {sorted(graph.inputs)}; re-run `seer-deploy export`"
             )
         return session
+
+    def _add_shared_initializers(self, so: ort.SessionOptions, graph_file: Path) -> None:
+        """Hand the session every external initializer as a view of one read-only memory map of weights.bin."""
+        import onnx
+
+        weights = np.memmap(self.export_dir / self.manifest.weights.file, dtype=np.uint8, mode="r")
+        proto = onnx.load(str(graph_file), load_external_data=False)
+        for init in proto.graph.initializer:
+            if init.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            ext = {e.key: e.value for e in init.external_data}
+            offset, length = int(ext.get("offset", 0)), int(ext["length"])
+            key = (offset, length, init.data_type, tuple(init.dims))
+            if key not in self._shared:
+                dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
+                array = weights[offset : offset + length].view(dtype).reshape(tuple(init.dims))
+                self._shared[key] = ort.OrtValue.ortvalue_from_numpy(array)
+            so.add_initializer(init.name, self._shared[key])
+        so.add_session_config_entry("session.disable_prepacking", "1")
 
     def _feed(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> dict[str, np.ndarray]:
         ids = np.asarray(input_ids)
