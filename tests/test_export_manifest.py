@@ -1,0 +1,119 @@
+"""manifest.json of an export: a round trip, and a clear ArtifactError for every way it can be wrong."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import tiny_config
+
+from seer_deploy.errors import ArtifactError
+from seer_deploy.export import sampling
+from seer_deploy.export.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    ExportManifest,
+    GraphSpec,
+    ModelSpec,
+    SeerSpec,
+    TensorSpec,
+    WeightsSpec,
+)
+from seer_deploy.models.llada import STAT_NAMES
+
+BS: list[int | str] = ["batch", "seq"]
+
+
+def manifest() -> ExportManifest:
+    cfg = tiny_config()
+    ids = {"input_ids": TensorSpec("int64", BS), "attention_mask": TensorSpec("int64", BS)}
+    return ExportManifest(
+        model=ModelSpec("/ckpt", "llama", "ab" * 32, cfg.to_dict()),
+        special_ids={"mask": cfg.mask_id, "eos": cfg.eos_id, "pad": cfg.pad_id, "bos": cfg.bos_id, "eot": None},
+        dtype="fp16",
+        opset=20,
+        max_seq_len=96,
+        graphs={
+            "step0": GraphSpec("step0.onnx", "1" * 64, ids, {"sparsity": TensorSpec("float32", ["batch", 4, "seq"])}),
+            "step": GraphSpec("step.onnx", "2" * 64, ids, {"token_ids": TensorSpec("int64", BS)}),
+        },
+        seer=SeerSpec([1], list(STAT_NAMES), 0.05, 0.1, [(1, s) for s in STAT_NAMES]),
+        sampling=sampling.manifest_entry(),
+        versions={"seer_deploy": "0.1.0"},
+        weights=WeightsSpec("weights.bin", "3" * 64, 1234),
+    )
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    m = manifest()
+    path = m.save(tmp_path)
+    assert path == tmp_path / MANIFEST_FILE and [p.name for p in tmp_path.iterdir()] == [MANIFEST_FILE]
+    loaded = ExportManifest.load(tmp_path)
+    assert loaded == m
+    assert loaded.model_config() == tiny_config()
+    raw = json.loads(path.read_text())
+    assert raw["format"] == "seer-deploy-export" and raw["format_version"] == FORMAT_VERSION
+    assert raw["seer"]["sparsity_rows"][0] == [1, STAT_NAMES[0]]
+
+
+def _edit(raw: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for key in parents:
+        raw = raw[key]
+    if value is _DELETE:
+        del raw[last]
+    else:
+        raw[last] = value
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("format", "something-else", "not a seer-deploy export manifest"),
+        ("format_version", FORMAT_VERSION + 1, "newer than this seer-deploy understands.*upgrade"),
+        ("format_version", "1", "'format_version' must be an integer"),
+        ("graphs.step.sha256", _DELETE, "'graphs.step.sha256' is missing"),
+        ("graphs.step0", _DELETE, "'graphs.step0' is missing"),
+        ("graphs.step0.inputs.input_ids", [1], "must be an object with dtype and shape"),
+        ("dtype", "bf16", "dtype 'bf16' is not one of fp32, fp16"),
+        ("model.layout", "gpt", "model.layout 'gpt'"),
+        ("model.config.n_layers", _DELETE, "not a valid model configuration"),
+        ("model.config.d_model", 30, "not a valid model configuration"),
+        ("special_ids.eot", _DELETE, "special_ids lacks eot"),
+        ("seer.sparsity_rows", [[1]], "sparsity_rows must be"),
+        ("seer.abs_threshold", "low", "'seer.abs_threshold' must be a number"),
+        ("weights", _DELETE, "'weights' is missing"),
+        ("max_seq_len", True, "'max_seq_len' must be an integer"),
+    ],
+)
+def test_bad_manifests_name_the_problem(tmp_path: Path, path: str, value: Any, message: str) -> None:
+    raw = manifest().to_dict()
+    _edit(raw, path, value)
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(raw))
+    with pytest.raises(ArtifactError, match=message):
+        ExportManifest.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda d: None, "has no manifest.json: it is not a seer-deploy export"),
+        (lambda d: (d / MANIFEST_FILE).write_text("{oops"), "is not valid JSON"),
+        (lambda d: (d / MANIFEST_FILE).write_text("[1, 2]"), "expected a JSON object"),
+    ],
+)
+def test_missing_or_unreadable_manifest(tmp_path: Path, setup: Callable[[Path], object], message: str) -> None:
+    setup(tmp_path)
+    with pytest.raises(ArtifactError, match=message):
+        ExportManifest.load(tmp_path)
+
+
+def test_missing_directory(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match="does not exist.*seer-deploy export"):
+        ExportManifest.load(tmp_path / "nowhere")
