@@ -10,7 +10,7 @@ so a checkpoint that stores the unused last layer (or, like LLaVA-OneVision's, d
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -61,7 +61,6 @@ class VisionConfig:
     projector_type: str = "mlp2x_gelu"
     patch_merge_type: str = "flat"  # 'unpad' in it: one learned image_newline vector after each image's patches
     image_token_index: int = -200  # the prompt placeholder (LLaVA's IMAGE_TOKEN_INDEX)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "image_size", "patch_size") if k not in self.siglip]
