@@ -23,8 +23,9 @@ from seer_deploy.errors import ConfigError
 from seer_deploy.runtime.backend import Backend, Step0Output, StepOutput
 from seer_deploy.runtime.loopcore import LoopCore, active_core
 from seer_deploy.runtime.reference import GenerationConfig
+from seer_deploy.runtime.scheduler import run_hybrid
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.seer.plan import SeerReport, group_rows, plan_batch
+from seer_deploy.seer.plan import SeerReport, plan_batch
 
 
 @dataclass
@@ -265,8 +266,9 @@ def _run_truncated(
     seer: SeerConfig | None,
     kept_lengths: Sequence[int] | None,
 ) -> LoopResult:
-    """Seer after step zero: plan every request (seer.plan decides), run each group of equal plans on its own
-    prompt + kept length (padded to the group's longest prompt), and fill the cut tails with EOS."""
+    """Seer after step zero: plan every request (seer.plan decides), run the rows in the groups the batch scheduler
+    chooses (runtime.scheduler: each row on its own prompt + kept length and schedule), and fill the cut tails with
+    EOS."""
     config = ctx.config
     G = config.gen_length
     responses = state.responses.copy()
@@ -283,16 +285,13 @@ def _run_truncated(
         block_length=config.block_length,
         kept_lengths=kept_lengths,
     )
-    tokens = np.full((len(prompts), G), eos_id, dtype=np.int64)
-    steps_run, tokens_processed = state.steps_run, state.tokens_processed
-    for blocks, rows in group_rows(plans):
-        kept = blocks[-1].end
-        sub = start_state([prompts[b] for b in rows], np.ascontiguousarray(responses[rows, :kept]), pad_id)
-        run_blocks(ctx, sub, blocks)
-        tokens[rows, :kept] = sub.responses
-        steps_run += sub.steps_run
-        tokens_processed += sub.tokens_processed
+    hybrid = run_hybrid(ctx, prompts, responses, plans, pad_id=pad_id, eos_id=eos_id)
     reports = [
         SeerReport.from_plan(plan, len(prompts[b]), forced=kept_lengths is not None) for b, plan in enumerate(plans)
     ]
-    return LoopResult(tokens=tokens, steps_run=steps_run, tokens_processed=tokens_processed, seer=reports)
+    return LoopResult(
+        tokens=hybrid.tokens,
+        steps_run=state.steps_run + hybrid.steps_run,
+        tokens_processed=state.tokens_processed + hybrid.tokens_processed,
+        seer=reports,
+    )
