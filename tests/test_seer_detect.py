@@ -121,7 +121,7 @@ def test_eos_detector_respects_its_floor() -> None:
     assert detect_eos(weak, EOS, SeerConfig(eos_floor=0.3)).position == 12
 
 
-def test_fused_is_never_earlier_than_either_confident_detector() -> None:
+def test_fused_cuts_where_eos_is_confident_never_before_either_boundary() -> None:
     cfg = SeerConfig(detector="fused")
     p = profile(stepped(128, 60, 0.2, 0.01, 0), boundary=40)
     e, s, f = detect_eos(p, EOS, cfg), detect_sparsity(p, cfg), detect(p, cfg, EOS)
@@ -129,6 +129,9 @@ def test_fused_is_never_earlier_than_either_confident_detector() -> None:
     q = profile(stepped(128, 60, 0.0, 0.01, 0), boundary=40)  # no sparsity step: only EOS is confident
     assert detect(q, cfg, EOS).position == 40
     assert fuse(detect_eos(profile(np.zeros((4, 64))), EOS, cfg), detect_sparsity(q, cfg)).position is None
+    # No confident EOS boundary: no cut, even where the sparsity step alone is clear.
+    r = profile(stepped(128, 60, 0.2, 0.01, 0), boundary=None)
+    assert detect_sparsity(r, cfg).position == 60 and detect(r, cfg, EOS).position is None
 
 
 @settings(max_examples=150, deadline=None)

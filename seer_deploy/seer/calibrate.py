@@ -190,7 +190,8 @@ def boundaries(data: StepZeroSet, config: SeerConfig, eos_id: int, detector: str
     return out
 
 
-def _candidates(found: list[Boundary]) -> tuple[np.ndarray, np.ndarray]:
+def candidates(found: list[Boundary]) -> tuple[np.ndarray, np.ndarray]:
+    """Each boundary's best position (-1 = none) and confidence, as arrays."""
     cand = np.array([-1 if b.candidate is None else b.candidate for b in found])
     conf = np.array([b.confidence for b in found])
     return cand, conf
@@ -233,7 +234,7 @@ def calibrate(
     eos_best: tuple[float, SeerConfig] | None = None
     for tol in options.eos_tolerances:
         cfg = base.with_(detector="eos", eos_tolerance=tol, eos_floor=0.0)
-        cand, conf = _candidates(boundaries(dcal, cfg, eos_id, "eos"))
+        cand, conf = candidates(boundaries(dcal, cfg, eos_id, "eos"))
         floor, margin, mean_kept = choose_floor_margin(cand, conf, tcal, G, target, mm)
         if eos_best is None or mean_kept < eos_best[0] - 1e-9:
             eos_best = (mean_kept, cfg.with_(eos_floor=floor if floor < NEVER else 1.01, margin=margin))
@@ -249,7 +250,7 @@ def calibrate(
             for score in ("t", "snr"):
                 for trend_term in (False, True):
                     cfg = fitted.with_(detector="sparsity", score=score, trend_term=trend_term, floor=0.0)
-                    cand, conf = _candidates(boundaries(dcal, cfg, eos_id, "sparsity"))
+                    cand, conf = candidates(boundaries(dcal, cfg, eos_id, "sparsity"))
                     floor, margin, mean_kept = choose_floor_margin(cand, conf, tcal, G, target, mm)
                     if sp_best is None or mean_kept < sp_best[0] - 1e-9:
                         label = f"{name} @ abs {thresholds[0]} / rel {thresholds[1]}, score {score}, drift {trend_term}"
@@ -261,7 +262,7 @@ def calibrate(
     fused_cfg = sp_cfg.with_(
         detector="fused", eos_tolerance=eos_cfg.eos_tolerance, eos_floor=eos_cfg.eos_floor, margin=0
     )
-    cand, _ = _candidates(boundaries(dcal, fused_cfg, eos_id, "fused"))
+    cand, _ = candidates(boundaries(dcal, fused_cfg, eos_id, "fused"))
     _, margin, _ = choose_floor_margin(cand, np.zeros(cand.size), tcal, G, target, mm, floors=[0.0])
     fused_cfg = fused_cfg.with_(margin=margin)
 

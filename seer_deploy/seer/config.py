@@ -24,6 +24,11 @@ DEMO_CONFIG_FILE = Path(__file__).with_name("demo_seer.json")
 CHECKPOINT_CONFIG_NAME = "seer.json"  # a calibration stored inside a checkpoint directory
 
 
+def _short(value: float) -> float:
+    """Seven significant digits: keeps the JSON small and round trips to within float32 precision."""
+    return float(f"{value:.7g}")
+
+
 @dataclass(frozen=True)
 class Trend:
     """The positional trend of each pooled sparsity row at one gen_length, estimated at calibration.
@@ -37,7 +42,11 @@ class Trend:
     scale: tuple[float, ...]  # [R]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gen_length": self.gen_length, "mean": [list(r) for r in self.mean], "scale": list(self.scale)}
+        return {
+            "gen_length": self.gen_length,
+            "mean": [[_short(v) for v in r] for r in self.mean],
+            "scale": [_short(v) for v in self.scale],
+        }
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Trend:

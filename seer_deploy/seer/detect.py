@@ -9,7 +9,7 @@ response's profile, so the torch, ONNX Runtime and TensorRT paths share them.
   step between the two sides over the pooled spread. Optionally a linear drift is fitted together with the step, so
   a smooth trend is not mistaken for a step. The best split wins; its score is the confidence.
 * `eos`: the first position predicted EOS after which EOS keeps winning (up to `eos_tolerance` strays).
-* `fused`: the later of the two boundaries, so the cut is never earlier than either detector's.
+* `fused`: cuts only where the EOS detector is confident, at the later of the two confident boundaries.
 """
 
 from __future__ import annotations
@@ -148,12 +148,14 @@ def detect_eos(profile: ResponseProfile, eos_id: int, config: SeerConfig) -> Bou
 
 
 def fuse(eos: Boundary, sparsity: Boundary) -> Boundary:
-    """Both pieces of evidence: the later of the confident boundaries; no cut when neither is confident."""
-    confident = [b for b in (eos, sparsity) if b.position is not None]
-    if not confident:
-        return Boundary("fused", None, 0.0, None)
-    later = max(confident, key=lambda b: b.position or 0)
-    return Boundary("fused", later.position, later.confidence, later.position)
+    """EOS gates, sparsity extends: cut only where the EOS detector is confident, at the later of its boundary and a
+    confident sparsity boundary. So the cut is never earlier than either confident boundary, and never made where
+    the more reliable EOS evidence is unclear (where the sparsity detector alone might still cut)."""
+    if eos.position is None:
+        return Boundary("fused", None, eos.confidence, eos.candidate)
+    position = max(eos.position, sparsity.position or 0)
+    confidence = eos.confidence if position == eos.position else sparsity.confidence
+    return Boundary("fused", position, confidence, position)
 
 
 def detect(profile: ResponseProfile, config: SeerConfig, eos_id: int) -> Boundary:

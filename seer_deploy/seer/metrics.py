@@ -33,14 +33,14 @@ def position_matched_auc(values: np.ndarray, true_len: np.ndarray) -> float:
         if a.size == 0 or b.size == 0:
             continue
         both = np.concatenate([a, b])
-        ranks = _average_ranks(both)
+        ranks = average_ranks(both)
         u = ranks[a.size :].sum() - b.size * (b.size + 1) / 2  # Mann-Whitney U of the padding side
         wins += u
         pairs += a.size * b.size
     return wins / pairs if pairs else 0.5
 
 
-def _average_ranks(x: np.ndarray) -> np.ndarray:
+def average_ranks(x: np.ndarray) -> np.ndarray:
     """1-based ranks with ties sharing their average rank."""
     order = np.argsort(x, kind="stable")
     ranks = np.empty(x.size)
@@ -50,6 +50,15 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
         sums = np.bincount(inverse, weights=ranks)
         ranks = (sums / counts)[inverse]
     return ranks
+
+
+def mixed_auc(values: np.ndarray, pad: np.ndarray) -> float:
+    """P(padding value > answer value) over all positions mixed: what a positional drift alone can give away."""
+    v, p = np.asarray(values, dtype=np.float64).reshape(-1), np.asarray(pad, dtype=bool).reshape(-1)
+    n1, n0 = int(p.sum()), int((~p).sum())
+    if n1 == 0 or n0 == 0:
+        return 0.5
+    return float((average_ranks(v)[p].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
 @dataclass(frozen=True)
