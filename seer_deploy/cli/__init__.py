@@ -45,6 +45,9 @@ def _register() -> None:
     from seer_deploy.cli import export
 
     cli.add_command(export.command)
+    from seer_deploy.cli import bench
+
+    cli.add_command(bench.command)
 
 
 def main(argv: list[str] | None = None) -> None:

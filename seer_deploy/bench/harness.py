@@ -1,0 +1,270 @@
+"""`seer-deploy bench`: every row on the same held-out demo prompts, for each gen_length and batch size, plus the
+cost-scaling workload; returns one `BenchResult` with every measurement.
+
+Setup (`prepare_bench`) opens the checkpoint, finds its calibrated Seer config, exports it once into the work dir
+and opens the ONNX Runtime (and, with a GPU and TensorRT, a TensorRT engine) backend; `run_bench` then measures.
+Generation is greedy with steps = gen_length in one block (LLaDA's default), so every row's tokens are
+deterministic and the rows differ only in how much work they do and where.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seer_deploy.bench.machine import describe_machine
+from seer_deploy.bench.measure import RowTiming, measure_row
+from seer_deploy.bench.results import BenchResult, RowResult
+from seer_deploy.bench.rows import ROW_DESCRIPTIONS, Runner, loop_row, oracle_row, reference_row
+from seer_deploy.bench.scaling import SCALING_BACKENDS, ScalingSettings, run_scaling
+from seer_deploy.errors import ConfigError
+from seer_deploy.models.demo_tasks import Example, heldout_examples
+from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.tokenizer import Tokenizer
+from seer_deploy.runtime.backend import Backend
+from seer_deploy.runtime.reference import GenerationConfig
+from seer_deploy.runtime.targets import TargetInfo, TargetOptions, open_target, target_kind
+from seer_deploy.seer.config import SeerConfig
+from seer_deploy.seer.metrics import true_lengths
+
+Progress = Callable[[str], None]  # called once per unit of work with what it was
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What `seer-deploy bench` measures. Defaults finish in under 10 minutes on 2 CPU cores."""
+
+    target: str = "demo"
+    gen_lengths: tuple[int, ...] = (64, 128, 256)
+    batch_sizes: tuple[int, ...] = (1, 8)
+    prompts: int = 8  # held-out demo prompts per setting
+    repeats: int = 3  # timed passes per row and setting (after one warm-up batch); medians are reported
+    threads: int = 0  # torch and ONNX Runtime intra-op threads; 0 = each library's default
+    scaling: ScalingSettings | None = field(default_factory=ScalingSettings)  # None: skip the cost-scaling workload
+    tensorrt: bool = True  # add TensorRT rows when a GPU and TensorRT are present
+
+    def validate(self) -> None:
+        if not self.gen_lengths or any(g < 1 for g in self.gen_lengths):
+            raise ConfigError(f"--gen-lengths {list(self.gen_lengths)}: give positive lengths, e.g. 64,128,256")
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise ConfigError(f"--batch-sizes {list(self.batch_sizes)}: give positive batch sizes, e.g. 1,8")
+        if self.prompts < 1:
+            raise ConfigError(f"--prompts must be >= 1, got {self.prompts}")
+        if self.repeats < 1:
+            raise ConfigError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.threads < 0:
+            raise ConfigError(f"--threads must be >= 0 (0 = the libraries' default), got {self.threads}")
+        if self.scaling is not None:
+            self.scaling.validate()
+
+
+@dataclass
+class Prepared:
+    """Everything the measurements need, opened once."""
+
+    settings: BenchSettings
+    model: MaskPredictor
+    info: TargetInfo  # the checkpoint's ids and tokenizer
+    tokenizer: Tokenizer
+    seer: SeerConfig
+    seer_source: str  # 'calibrated' or 'defaults'
+    examples: list[Example]
+    prompts: list[list[int]]
+    backends: dict[str, tuple[Backend, TargetInfo]]  # 'ort', 'torch-seer', 'trt' -> backend and its ids
+    export_seconds: float
+    skipped: list[dict[str, str]]
+    notes: list[str]
+    work_dir: Path
+
+    def rows(self) -> list[str]:
+        names = ["reference", "ort-full", "ort-seer", "ort-oracle", "torch-seer"]
+        return names + (["trt-full", "trt-seer"] if "trt" in self.backends else [])
+
+    @property
+    def units(self) -> int:
+        """Progress units of `run_bench`: per row and setting a warm-up and each timed pass; the scaling workload's
+        export and each of its timed (backend, length) points."""
+        s = self.settings
+        units = len(s.gen_lengths) * len(s.batch_sizes) * len(self.rows()) * (1 + s.repeats)
+        if s.scaling is not None:
+            units += 1 + len(s.scaling.lengths) * len(SCALING_BACKENDS)
+        return units
+
+
+def _tensorrt_ready() -> str | None:
+    """None when TensorRT rows can run, else why not."""
+    from seer_deploy.engines.tensorrt_engine import tensorrt_available
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU on this machine"
+    if not tensorrt_available():
+        return "the TensorRT Python bindings are not installed (pip install tensorrt)"
+    return None
+
+
+def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambda _: None) -> Prepared:
+    """Open the checkpoint, resolve Seer, export once into `work_dir` and open the exported backends."""
+    from seer_deploy.export.exporter import export_checkpoint
+    from seer_deploy.export.options import ExportOptions, SeerStats
+    from seer_deploy.runtime.torch_backend import TorchBackend
+
+    settings.validate()
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    if target_kind(settings.target) != "checkpoint":
+        raise ConfigError(
+            f"TARGET '{settings.target}' is an export or engine directory; bench needs the checkpoint (for the torch "
+            f"reference row and its own export): give 'demo' or a checkpoint directory"
+        )
+    say(f"loading {settings.target}")
+    torch_backend, info = open_target(settings.target, "torch")
+    assert isinstance(torch_backend, TorchBackend)  # a checkpoint opens as torch
+    model = torch_backend.model
+    cfg = model.cfg
+    notes: list[str] = []
+    calibrated = info.seer_config()
+    seer = calibrated if calibrated is not None else SeerConfig()
+    seer_source = "calibrated" if calibrated is not None else "defaults"
+    if calibrated is None:
+        notes.append(f"no calibrated Seer config for {settings.target}: Seer ran with the built-in defaults "
+                     f"({seer.detector} detector, margin {seer.margin}); run `seer-deploy calibrate` for a safe margin")
+    tokenizer = info.tokenizer()
+    examples = heldout_examples(settings.prompts)
+    prompts = [tokenizer.encode_prompt(e.prompt) for e in examples]
+    longest = max(len(p) for p in prompts) + max(settings.gen_lengths)
+    if longest > cfg.max_seq_len:
+        raise ConfigError(
+            f"the longest prompt ({max(len(p) for p in prompts)} tokens) + gen_length {max(settings.gen_lengths)} "
+            f"= {longest} exceeds the model's {cfg.max_seq_len} positions; lower --gen-lengths"
+        )
+    say(f"exporting {settings.target} to ONNX (once for this run)")
+    start = time.perf_counter()
+    stats = SeerStats(stats_layers=seer.stats_layers, abs_threshold=seer.abs_threshold,
+                      rel_threshold=seer.rel_threshold)
+    export = export_checkpoint(settings.target, work_dir / "export", ExportOptions(seer=stats))
+    export_seconds = time.perf_counter() - start
+    options = TargetOptions(threads=settings.threads or None)
+    backends: dict[str, tuple[Backend, TargetInfo]] = {
+        "ort": open_target(str(export.out), "ort", options),
+        "torch-seer": (TorchBackend(model, seer.stats_spec(cfg.n_layers)), info),
+    }
+    skipped: list[dict[str, str]] = []
+    why = _tensorrt_ready() if settings.tensorrt else "not asked for (--no-tensorrt)"
+    if why is None:
+        from seer_deploy.engines.build import BuildOptions, build_engines
+
+        say("building a TensorRT engine from the export")
+        engine = build_engines(export.out, work_dir / "trt-engine",
+                               BuildOptions(backend="tensorrt", max_batch=max(settings.batch_sizes),
+                                            max_gen_length=max(settings.gen_lengths)))
+        backends["trt"] = open_target(str(engine.out), "tensorrt")
+    else:
+        skipped += [{"row": name, "why": why} for name in ("trt-full", "trt-seer")]
+    return Prepared(settings, model, info, tokenizer, seer, seer_source, examples, prompts, backends,
+                    export_seconds, skipped, notes, work_dir)
+
+
+def _runner(p: Prepared, row: str, config: GenerationConfig, timings: dict[str, RowTiming]) -> Runner:
+    """The runner of `row` at `config`; the oracle reads its true lengths from this setting's ort-full tokens."""
+    if row == "reference":
+        return reference_row(p.model, config)
+    if row == "torch-seer":
+        backend, info = p.backends["torch-seer"]
+        return loop_row(backend, info, config, p.seer)
+    engine = "trt" if row.startswith("trt") else "ort"
+    backend, info = p.backends[engine]
+    if row.endswith("-full"):
+        return loop_row(backend, info, config, None)
+    if row.endswith("-seer"):
+        return loop_row(backend, info, config, info.fit_seer(p.seer))
+    full = timings[f"{engine}-full"]
+    lengths = np.maximum(1, true_lengths(full.tokens, _stops(info)))
+    return oracle_row(backend, info, config, [int(n) for n in lengths])
+
+
+def _stops(info: TargetInfo) -> set[int]:
+    return {info.eos_id} | ({info.eot_id} if info.eot_id is not None else set())
+
+
+def run_bench(p: Prepared, command: str, progress: Progress = lambda _: None) -> BenchResult:
+    """Measure every row at every (gen_length, batch size), then the cost-scaling workload."""
+    s = p.settings
+    started = datetime.now(UTC)
+    start = time.perf_counter()
+    machine = describe_machine()
+    rows: list[RowResult] = []
+    for G in s.gen_lengths:
+        config = GenerationConfig(gen_length=G, steps=G)
+        for B in s.batch_sizes:
+            timings: dict[str, RowTiming] = {}
+            for row in p.rows():
+                label = f"gen {G}, batch {B}: {row}"
+                runner = _runner(p, row, config, timings)
+                timings[row] = measure_row(runner, p.prompts, B, s.repeats, tick=lambda label=label: progress(label))
+            rows += score_setting(p, G, B, timings)
+    scaling = None
+    if s.scaling is not None:
+        scaling = run_scaling(s.scaling, p.work_dir, s.threads, progress)
+    model = p.model
+    cfg = model.cfg
+    return BenchResult(
+        command=command,
+        started=started.isoformat(timespec="seconds"),
+        seconds=round(time.perf_counter() - start, 1),
+        machine=machine,
+        settings={"target": s.target, "gen_lengths": list(s.gen_lengths), "batch_sizes": list(s.batch_sizes),
+                  "prompts": s.prompts, "repeats": s.repeats, "warmup_batches": 1, "threads": s.threads,
+                  "steps": "gen_length", "block_length": "gen_length (one block)", "temperature": 0.0,
+                  "remasking": "low_confidence"},
+        model={"target": s.target, "parameters": model.num_parameters(), "d_model": cfg.d_model,
+               "n_layers": cfg.n_layers, "mlp_hidden": cfg.mlp_hidden, "vocab_size": cfg.vocab_size,
+               "max_seq_len": cfg.max_seq_len, "export_seconds": round(p.export_seconds, 2),
+               "ort_providers": list(getattr(p.backends["ort"][0], "providers", []))},
+        seer={"source": p.seer_source, "detector": p.seer.detector, "margin": p.seer.margin,
+              "buckets": list(p.seer.buckets), "calibration": dict(p.seer.calibration)},
+        rows=rows,
+        row_descriptions={name: ROW_DESCRIPTIONS[name] for name in p.rows()},
+        skipped=p.skipped,
+        notes=p.notes,
+        scaling=scaling,
+    )
+
+
+def score_setting(p: Prepared, gen_length: int, batch_size: int, timings: dict[str, RowTiming]) -> list[RowResult]:
+    """The table rows of one (gen_length, batch size): speed against the reference, accuracy, Seer vs oracle."""
+    stops = _stops(p.info)
+    reference = timings["reference"]
+    ref_answers = [p.tokenizer.decode_answer(row.tolist()) for row in reference.tokens]
+    full_lengths = np.maximum(1, true_lengths(timings["ort-full"].tokens, stops))
+    results = []
+    for name, t in timings.items():
+        answers = [p.tokenizer.decode_answer(row.tolist()) for row in t.tokens]
+        answer_tokens = int(true_lengths(t.tokens, stops).sum())
+        engine = "trt" if name.startswith("trt") else "ort"
+        oracle = timings.get(f"{engine}-oracle") if name.endswith("-seer") and name != "torch-seer" else None
+        results.append(RowResult(
+            gen_length=gen_length,
+            batch_size=batch_size,
+            row=name,
+            seconds=round(t.seconds, 4),
+            seconds_runs=[round(x, 4) for x in t.seconds_runs],
+            latency_p50_s=round(t.latency_percentile(50), 4),
+            latency_p95_s=round(t.latency_percentile(95), 4),
+            answer_tokens=answer_tokens,
+            tokens_per_s=round(answer_tokens / t.seconds, 2),
+            forward_passes=t.forward_passes,
+            tokens_processed=t.tokens_processed,
+            speedup=round(reference.seconds / t.seconds, 3),
+            seer_over_oracle=round(oracle.seconds / t.seconds, 3) if oracle is not None else None,
+            exact_match=round(float(np.mean([a == e.answer for a, e in zip(answers, p.examples, strict=True)])), 4),
+            identical_to_full=round(float(np.mean([a == r for a, r in zip(answers, ref_answers, strict=True)])), 4),
+            mean_kept=round(float(np.mean(t.kept)), 2) if t.kept is not None else None,
+            safe=round(float(np.mean(np.asarray(t.kept) >= full_lengths)), 4) if t.kept is not None else None,
+        ))
+    return results

@@ -1,0 +1,114 @@
+"""The rows of the benchmark: one way of answering a batch of prompts each, behind one call signature.
+
+Every row answers the same prompts at the same settings (greedy, steps = gen_length, one block) and returns the
+response ids with what they cost, so the harness can time, score and compare them the same way:
+
+  reference   `reference.generate` in torch eager at full length: what users run today
+  ort-full    the runtime loop on ONNX Runtime at full length
+  ort-seer    the runtime loop on ONNX Runtime with Seer (step zero at full length, then each row cut)
+  ort-oracle  ONNX Runtime told each answer's true length before it starts: every step, the first included, runs on
+              prompt + that length (no detector can beat it)
+  torch-seer  the runtime loop on torch eager with Seer
+  trt-full / trt-seer  the same on a TensorRT engine, when a GPU and TensorRT are present
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.runtime.backend import Backend
+from seer_deploy.runtime.loop import LoopContext, run_generation
+from seer_deploy.runtime.loopcore import active_core
+from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.scheduler import run_hybrid
+from seer_deploy.runtime.targets import TargetInfo
+from seer_deploy.seer.config import SeerConfig
+from seer_deploy.seer.plan import BlockPlan, TruncationPlan, block_plan
+
+ROW_NAMES: tuple[str, ...] = ("reference", "ort-full", "ort-seer", "ort-oracle", "torch-seer", "trt-full", "trt-seer")
+ROW_DESCRIPTIONS: dict[str, str] = {
+    "reference": "the LLaDA-style loop (`reference.generate`) in torch eager at full gen_length: what users run today",
+    "ort-full": "the runtime loop (`run_generation`) on ONNX Runtime at full gen_length, no Seer",
+    "ort-seer": "ONNX Runtime with Seer: step zero at full length, then each answer cut to its detected end + margin "
+    "and the rows scheduled by the batch scheduler",
+    "ort-oracle": "ONNX Runtime told each answer's true length (from ort-full) before it starts: every step, the "
+    "first included, runs on prompt + that length; the limit no detector can beat",
+    "torch-seer": "the same runtime loop with Seer on torch eager (`TorchBackend`): Seer without the exported graphs",
+    "trt-full": "the runtime loop on a TensorRT engine at full gen_length",
+    "trt-seer": "the runtime loop on a TensorRT engine with Seer (kept lengths rounded up to the engine's buckets)",
+}
+
+
+@dataclass
+class BatchOutput:
+    """What one row produced for one batch of prompts and what it cost."""
+
+    tokens: np.ndarray  # int64 [B, gen_length]; cut tails hold EOS
+    forward_passes: int
+    tokens_processed: int  # real (non-padding) tokens through the model
+    kept: list[int] | None  # per request: response slots the later steps ran on (Seer and the oracle)
+
+
+Runner = Callable[[Sequence[list[int]], Sequence[int]], BatchOutput]  # (prompts, their indices) -> output
+
+
+def reference_row(model: MaskPredictor, config: GenerationConfig) -> Runner:
+    def run(prompts: Sequence[list[int]], indices: Sequence[int]) -> BatchOutput:
+        out = generate(model, list(prompts), config, generator=torch.Generator().manual_seed(0))
+        return BatchOutput(out.tokens.numpy().astype(np.int64), out.steps_run, out.tokens_processed, None)
+
+    return run
+
+
+def loop_row(backend: Backend, info: TargetInfo, config: GenerationConfig, seer: SeerConfig | None) -> Runner:
+    """The runtime loop on `backend`, at full length (seer None) or with Seer."""
+
+    def run(prompts: Sequence[list[int]], indices: Sequence[int]) -> BatchOutput:
+        out = run_generation(backend, list(prompts), config, mask_id=info.mask_id, pad_id=info.pad_id,
+                             eos_id=info.eos_id, seer=seer)
+        kept = [r.kept for r in out.seer] if out.seer else None
+        return BatchOutput(out.tokens, out.steps_run, out.tokens_processed, kept)
+
+    return run
+
+
+def oracle_plan(gen_length: int, steps: int, block_length: int | None, true_length: int) -> TruncationPlan:
+    """The plan of a request whose length is known before it starts: the blocks and step budget Seer would give a
+    cut at `true_length`, with no step zero at full length, so all of them run on prompt + true length.
+
+    The scheduler treats blocks[0].steps as including a step zero that has already run; the extra step here is
+    that slot, so every one of the budget's passes runs short (`step_slots` skips exactly one).
+    """
+    blocks = block_plan(gen_length, steps, block_length, true_length)
+    first = blocks[0]
+    shifted = (BlockPlan(first.start, first.end, first.steps + 1), *blocks[1:])
+    return TruncationPlan(gen_length=gen_length, kept=true_length, blocks=shifted, full_steps=steps)
+
+
+def run_oracle(
+    backend: Backend, info: TargetInfo, prompts: Sequence[list[int]], config: GenerationConfig,
+    true_lengths: Sequence[int],
+) -> BatchOutput:
+    """Every request on prompt + its true length from the first step on, rows grouped by the batch scheduler as
+    after a Seer cut; at temperature 0 each row's tokens are those of a run with gen_length = its true length."""
+    G = config.gen_length
+    lengths = [min(G, max(1, int(n))) for n in true_lengths]
+    plans = [oracle_plan(G, config.steps, config.block_length, n) for n in lengths]
+    ctx = LoopContext(backend, active_core(), config, info.mask_id, np.random.default_rng(0))
+    masks = np.full((len(prompts), G), info.mask_id, dtype=np.int64)
+    out = run_hybrid(ctx, list(prompts), masks, plans, pad_id=info.pad_id, eos_id=info.eos_id)
+    return BatchOutput(out.tokens, out.steps_run, out.tokens_processed, lengths)
+
+
+def oracle_row(backend: Backend, info: TargetInfo, config: GenerationConfig, true_lengths: Sequence[int]) -> Runner:
+    """The oracle over the bench's prompt list: `true_lengths` is indexed like it."""
+
+    def run(prompts: Sequence[list[int]], indices: Sequence[int]) -> BatchOutput:
+        return run_oracle(backend, info, prompts, config, [true_lengths[i] for i in indices])
+
+    return run

@@ -1,0 +1,114 @@
+"""`seer-deploy bench [TARGET]`: the torch reference, ONNX Runtime at full length, with Seer and with an oracle,
+and torch with Seer, on held-out demo prompts, plus a cost-scaling workload; writes bench.json, bench.md and
+bench.png into --out.
+
+The defaults (8 prompts, 3 timed passes, gen lengths 64/128/256, batches 1 and 8) finish in under 10 minutes on
+2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from seer_deploy.errors import ConfigError
+
+if TYPE_CHECKING:
+    from seer_deploy.bench.harness import BenchSettings
+
+
+def parse_ints(text: str, option: str, unique: bool = True) -> tuple[int, ...]:
+    """'64,128,256' -> (64, 128, 256), in the order given (duplicates dropped when `unique`)."""
+    try:
+        parsed = [int(v) for v in text.split(",") if v.strip()]
+        values = tuple(dict.fromkeys(parsed)) if unique else tuple(parsed)
+    except ValueError as exc:
+        raise ConfigError(f"{option} '{text}' is not a comma-separated list of integers (e.g. 64,128,256)") from exc
+    if not values:
+        raise ConfigError(f"{option} is empty; give at least one value, e.g. 64,128,256")
+    return values
+
+
+def canonical_command(settings: BenchSettings, out: Path) -> str:
+    """The command line that reproduces `settings`, every option spelled out (what BENCHMARKS.md records)."""
+    joined = lambda values: ",".join(str(v) for v in values)
+    parts = ["seer-deploy", "bench", settings.target, "--gen-lengths", joined(settings.gen_lengths),
+             "--batch-sizes", joined(settings.batch_sizes), "--prompts", str(settings.prompts),
+             "--repeats", str(settings.repeats), "--threads", str(settings.threads), "--out", str(out)]
+    sc = settings.scaling
+    if sc is None:
+        parts.append("--no-scaling")
+    else:
+        parts += ["--scaling-lengths", joined(sc.lengths),
+                  "--scaling-shape", joined((sc.d_model, sc.n_layers, sc.mlp_hidden, sc.vocab_size))]
+    if not settings.tensorrt:
+        parts.append("--no-tensorrt")
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+@click.command("bench")
+@click.argument("target", default="demo")
+@click.option("--gen-lengths", default="64,128,256", show_default=True, help="Response lengths to measure.")
+@click.option("--batch-sizes", default="1,8", show_default=True, help="Batch sizes to measure.")
+@click.option("--prompts", type=int, default=8, show_default=True, help="Held-out demo prompts per setting.")
+@click.option("--repeats", type=int, default=3, show_default=True,
+              help="Timed passes per row and setting after one warm-up batch; medians are reported.")
+@click.option("--threads", type=int, default=0, show_default=True,
+              help="torch and ONNX Runtime intra-op threads (0 = the libraries' defaults).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-results"),
+              show_default=True, help="Where bench.json, bench.md and bench.png go.")
+@click.option("--scaling/--no-scaling", default=True, show_default=True,
+              help="Also time one step against sequence length on a large random LLaDA-shaped model.")
+@click.option("--scaling-lengths", default="32,64,128,256,512,1024", show_default=True,
+              help="Sequence lengths of the cost-scaling workload.")
+@click.option("--scaling-shape", default="1024,8,2816,16384", show_default=True,
+              help="The cost-scaling model: d_model,layers,mlp_hidden,vocab (heads: d_model / 64).")
+@click.option("--tensorrt/--no-tensorrt", default=True, show_default=True,
+              help="Add TensorRT rows when a CUDA GPU and TensorRT are present.")
+def command(target: str, gen_lengths: str, batch_sizes: str, prompts: int, repeats: int, threads: int, out: Path,
+            scaling: bool, scaling_lengths: str, scaling_shape: str, tensorrt: bool) -> None:
+    """Benchmark TARGET (a checkpoint directory or 'demo', the default): reference, ONNX Runtime full / Seer /
+    oracle, torch with Seer, and step time against length on a large random model."""
+    from seer_deploy.bench.harness import BenchSettings, prepare_bench, run_bench
+    from seer_deploy.bench.plot import write_plot
+    from seer_deploy.bench.report import headline, render_markdown
+    from seer_deploy.bench.results import JSON_FILE, MARKDOWN_FILE, PLOT_FILE, write_atomic, write_json
+    from seer_deploy.bench.scaling import ScalingSettings
+
+    scaling_settings = None
+    if scaling:
+        shape = parse_ints(scaling_shape, "--scaling-shape", unique=False)
+        if len(shape) != 4:
+            raise ConfigError(f"--scaling-shape '{scaling_shape}' needs four numbers: d_model,layers,mlp_hidden,vocab")
+        d_model, layers, mlp, vocab = shape
+        scaling_settings = ScalingSettings(d_model=d_model, n_layers=layers, n_heads=max(1, d_model // 64),
+                                           mlp_hidden=mlp, vocab_size=vocab,
+                                           lengths=parse_ints(scaling_lengths, "--scaling-lengths"))
+    settings = BenchSettings(target=target, gen_lengths=parse_ints(gen_lengths, "--gen-lengths"),
+                             batch_sizes=parse_ints(batch_sizes, "--batch-sizes"), prompts=prompts, repeats=repeats,
+                             threads=threads, scaling=scaling_settings, tensorrt=tensorrt)
+    settings.validate()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a directory for bench.json, bench.md and bench.png")
+    invoked = canonical_command(settings, out)
+    say = lambda message: click.echo(message, err=True)
+    with tempfile.TemporaryDirectory(prefix="seer-deploy-bench-") as tmp:
+        prepared = prepare_bench(settings, Path(tmp), say)
+        for note in prepared.notes:
+            say(f"note: {note}")
+        for skip in prepared.skipped:
+            say(f"skipping {skip['row']}: {skip['why']}")
+        with click.progressbar(length=prepared.units, label="benchmarking", file=sys.stderr, show_pos=True,
+                               item_show_func=lambda item: item) as bar:
+            result = run_bench(prepared, invoked, progress=lambda label: bar.update(1, label))
+    data = result.to_dict()
+    write_json(data, out / JSON_FILE)
+    write_atomic(out / MARKDOWN_FILE, lambda path: path.write_text(render_markdown(data, PLOT_FILE)))
+    write_plot(data, out / PLOT_FILE)
+    click.echo(headline(data))
+    click.echo(f"wrote {out / JSON_FILE}, {out / MARKDOWN_FILE} and {out / PLOT_FILE}")

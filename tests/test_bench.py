@@ -1,0 +1,137 @@
+"""`seer-deploy bench` on a tiny random checkpoint: the files it writes and their fields (never the speeds), the
+oracle row's semantics, and bad arguments."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tiny_model
+
+from seer_deploy.bench.report import render_markdown
+from seer_deploy.bench.results import load_json
+from seer_deploy.bench.rows import run_oracle
+from seer_deploy.cli import main
+from seer_deploy.models.demo_tasks import heldout_examples
+from seer_deploy.runtime.loop import run_generation
+from seer_deploy.runtime.reference import GenerationConfig
+from seer_deploy.runtime.targets import open_target
+
+ROWS = ("reference", "ort-full", "ort-seer", "ort-oracle", "torch-seer")
+
+
+def _bench(argv: list[str]) -> int:
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", *argv])
+    return int(exc.value.code or 0)
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """One tiny bench run shared by the file tests: (checkpoint, out dir)."""
+    from seer_deploy.models.checkpoint import save_checkpoint
+    from seer_deploy.models.demo_tasks import write_tokenizer
+
+
+    root = tmp_path_factory.mktemp("bench")
+    write_tokenizer(root / "tokenizer.json")
+    ckpt = save_checkpoint(tiny_model(), root / "ckpt", tokenizer_file=root / "tokenizer.json")
+    out = root / "out"
+    rc = _bench([str(ckpt), "--gen-lengths", "8,16", "--batch-sizes", "1,2", "--prompts", "2", "--repeats", "2",
+                 "--out", str(out), "--scaling-lengths", "8,16", "--scaling-shape", "32,1,64,64", "--no-tensorrt"])
+    assert rc == 0
+    return ckpt, out
+
+
+def test_writes_json_markdown_and_png(bench_run: tuple[Path, Path]) -> None:
+    _, out = bench_run
+    assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.md", "bench.png"]  # no temp files left
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = load_json(out / "bench.json")
+    machine = data["machine"]
+    assert machine["cpu"] and machine["logical_cores"] >= 1 and machine["usable_cores"] >= 1
+    assert {"torch", "onnxruntime", "onnx", "numpy", "seer_deploy"} <= set(machine["versions"])
+    assert data["settings"]["gen_lengths"] == [8, 16] and data["settings"]["batch_sizes"] == [1, 2]
+    assert "--gen-lengths 8,16" in data["command"] and "--no-tensorrt" in data["command"]
+    assert {s["row"] for s in data["skipped"]} == {"trt-full", "trt-seer"}
+    assert data["seer"]["source"] == "defaults" and data["notes"]  # the tiny checkpoint has no calibration
+    # The markdown is a rendering of the JSON alone.
+    assert (out / "bench.md").read_text() == render_markdown(json.loads((out / "bench.json").read_text()), "bench.png")
+
+
+def test_every_setting_has_every_row_with_its_fields(bench_run: tuple[Path, Path]) -> None:
+    _, out = bench_run
+    data = load_json(out / "bench.json")
+    rows = data["rows"]
+    keys = {(r["gen_length"], r["batch_size"], r["row"]) for r in rows}
+    assert keys == {(g, b, name) for g in (8, 16) for b in (1, 2) for name in ROWS}
+    assert len(rows) == len(keys)
+    for r in rows:
+        assert len(r["seconds_runs"]) == 2 and r["seconds"] > 0
+        assert 0 < r["latency_p50_s"] <= r["latency_p95_s"]
+        assert 0 <= r["exact_match"] <= 1 and 0 <= r["identical_to_full"] <= 1
+        assert r["tokens_per_s"] == pytest.approx(r["answer_tokens"] / r["seconds"], rel=1e-2, abs=0.01)
+        assert (r["seer_over_oracle"] is not None) == (r["row"] == "ort-seer")
+        assert (r["mean_kept"] is not None) == (r["row"] in ("ort-seer", "ort-oracle", "torch-seer"))
+        if r["row"] == "reference":
+            assert r["speedup"] == 1.0 and r["identical_to_full"] == 1.0
+            # steps = gen_length, one block: gen_length passes per batch, every one at full length.
+            n_batches = -(-2 // r["batch_size"])
+            assert r["forward_passes"] == r["gen_length"] * n_batches
+        if r["row"] == "ort-oracle":
+            assert r["safe"] == 1.0
+
+
+def test_oracle_never_runs_a_full_length_step(bench_run: tuple[Path, Path]) -> None:
+    """At batch 1 the oracle makes one pass per kept slot (one token a step) and no step zero at full length,
+    while Seer makes that extra pass."""
+    _, out = bench_run
+    data = load_json(out / "bench.json")
+    for g in (8, 16):
+        row = {r["row"]: r for r in data["rows"] if (r["gen_length"], r["batch_size"]) == (g, 1)}
+        oracle, full = row["ort-oracle"], row["ort-full"]
+        assert oracle["forward_passes"] == round(oracle["mean_kept"] * 2)
+        assert oracle["forward_passes"] <= full["forward_passes"] == 2 * g
+        assert oracle["tokens_processed"] <= full["tokens_processed"]
+
+
+def test_oracle_rows_match_runs_at_their_true_length(make_checkpoint: Callable[..., Path]) -> None:
+    """Each oracle row gives the tokens of a run whose gen_length is its true length, padded with EOS."""
+    backend, info = open_target(str(make_checkpoint()), "torch")
+    tok = info.tokenizer()
+    prompts = [tok.encode_prompt(e.prompt) for e in heldout_examples(3)]
+    G, lengths = 16, [5, 16, 1]
+    out = run_oracle(backend, info, prompts, GenerationConfig(G, G), lengths)
+    assert out.kept == lengths
+    assert out.forward_passes <= sum(lengths)  # rows share passes when the scheduler groups them
+    for b, n in enumerate(lengths):
+        solo = run_generation(backend, [prompts[b]], GenerationConfig(n, n), mask_id=info.mask_id,
+                              pad_id=info.pad_id, eos_id=info.eos_id)
+        np.testing.assert_array_equal(out.tokens[b, :n], solo.tokens[0])
+        assert np.all(out.tokens[b, n:] == info.eos_id)
+    alone = run_oracle(backend, info, prompts[:1], GenerationConfig(G, G), [5])
+    assert alone.forward_passes == 5
+    assert alone.tokens_processed == 5 * (len(prompts[0]) + 5)  # no pass at prompt + gen_length
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gen-lengths", "8,x"], "--gen-lengths"),
+        (["--batch-sizes", "0"], "--batch-sizes"),
+        (["--prompts", "0"], "--prompts"),
+        (["--scaling-shape", "32,1,64"], "--scaling-shape"),
+        (["--gen-lengths", "4096"], "exceeds the model's"),
+    ],
+)
+def test_bad_arguments_exit_2_naming_the_option(
+    make_checkpoint: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+    message: str,
+) -> None:
+    rc = _bench([str(make_checkpoint()), "--out", str(tmp_path / "out"), "--no-scaling", *args])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
