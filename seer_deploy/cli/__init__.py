@@ -31,9 +31,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from seer_deploy.cli import demo, generate
+    from seer_deploy.cli import demo, doctor, generate
 
-    for module in (generate, demo):
+    for module in (generate, demo, doctor):
         cli.add_command(module.command)
     from seer_deploy.cli import calibrate, inspect
 

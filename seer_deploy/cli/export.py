@@ -27,6 +27,8 @@ import click
 )
 @click.option("--force", is_flag=True, help="Replace an export of another model in --out.")
 @click.option("--no-verify", is_flag=True, help="Skip the ONNX Runtime vs torch comparison (the ONNX checker still runs).")
+@click.option("--build", "build", type=click.Choice(["ort", "tensorrt"]), default=None,
+              help="Then build an engine dir for this backend into OUT/engine (default build settings).")
 def command(
     checkpoint: str,
     out: Path,
@@ -36,6 +38,7 @@ def command(
     seer_config: Path | None,
     force: bool,
     no_verify: bool,
+    build: str | None,
 ) -> None:
     """Export CHECKPOINT (a local directory or 'demo') to ONNX graphs in --out, checked against torch."""
     from seer_deploy.export.exporter import STAGES, export_checkpoint
@@ -50,6 +53,10 @@ def command(
         force=force,
     )
     options.validate()
+    if build == "tensorrt":  # before the export: the user learns at once
+        from seer_deploy.engines.tensorrt_engine import require_tensorrt
+
+        require_tensorrt()
     with click.progressbar(
         length=len(STAGES), label="exporting", file=sys.stderr, item_show_func=lambda s: s, show_eta=False
     ) as bar:
@@ -77,3 +84,12 @@ def command(
         click.echo(f"  ONNX Runtime vs torch, max |diff|: {diffs}")
     else:
         click.echo("  not compared with torch (--no-verify)")
+    if build is not None:
+        from seer_deploy.engines.build import BuildOptions, build_engines
+        from seer_deploy.engines.manifest import BackendName
+
+        backend: BackendName = "tensorrt" if build == "tensorrt" else "ort"
+        say = lambda message: click.echo(f"  {message}", err=True)
+        built = build_engines(result.out, result.out / "engine", BuildOptions(backend=backend), progress=say)
+        click.echo(f"  engine dir: {built.out} ({build}, buckets {list(built.manifest.buckets)}) in {built.seconds:.1f}s; "
+                   f"run it with: seer-deploy generate {built.out} -p PROMPT")

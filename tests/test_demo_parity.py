@@ -1,0 +1,137 @@
+"""The bundled demo, exported and built into an ONNX Runtime engine dir: on 200 held-out prompts its tokens equal
+the torch reference loop's, Seer on and off, batch 1 and batch 8 (rows of mixed kept lengths, hybrid scheduling
+with the default cost model and with every row merged).
+
+The reference is each prompt run alone through `reference.generate`, so batch 8 also checks that a row's tokens do
+not depend on the rows it shares a batch with. (tests/test_ort_backend.py checks whole batches of 50 without Seer.)
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from conftest import requires_demo
+
+from seer_deploy.cli.demo import export_options
+from seer_deploy.engines.build import BuildOptions, build_engines
+from seer_deploy.engines.ort import OrtSessionOptions
+from seer_deploy.export.exporter import export_checkpoint
+from seer_deploy.models.checkpoint import load_checkpoint
+from seer_deploy.models.demo_tasks import heldout_examples
+from seer_deploy.runtime.backend import Backend
+from seer_deploy.runtime.loop import run_generation
+from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.scheduler import CostedBackend, StepCost
+from seer_deploy.runtime.targets import TargetInfo, open_target
+from seer_deploy.seer.config import SeerConfig
+
+pytestmark = [pytest.mark.slow, requires_demo]
+CONFIG = GenerationConfig(gen_length=64, steps=32)
+N = 200
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Backend, TargetInfo]:
+    """The demo exported once per session and built into export/engine (ONNX Runtime, CPU), opened as a target."""
+    root = tmp_path_factory.mktemp("demo-parity")
+    export = export_checkpoint("demo", root / "export", export_options()).out
+    session = OrtSessionOptions(providers=("CPUExecutionProvider",))
+    build_engines(export, export / "engine", BuildOptions(backend="ort", ort_session=session))
+    return open_target(str(export / "engine"))
+
+
+@pytest.fixture(scope="module")
+def prompts(engine: tuple[Backend, TargetInfo]) -> list[list[int]]:
+    tok = engine[1].tokenizer()
+    return [tok.encode_prompt(ex.prompt) for ex in heldout_examples(N)]
+
+
+@pytest.fixture(scope="module")
+def seer(engine: tuple[Backend, TargetInfo]) -> SeerConfig:
+    return engine[1].seer_config() or SeerConfig()
+
+
+@pytest.fixture(scope="module")
+def reference(prompts: list[list[int]], seer: SeerConfig) -> dict[str, tuple[np.ndarray, list[int]]]:
+    """Each prompt alone through the torch reference loop: tokens [N, 64] and kept lengths, Seer off and on."""
+    model = load_checkpoint("demo").model
+    out = {}
+    for name, config in (("off", None), ("on", seer)):
+        rows, kept = [], []
+        for p in prompts:
+            result = generate(model, [p], CONFIG, seer=config)
+            rows.append(result.tokens[0].numpy())
+            kept.append(result.seer[0].kept if result.seer else CONFIG.gen_length)
+        out[name] = (np.stack(rows), kept)
+    return out
+
+
+def run_all(backend: Backend, info: TargetInfo, prompts: list[list[int]], batch: int, seer: SeerConfig | None
+            ) -> tuple[np.ndarray, list[int]]:
+    rows, kept = [], []
+    for lo in range(0, len(prompts), batch):
+        out = run_generation(backend, prompts[lo : lo + batch], CONFIG, mask_id=info.mask_id, pad_id=info.pad_id,
+                             eos_id=info.eos_id, seer=seer)
+        rows.append(out.tokens)
+        kept.extend([r.kept for r in out.seer] if out.seer else [CONFIG.gen_length] * out.tokens.shape[0])
+    return np.concatenate(rows), kept
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("use_seer", [False, True], ids=["seer-off", "seer-on"])
+def test_onnx_runtime_tokens_equal_the_torch_reference(
+    engine: tuple[Backend, TargetInfo], prompts: list[list[int]], seer: SeerConfig,
+    reference: dict[str, tuple[np.ndarray, list[int]]], batch: int, use_seer: bool,
+) -> None:
+    backend, info = engine
+    assert backend.name == "onnxruntime-cpu"
+    want, want_kept = reference["on" if use_seer else "off"]
+    start = time.perf_counter()
+    got, kept = run_all(backend, info, prompts, batch, seer if use_seer else None)
+    bad = [i for i in range(N) if not np.array_equal(got[i], want[i])]
+    assert not bad, f"{len(bad)} of {N} prompts differ, first {bad[:5]}"
+    assert kept == want_kept
+    if use_seer:
+        assert min(kept) < CONFIG.gen_length  # Seer cut the answers
+        if batch > 1:  # batches really mixed kept lengths
+            assert max(len(set(kept[lo : lo + batch])) for lo in range(0, N, batch)) >= 3
+    print(f"batch {batch}, seer {use_seer}: {time.perf_counter() - start:.1f}s")
+
+
+def test_merging_every_row_keeps_the_tokens(
+    engine: tuple[Backend, TargetInfo], prompts: list[list[int]], seer: SeerConfig,
+    reference: dict[str, tuple[np.ndarray, list[int]]],
+) -> None:
+    """The cost model forced to merge: each batch of 8 runs as one group, padded to its longest kept length."""
+    backend, info = engine
+    merged = CostedBackend(backend, StepCost(a=1.0, b=1e-9))
+    got, kept = run_all(merged, info, prompts, 8, seer)
+    want, want_kept = reference["on"]
+    bad = [i for i in range(N) if not np.array_equal(got[i], want[i])]
+    assert not bad, f"{len(bad)} of {N} prompts differ, first {bad[:5]}"
+    assert kept == want_kept
+
+
+def test_demo_command_runs_the_whole_path(tmp_path_factory: pytest.TempPathFactory,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`seer-deploy demo`: export, build, Seer and full-length runs through the engine, answers and the comparison."""
+    from seer_deploy.cli import main
+    from seer_deploy.cli.demo import DEMO_PROMPTS
+
+    work = tmp_path_factory.mktemp("demo-cli")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--repeats", "1", "--work-dir", str(work)])
+    out = capsys.readouterr()
+    assert exit_info.value.code in (0, None), out.err
+    lines = out.out.splitlines()
+    for prompt in DEMO_PROMPTS:
+        assert any(line.strip().startswith(prompt) and "->" in line and "kept" in line for line in lines), prompt
+    table = {line.split()[0]: line.split()[1:] for line in lines if line.split()[:1] in (["full"], ["seer"])}
+    full_tokens, seer_tokens = int(table["full"][2]), int(table["seer"][2])
+    assert seer_tokens < full_tokens
+    assert any(line.startswith("speedup") for line in lines)
+    for stage in ("export:", "build:", "load:", "generate 1/1"):
+        assert stage in out.err
+    assert (work / "export" / "engine" / "engine.json").is_file()
