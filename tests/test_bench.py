@@ -123,7 +123,7 @@ def test_oracle_rows_match_runs_at_their_true_length(make_checkpoint: Callable[.
         (["--gen-lengths", "8,x"], "--gen-lengths"),
         (["--batch-sizes", "0"], "--batch-sizes"),
         (["--prompts", "0"], "--prompts"),
-        (["--scaling-shape", "32,1,64"], "--scaling-shape"),
+        (["--gen-lengths", "8", "--scaling", "--scaling-shape", "32,1,64"], "--scaling-shape"),
         (["--gen-lengths", "4096"], "exceeds the model's"),
     ],
 )
