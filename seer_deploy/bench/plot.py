@@ -11,6 +11,7 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from seer_deploy.bench.results import write_atomic
 
@@ -41,6 +42,8 @@ def draw(data: dict[str, Any]) -> Figure:
         gens = sorted({r["gen_length"] for r in rows})
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.set_xticks(gens, [str(g) for g in gens])
         ax.set_xlabel("gen_length")
         ax.set_ylabel("speedup against the torch reference (x)")
@@ -57,6 +60,7 @@ def draw(data: dict[str, Any]) -> Figure:
         s = scaling["settings"]
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xticks(lengths, [str(n) for n in lengths])
         ax.set_xlabel("sequence length (positions per step)")
         ax.set_ylabel("ms per denoising step")
