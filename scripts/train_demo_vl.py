@@ -1,6 +1,6 @@
 """Train the bundled multimodal demo (`demo-vl`): a tiny SigLIP tower, projector and LLaDA-style LM, trained together.
 
-The task (seer_deploy.models.demo_vl_tasks): pictures of 1-6 coloured shapes, questions whose answers are 1 to 12
+The task (seer_deploy.models.demo_vl_tasks): pictures of 1-4 coloured shapes, questions whose answers are 1 to 8
 tokens. The objective is the text demo's (scripts/train_demo.py): LLaDA's SFT loss, the prompt (image included) is
 never masked, every response position (answer and EOS padding) is masked with probability t ~ U(0, 1), cross-entropy
 on the masked positions, and EOS tails of varying length (half the rows get a random number of response slots
@@ -63,7 +63,7 @@ from seer_deploy.seer.metrics import true_lengths
 
 MAX_GEN_LENGTH = 64
 SLOT_CHOICES = (16, 32, 64)
-SLOT_WEIGHTS = (0.4, 0.3, 0.3)
+SLOT_WEIGHTS = (0.5, 0.3, 0.2)
 
 
 def demo_vl_configs() -> tuple[ModelConfig, VisionConfig]:
@@ -74,8 +74,8 @@ def demo_vl_configs() -> tuple[ModelConfig, VisionConfig]:
         n_layers=4,
         n_heads=4,
         n_kv_heads=4,
-        mlp_hidden=1024,
-        max_seq_len=128,
+        mlp_hidden=512,
+        max_seq_len=96,
         rope_theta=10000.0,
         mask_id=ids["<|mdm_mask|>"],
         eos_id=ids["<|endoftext|>"],
@@ -90,7 +90,7 @@ def demo_vl_configs() -> tuple[ModelConfig, VisionConfig]:
             "num_attention_heads": 4,
             "num_channels": 3,
             "image_size": IMAGE_SIZE,
-            "patch_size": 8,
+            "patch_size": 16,
             "hidden_act": "gelu_pytorch_tanh",
             "layer_norm_eps": 1e-6,
         },
@@ -208,10 +208,11 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--calibration-pictures", type=int, default=400)
     ap.add_argument("--eval-pictures", type=int, default=400, help="Held-out pictures for the final report.")
     ap.add_argument("--calibrate-only", action="store_true", help="Recalibrate Seer for the checkpoint at --out.")
+    ap.add_argument("--init-from", type=Path, default=None, help="Continue from this demo-vl checkpoint's weights.")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -230,6 +231,10 @@ def main() -> None:
     write_tokenizer(tmp / "tokenizer.json")
     tok = MultimodalTokenizer(tmp / "tokenizer.json", cfg.eos_id, None, vcfg.image_token_index)
     lm, vision = MaskPredictor(cfg), VisionEncoder(vcfg)
+    if args.init_from is not None:
+        start_from = load_multimodal(args.init_from)
+        lm.load_state_dict(start_from.lm.model.state_dict())
+        vision.load_state_dict(start_from.vision.state_dict())
     lm.train()
     vision.train()
     params = list(lm.parameters()) + list(vision.parameters())
@@ -271,6 +276,7 @@ def main() -> None:
     report = seer_report(lm, vision, tok, seer, args.eval_pictures)
     print(f"seer: {json.dumps(report)}", flush=True)
     s = vcfg.siglip
+    init = f" --init-from {args.init_from}" if args.init_from else ""
     card = f"""# seer-deploy demo-vl checkpoint
 
 A multimodal LLaDA-V-style model trained from scratch by this project: a SigLIP vision tower ({s['num_hidden_layers']}
@@ -280,11 +286,11 @@ LLaDA-style mask predictor ({cfg.n_layers} layers, d_model {cfg.d_model}, SwiGLU
 vision parameters. Stored in LLaDA-V's layout (Llama-style LM names, `model.vision_tower.vision_tower.vision_model.*`,
 `model.mm_projector.*`, LLaVA's `mm_*` config keys).
 
-Task: pictures of 1 to 6 coloured shapes; prompts `<image> colors|shapes|describe|count`; answers of 1 to
+Task: pictures of 1 to 4 coloured shapes; prompts `<image> colors|shapes|describe|count`; answers of 1 to
 {MAX_ANSWER_TOKENS} tokens, then EOS to the end.
 
 Training: `python scripts/train_demo_vl.py --steps {args.steps} --batch {args.batch} --lr {args.lr} --seed {args.seed} \\
---threads {args.threads}` ({minutes:.1f} minutes on {args.threads} CPU threads). LLaDA's SFT objective with EOS tails of
+--threads {args.threads}{init}` ({minutes:.1f} minutes on {args.threads} CPU threads). LLaDA's SFT objective with EOS tails of
 varying length (up to {MAX_GEN_LENGTH} response slots), vision tower, projector and LM trained together.
 
 Held-out exact match (reference loop, {args.eval_pictures} pictures, steps = gen_length = block_length = 64, temperature

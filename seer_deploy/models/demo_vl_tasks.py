@@ -1,10 +1,11 @@
 """The multimodal demo's synthetic task: pictures of coloured shapes in a row, questions with answers of varying length.
 
-A 48 x 48 picture holds 1 to 6 shapes (square, circle, triangle) in six 8-pixel columns, one per column at most, at a
-random height, in one of six colours (slightly tinted). Each shape lies inside one 8 x 8 cell, the demo tower's patch. Prompts are `"<image> <task>"` (the tokenizer adds BOS in front and `=` behind):
-  colors   -> the colours, left to right          (1-6 tokens)
-  shapes   -> the shapes, left to right           (1-6 tokens)
-  describe -> colour and shape of each, left to right (2-12 tokens)
+A 64 x 64 picture holds 1 to 4 shapes (square, circle, triangle) in four 16-pixel columns, one per column at most, at
+a random height, in one of six colours (slightly tinted). Each shape (10 to 14 pixels) lies inside one 16 x 16 cell,
+the demo tower's patch. Prompts are `"<image> <task>"` (the tokenizer adds BOS in front and `=` behind):
+  colors   -> the colours, left to right          (1-4 tokens)
+  shapes   -> the shapes, left to right           (1-4 tokens)
+  describe -> colour and shape of each, left to right (2-8 tokens)
   count    -> how many shapes there are           (1 token)
 then EOS to the end of the response, as LLaDA's SFT data is padded.
 """
@@ -18,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-IMAGE_SIZE = 48
-COLUMNS = 6  # one shape per 8-pixel column at most, so "left to right" is unambiguous
+IMAGE_SIZE = 64
+COLUMNS = 4  # one shape per 8-pixel column at most, so "left to right" is unambiguous
 COLUMN_WIDTH = IMAGE_SIZE // COLUMNS
 CELL = COLUMN_WIDTH  # shapes sit inside one CELL x CELL square
 COLOURS: dict[str, tuple[int, int, int]] = {
@@ -109,7 +110,7 @@ def sample_shapes(rng: random.Random, n: int | None = None) -> tuple[Shape, ...]
     columns = sorted(rng.sample(range(COLUMNS), n))
     out = []
     for col in columns:
-        size = rng.randint(6, 7)
+        size = rng.randint(10, 14)
         out.append(
             Shape(
                 colour=rng.choice(list(COLOURS)),
