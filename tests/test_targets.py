@@ -235,3 +235,19 @@ def test_doctor_reports_the_core_and_the_backends(capsys: pytest.CaptureFixture[
     assert backends["tensorrt"]["available"] == tensorrt_available()
     code, stdout, _ = cli(["doctor"], capsys)
     assert code == 0 and f"loop core: {core_name()}" in stdout
+
+
+def test_generate_with_images_takes_the_multimodal_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from test_multimodal import pictures, write_tiny_vl
+
+    from seer_deploy.cli.vl import generate_vl
+
+    ckpt, _, _ = write_tiny_vl(tmp_path / "vl")
+    image = tmp_path / "pic.png"
+    pictures(1)[0].save(image)
+    code, stdout, err = cli(["generate", str(ckpt), "-p", "<image> colors", "--image", str(image), "--gen-length", "8",
+                             "--json", "--no-seer"], capsys)
+    assert code == 0, err
+    row = json.loads(stdout)
+    want = generate_vl(str(ckpt), ["<image> colors"], [str(image)], GenerationConfig(gen_length=8, steps=8))
+    assert row["images"] == [str(image)] and row["tokens"] == want.answers[0].tokens
