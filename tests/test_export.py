@@ -352,3 +352,21 @@ def test_cli_export_with_a_seer_config(root: Path, tmp_path: Path, cli_exit: Any
     assert want is not None and np.allclose(got, want.reshape(1, 4, -1).numpy(), atol=1e-6)
     code, _, err = cli_exit(["export", str(ckpt), "--out", str(tmp_path / "y"), "--dtype", "bf16"])
     assert code == 2 and "bf16" in err and "Traceback" not in err
+
+
+def test_graph_confidence_equals_softmax_for_confident_predictions() -> None:
+    """The graphs' confidence must equal the reference loop's softmax probability, also when it is a hair under 1.
+
+    Computed as exp(top - logsumexp), float32 rounds the tiny gap between a large top logit and the log-sum-exp to 0,
+    so 0.999998 became a 1.0 tie, and the loop committed positions in another order than torch (measured on the demo
+    with Seer on, before the fix).
+    """
+    from seer_deploy.export.graphs import _greedy_head
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 64, 126, generator=gen)
+    logits[..., 7] += torch.linspace(10.0, 24.0, 64)  # from confident to saturated
+    ids, confidence = _greedy_head(logits)[:2]
+    want_conf, want_ids = torch.softmax(logits, dim=-1).max(dim=-1)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(confidence, want_conf, atol=0.0, rtol=1e-6)

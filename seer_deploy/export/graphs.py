@@ -18,12 +18,21 @@ from torch import Tensor, nn
 from seer_deploy.models.llada import MaskPredictor, StatsSpec
 
 
-def _greedy_head(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """argmax (ties: lowest id), its softmax probability, and the log-sum-exp, all from float32 logits."""
+def _greedy_head(logits: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """argmax (ties: lowest id), its softmax probability, the max logit and sum(exp(logits - max)), in float32.
+
+    Probabilities are exp(l - max) / sum, as torch's softmax computes them. exp(l - logsumexp) would lose the
+    small gap between a large max logit and the log-sum-exp to float32 rounding (a confident 0.99999 becomes 1.0).
+    """
     logits32 = logits.float()
     top, token_ids = logits32.max(dim=-1)
-    lse = torch.logsumexp(logits32, dim=-1)
-    return token_ids, torch.exp(top - lse), lse
+    total = torch.exp(logits32 - top[..., None]).sum(dim=-1)
+    return token_ids, 1.0 / total, top, total
+
+
+def _prob(logits32: Tensor, token_ids: Tensor, top: Tensor, total: Tensor) -> Tensor:
+    """softmax(logits)[token_ids] from the head's max and sum."""
+    return torch.exp(torch.gather(logits32, -1, token_ids[..., None]).squeeze(-1) - top) / total
 
 
 class Step0Graph(nn.Module):
@@ -38,8 +47,8 @@ class Step0Graph(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         out = self.model(input_ids, attention_mask, stats=self.spec)
         assert out.stats is not None
-        token_ids, confidence, lse = _greedy_head(out.logits)
-        eos_prob = torch.exp(out.logits[..., self.eos_id].float() - lse)
+        token_ids, confidence, top, total = _greedy_head(out.logits)
+        eos_prob = torch.exp(out.logits[..., self.eos_id].float() - top) / total
         B, L, F, S = out.stats.shape
         return token_ids, confidence, eos_prob, out.stats.reshape(B, L * F, S)
 
@@ -58,7 +67,7 @@ class StepGraph(nn.Module):
         self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor
     ) -> tuple[Tensor, Tensor]:
         logits = self.model(input_ids, attention_mask).logits.float()
-        greedy_ids, greedy_conf, lse = _greedy_head(logits)
+        greedy_ids, greedy_conf, top, total = _greedy_head(logits)
         hot = temperature > 0
         # softmax(l / T) for the rows that sample; T = 1 stands in for greedy rows so nothing divides by zero.
         t = torch.where(hot, temperature, torch.ones_like(temperature))[:, None, None]
@@ -66,6 +75,6 @@ class StepGraph(nn.Module):
         drawn = (cdf < sample_uniform[..., None]).sum(dim=-1)
         # float32 rounding can leave cdf[-1] a hair under u: clamp to the last id.
         drawn = torch.clamp(drawn, max=logits.shape[-1] - 1)
-        drawn_conf = torch.exp(torch.gather(logits, -1, drawn[..., None]).squeeze(-1) - lse)
+        drawn_conf = _prob(logits, drawn, top, total)
         row_hot = hot[:, None]
         return torch.where(row_hot, drawn, greedy_ids), torch.where(row_hot, drawn_conf, greedy_conf)
