@@ -236,6 +236,11 @@ def run_bench(p: Prepared, command: str, progress: Progress = lambda _: None) ->
     )
 
 
+def _sig(seconds: float) -> float:
+    """Seconds to 6 significant digits: a fixed number of decimals would lose percents on millisecond runs."""
+    return float(f"{seconds:.6g}")
+
+
 def score_setting(p: Prepared, gen_length: int, batch_size: int, timings: dict[str, RowTiming]) -> list[RowResult]:
     """The table rows of one (gen_length, batch size): speed against the reference, accuracy, Seer vs oracle."""
     stops = _stops(p.info)
@@ -252,10 +257,10 @@ def score_setting(p: Prepared, gen_length: int, batch_size: int, timings: dict[s
             gen_length=gen_length,
             batch_size=batch_size,
             row=name,
-            seconds=round(t.seconds, 4),
-            seconds_runs=[round(x, 4) for x in t.seconds_runs],
-            latency_p50_s=round(t.latency_percentile(50), 4),
-            latency_p95_s=round(t.latency_percentile(95), 4),
+            seconds=_sig(t.seconds),
+            seconds_runs=[_sig(x) for x in t.seconds_runs],
+            latency_p50_s=_sig(t.latency_percentile(50)),
+            latency_p95_s=_sig(t.latency_percentile(95)),
             answer_tokens=answer_tokens,
             tokens_per_s=round(answer_tokens / t.seconds, 2),
             forward_passes=t.forward_passes,
