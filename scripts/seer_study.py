@@ -43,7 +43,7 @@ from seer_deploy.seer.calibrate import (
     evaluate,
     sparsity_config,
 )
-from seer_deploy.seer.collect import StepZeroSet, full_generation, step_zero_set
+from seer_deploy.seer.collect import StepZeroSet, step_zero_set
 from seer_deploy.seer.config import SeerConfig, Trend
 from seer_deploy.seer.metrics import mixed_auc, position_matched_auc, true_lengths
 
@@ -64,18 +64,29 @@ def save_atomic(path: Path, write: Any, suffix: str) -> None:
 
 def cached_full(model: MaskPredictor, prompts: list[list[int]], config: GenerationConfig, cache: Path, tag: str,
                 batch: int) -> tuple[np.ndarray, float]:
-    """Full-length answers (and the seconds they took), computed once and kept in `cache`."""
+    """Full-length answers (and the seconds they took), computed once and kept in `cache`, batch by batch so an
+    interrupted run resumes where it stopped."""
     stem = cache / f"full_{tag}_{len(prompts)}_g{config.gen_length}_s{config.steps}"
     npy, meta = stem.with_suffix(".npy"), stem.with_suffix(".json")
     if npy.is_file() and meta.is_file():
         return np.load(npy), float(json.loads(meta.read_text())["seconds"])
-    start = time.perf_counter()
-    tokens = full_generation(
-        model, prompts, config, batch,
-        progress=lambda d, t: print(f"  full {tag} g{config.gen_length}: {d}/{t} ({time.perf_counter() - start:.0f}s)",
-                                    flush=True),
-    )
-    seconds = time.perf_counter() - start
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    tokens = np.zeros((len(prompts), config.gen_length), dtype=np.int64)
+    seconds = 0.0
+    for n, lo in enumerate(range(0, len(order), batch)):
+        idx = order[lo : lo + batch]
+        part, part_meta = Path(f"{stem}.part{n}.npy"), Path(f"{stem}.part{n}.json")
+        if part.is_file() and part_meta.is_file():
+            tokens[idx] = np.load(part)
+            seconds += float(json.loads(part_meta.read_text())["seconds"])
+            continue
+        start = time.perf_counter()
+        rows = generate(model, [prompts[i] for i in idx], config).tokens.numpy()
+        took = time.perf_counter() - start
+        save_atomic(part, lambda p, r=rows: np.save(p, r), ".npy")
+        save_atomic(part_meta, lambda p, t=took: Path(p).write_text(json.dumps({"seconds": t})), ".json")
+        tokens[idx], seconds = rows, seconds + took
+        print(f"  full {tag} g{config.gen_length} s{config.steps}: {lo + len(idx)}/{len(order)} ({took:.0f}s)", flush=True)
     save_atomic(npy, lambda p: np.save(p, tokens), ".npy")
     save_atomic(meta, lambda p: Path(p).write_text(json.dumps({"seconds": seconds})), ".json")
     return tokens, seconds

@@ -268,7 +268,7 @@ def test_demo_generations_match_torch_on_200_prompts(tmp_path: Path) -> None:
     cfg = ckpt.config
     tok = Tokenizer.from_checkpoint(ckpt.path, cfg.eos_id, cfg.eot_id)
     prompts = [tok.encode_prompt(ex.prompt) for ex in heldout_examples(200)]
-    config = GenerationConfig(gen_length=64, steps=32)
+    config = GenerationConfig(gen_length=64, steps=16)
     backend = OrtBackend(result.out, CPU)
     pad = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
     for lo in range(0, len(prompts), 50):
