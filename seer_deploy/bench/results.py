@@ -7,13 +7,11 @@ Every file is written to a temp file in the output directory and renamed into pl
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seer_deploy.atomic import write_atomic
 from seer_deploy.bench.machine import Machine
 from seer_deploy.bench.scaling import ScalingResult
 from seer_deploy.errors import ConfigError
@@ -61,22 +59,6 @@ class BenchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def write_atomic(path: Path, write: Callable[[Path], None]) -> Path:
-    """Call write(tmp) on a temp file beside `path`, then rename it into place; nothing half-written is left."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
 
 
 def write_json(data: dict[str, Any], path: Path) -> Path:

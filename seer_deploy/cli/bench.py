@@ -74,10 +74,11 @@ def command(target: str, gen_lengths: str, batch_sizes: str, prompts: int, repea
             scaling: bool, scaling_lengths: str, scaling_shape: str, tensorrt: bool) -> None:
     """Benchmark TARGET (a checkpoint directory or 'demo', the default): reference, ONNX Runtime full / Seer /
     oracle, torch with Seer, and step time against length on a large random model."""
+    from seer_deploy.atomic import write_atomic
     from seer_deploy.bench.harness import BenchSettings, prepare_bench, run_bench
     from seer_deploy.bench.plot import write_plot
     from seer_deploy.bench.report import headline, render_markdown
-    from seer_deploy.bench.results import JSON_FILE, MARKDOWN_FILE, PLOT_FILE, write_atomic, write_json
+    from seer_deploy.bench.results import JSON_FILE, MARKDOWN_FILE, PLOT_FILE, write_json
     from seer_deploy.bench.scaling import ScalingSettings
 
     scaling_settings = None

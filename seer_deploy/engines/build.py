@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import seer_deploy
+from seer_deploy.atomic import install_dir
 from seer_deploy.engines.buckets import ProfileLayout, input_axes, plan_buckets, profile_shapes
 from seer_deploy.engines.manifest import MANIFEST_FILE, BackendName, EngineManifest, TensorRTFacts
 from seer_deploy.engines.ort import OrtSessionOptions
@@ -115,21 +116,6 @@ def check_destination(out: Path) -> None:
             f"--out {out} is a non-empty directory that is not a seer-deploy engine dir; refusing to replace it. "
             f"Choose a new or empty directory"
         )
-
-
-def _install(tmp: Path, out: Path) -> None:
-    """Rename the finished engine dir into place; an existing one is moved aside first and removed after."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    old = tmp.with_name(tmp.name + ".old")
-    os.replace(out, old)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        os.replace(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _check_export(export_dir: Path, export: ExportManifest) -> None:
@@ -262,7 +248,7 @@ def build_engines(export_dir: Path, out: Path, options: BuildOptions, progress: 
         shutil.copyfile(export_dir / EXPORT_MANIFEST_FILE, tmp / EXPORT_COPY)
         manifest.save(tmp)
         progress(f"installing {out}")
-        _install(tmp, out)
+        install_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

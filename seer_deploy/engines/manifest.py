@@ -8,13 +8,12 @@ load: a mismatch is an ArtifactError naming what differs and how to rebuild, nev
 from __future__ import annotations
 
 import json
-import os
-import secrets
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from seer_deploy.atomic import write_bytes_atomic
 from seer_deploy.engines.buckets import ProfileLayout, check_buckets
 from seer_deploy.errors import ArtifactError, ConfigError
 
@@ -27,21 +26,8 @@ BACKENDS: tuple[BackendName, ...] = ("ort", "tensorrt")
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to a temp file beside `path`, fsync, then rename: readers see the old file or the new one.
-
-    Not mkstemp: its 0600 mode would make engines unreadable to other users; open(..., "xb") honours the umask.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    try:
-        with open(tmp, "xb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write `data` to `path` atomically (see seer_deploy.atomic): readers see the old file or the new one."""
+    write_bytes_atomic(path, data)
 
 
 @dataclass(frozen=True)

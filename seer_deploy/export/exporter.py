@@ -21,6 +21,7 @@ import onnx_ir as ir
 import torch
 
 import seer_deploy
+from seer_deploy.atomic import install_dir
 from seer_deploy.errors import ArtifactError, ConfigError
 from seer_deploy.export import sampling
 from seer_deploy.export.graphs import Step0Graph, StepGraph
@@ -88,21 +89,6 @@ def check_destination(out: Path, fingerprint: str, force: bool) -> None:
         )
 
 
-def _install(tmp: Path, out: Path) -> None:
-    """Rename the finished export into place; an existing destination is moved aside first and removed after."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    old = tmp.with_name(tmp.name + ".old")
-    os.replace(out, old)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        os.replace(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -111,7 +97,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _versions() -> dict[str, str]:
+def export_versions() -> dict[str, str]:
     import onnx
     import onnxruntime
     import onnxscript
@@ -218,7 +204,7 @@ def export_checkpoint(
                 sparsity_rows=[(layer, stat) for layer in spec.layers for stat in STAT_NAMES],
             ),
             sampling=sampling.manifest_entry(),
-            versions=_versions(),
+            versions=export_versions(),
             weights=WeightsSpec(store.name, store.sha256(), store.size),
             extra={"tensors_in_weights_file": store.tensors_written, "tensors_shared": store.tensors_shared},
         )
@@ -237,7 +223,7 @@ def export_checkpoint(
 
         report("installing")
         check_destination(dest, fingerprint, options.force)  # again: another process may have written there meanwhile
-        _install(tmp, dest)
+        install_dir(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seer_deploy.atomic import write_text_atomic
 from seer_deploy.errors import ArtifactError, CheckpointError
 from seer_deploy.models.config import ModelConfig
 
@@ -132,18 +132,7 @@ class ExportManifest:
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write manifest.json into `directory` through a temp file and a rename."""
-        path = Path(directory) / MANIFEST_FILE
-        # Not mkstemp: its 0600 mode would make the export unreadable to other users; open() honours the umask.
-        tmp = path.with_name(f".{MANIFEST_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
-        try:
-            with open(tmp, "x") as fh:
-                json.dump(self.to_dict(), fh, indent=2)
-                fh.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return path
+        return write_text_atomic(Path(directory) / MANIFEST_FILE, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> ExportManifest:

@@ -39,7 +39,7 @@ def check_opset(opset: int) -> None:
 
 
 @contextmanager
-def _quiet() -> Iterator[None]:
+def quiet_exporter() -> Iterator[None]:
     """The exporter's progress prints and warnings are noise for users of `seer-deploy export`."""
     loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
     levels = [lg.level for lg in loggers]
@@ -73,7 +73,7 @@ def trace_graph(
     dynamic_shapes: dict[str, Any] = {
         name: {axis: dims[dim] for axis, dim in dynamic_dims.get(name, {}).items()} for name in input_names
     }
-    with _quiet(), torch.no_grad():
+    with quiet_exporter(), torch.no_grad():
         program = torch.onnx.export(
             module,
             example_args,

@@ -28,14 +28,15 @@ import onnxruntime as ort
 import torch
 from torch import Tensor, nn
 
+from seer_deploy.atomic import install_dir
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.errors import ArtifactError, ConfigError
 from seer_deploy.export import sampling
-from seer_deploy.export.exporter import Progress, _install, _versions, check_destination
+from seer_deploy.export.exporter import Progress, check_destination, export_versions
 from seer_deploy.export.graphs import Step0Graph, StepGraph
 from seer_deploy.export.manifest import ExportManifest, GraphSpec, ModelSpec, SeerSpec, WeightsSpec
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.export.trace import _quiet, check_opset, io_specs, strip_metadata
+from seer_deploy.export.trace import check_opset, io_specs, quiet_exporter, strip_metadata
 from seer_deploy.export.validate import (
     Probe,
     check_graph_files,
@@ -141,7 +142,7 @@ def _trace(
         for name, upper in axes.values():
             dims.setdefault(name, torch.export.Dim(name, min=1, max=upper))
     shapes = {n: {axis: dims[name] for axis, (name, _) in dynamic.get(n, {}).items()} for n in inputs}
-    with _quiet(), torch.no_grad():
+    with quiet_exporter(), torch.no_grad():
         program = torch.onnx.export(
             module, args, dynamo=True, input_names=inputs, output_names=outputs, dynamic_shapes=shapes,
             opset_version=opset, optimize=True, verbose=False, report=False,
@@ -248,7 +249,7 @@ def export_multimodal(
                 sparsity_rows=[(layer, stat) for layer in spec.layers for stat in STAT_NAMES],
             ),
             sampling=sampling.manifest_entry(),
-            versions=_versions(),
+            versions=export_versions(),
             weights=WeightsSpec(store.name, store.sha256(), store.size),
             extra={
                 "tensors_in_weights_file": store.tensors_written,
@@ -276,7 +277,7 @@ def export_multimodal(
             manifest.save(tmp)
         report("installing")
         check_destination(dest, fingerprint, options.force)
-        _install(tmp, dest)
+        install_dir(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from seer_deploy.atomic import write_text_atomic
 from seer_deploy.errors import ConfigError
 from seer_deploy.models.llada import STAT_NAMES, StatsSpec
 
@@ -182,18 +182,7 @@ class SeerConfig:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the config as JSON through a temp file renamed into place."""
-        dest = Path(path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(self.to_dict(), fh, indent=1)
-                fh.write("\n")
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return dest
+        return write_text_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> SeerConfig:

@@ -6,7 +6,6 @@ Drawn with matplotlib's object API on an Agg canvas (no pyplot state, no display
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from seer_deploy.atomic import write_atomic
 from seer_deploy.models.llada import STAT_NAMES
 from seer_deploy.seer.inspect import Inspection
 
@@ -83,15 +83,5 @@ def _marks(ax: Axes, inspection: Inspection, legend: bool = False) -> None:
 
 def save_figure(inspection: Inspection, path: str | os.PathLike[str], title: str = "") -> Path:
     """Write the PNG through a temp file renamed into place."""
-    dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
     fig = draw(inspection, title)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".png", dir=dest.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return dest
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png"))
