@@ -35,6 +35,7 @@ MAX_GEN_LENGTH = 256
 # Slot counts per batch (and their weights): mostly short batches, enough long ones to learn long EOS tails.
 SLOT_CHOICES = (48, 96, 160, 256)
 SLOT_WEIGHTS = (0.55, 0.2, 0.1, 0.15)
+SHORT_TAIL_MAX = 16
 
 
 def demo_config() -> ModelConfig:
@@ -55,15 +56,24 @@ def demo_config() -> ModelConfig:
     )
 
 
-def make_batch(rng: random.Random, tok: Tokenizer, cfg: ModelConfig, batch: int) -> tuple[torch.Tensor, ...]:
-    """ids, attention mask, response mask (positions that may be masked and carry loss), and t per row."""
+def make_batch(
+    rng: random.Random, tok: Tokenizer, cfg: ModelConfig, batch: int, short_tail: float = 0.0
+) -> tuple[torch.Tensor, ...]:
+    """ids, attention mask, response mask (positions that may be masked and carry loss), and t per row.
+
+    short_tail: the share of rows whose response is the answer plus only 0 to SHORT_TAIL_MAX EOS slots, what a
+    response looks like after Seer cut it; without them the model answered differently when little padding was left.
+    """
     slots = rng.choices(SLOT_CHOICES, SLOT_WEIGHTS)[0]
     rows = []
     for _ in range(batch):
         ex = sample_example(rng)
         prompt = tok.encode_prompt(ex.prompt)
         answer = tok.encode_prompt(ex.answer)[1:-1] if ex.answer else []  # strip BOS and '='
-        g = rng.randint(max(len(answer), 1), slots) if rng.random() < 0.5 else slots
+        if rng.random() < short_tail:
+            g = min(slots, max(len(answer), 1) + rng.randint(0, SHORT_TAIL_MAX))
+        else:
+            g = rng.randint(max(len(answer), 1), slots) if rng.random() < 0.5 else slots
         response = answer + [cfg.eos_id] * (g - len(answer))
         rows.append((prompt, response))
     width = max(len(p) + len(r) for p, r in rows)
@@ -98,6 +108,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--short-tail", type=float, default=0.0,
+                    help="share of rows with only 0-16 EOS slots after the answer (as after a Seer cut)")
     ap.add_argument("--init-from", type=Path, default=None, help="continue from this checkpoint's weights")
     args = ap.parse_args()
 
@@ -124,7 +136,7 @@ def main() -> None:
 
     start = time.time()
     for step in range(args.steps):
-        ids, attn, resp, t = make_batch(rng, tok, cfg, args.batch)
+        ids, attn, resp, t = make_batch(rng, tok, cfg, args.batch, args.short_tail)
         masked = resp & (torch.rand(ids.shape) < t)
         noisy = torch.where(masked, torch.full_like(ids, cfg.mask_id), ids)
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -153,7 +165,7 @@ A {model.num_parameters() / 1e6:.2f}M-parameter LLaDA-style mask predictor ({cfg
 Stored in LLaDA's original layout (config.json field names and `model.transformer.blocks.N...` weights).
 
 Training: `python scripts/train_demo.py --steps {args.steps} --batch {args.batch} --lr {args.lr} --seed {args.seed} \\
---threads {args.threads}{init}` ({minutes:.1f} minutes on {args.threads} CPU threads). LLaDA's SFT objective with EOS tails of
+--threads {args.threads} --short-tail {args.short_tail}{init}` ({minutes:.1f} minutes on {args.threads} CPU threads). LLaDA's SFT objective with EOS tails of
 varying length (up to {MAX_GEN_LENGTH} response slots).
 
 Held-out exact match (reference loop, 200 prompts, steps = gen_length, block_length = gen_length, temperature 0):
