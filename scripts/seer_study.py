@@ -44,7 +44,7 @@ from seer_deploy.seer.calibrate import (
     sparsity_config,
 )
 from seer_deploy.seer.collect import StepZeroSet, step_zero_set
-from seer_deploy.seer.config import SeerConfig, Trend
+from seer_deploy.seer.config import DEMO_CONFIG_FILE, SeerConfig, Trend
 from seer_deploy.seer.metrics import mixed_auc, position_matched_auc, true_lengths
 
 CAL_SEED = HELDOUT_SEED + 1
@@ -115,20 +115,24 @@ def run_batched(model: MaskPredictor, prompts: list[list[int]], config: Generati
             "seconds": time.perf_counter() - start}
 
 
+def identical_share(tokens: np.ndarray, full: np.ndarray, true_len: np.ndarray) -> float:
+    """Share of rows with the same tokens as full length up to and including the full-length answer's first EOS."""
+    upto = np.minimum(true_len + 1, full.shape[1])
+    return float(np.mean([np.array_equal(tokens[i, : upto[i]], full[i, : upto[i]]) for i in range(len(full))]))
+
+
 def end_to_end(name: str, run: dict[str, Any], full: np.ndarray, true_len: np.ndarray, examples: list[Example],
                tok: Tokenizer, full_processed: int, oracle_processed: int | None) -> dict[str, Any]:
     """Exact match, identity with full length, kept length and work of one run."""
     G = full.shape[1]
     answers = [tok.decode_answer(row.tolist()) for row in run["tokens"]]
-    # Identical: the same tokens up to and including the full-length answer's first EOS.
-    upto = np.minimum(true_len + 1, G)
-    identical = np.array([np.array_equal(run["tokens"][i, : upto[i]], full[i, : upto[i]]) for i in range(len(full))])
     kept = np.array([r.kept if r is not None else G for r in run["reports"]])
     row: dict[str, Any] = {
         "run": name,
         "exact_match": float(np.mean([a == e.answer for a, e in zip(answers, examples, strict=True)])),
-        "identical_to_full": float(identical.mean()),
+        "identical_to_full": identical_share(run["tokens"], full, true_len),
         "mean_kept": float(kept.mean()),
+        "safe": float(np.mean(kept >= true_len)),
         "tokens_processed": int(run["tokens_processed"]),
         "vs_full": run["tokens_processed"] / full_processed,
         "seconds": round(float(run["seconds"]), 2),
@@ -225,11 +229,14 @@ def study_length(model: MaskPredictor, tok: Tokenizer, G: int, args: argparse.Na
                 "seconds": full_seconds}
     e2e = [end_to_end("full length", full_run, full_ev, tev, ev_examples, tok, full_processed, oracle_processed),
            end_to_end("oracle (true length)", oracle, full_ev, tev, ev_examples, tok, full_processed, oracle_processed)]
-    for name, c in detectors.items():
+    runs = {f"seer {name} (margin {c.margin})": c for name, c in detectors.items()}
+    if args.shipped_config is not None and args.shipped_config.is_file():  # the config `generate --seer` uses
+        shipped = SeerConfig.load(args.shipped_config)
+        runs[f"**shipped {args.shipped_config.name}: {shipped.detector}, margin {shipped.margin}**"] = shipped
+    for label, c in runs.items():
         run = run_batched(model, ev_prompts, config, args.batch, seer=c)
-        e2e.append(end_to_end(f"seer {name} (margin {c.margin})", run, full_ev, tev, ev_examples, tok,
-                              full_processed, oracle_processed))
-        print(f"g{G}: e2e {name} done", flush=True)
+        e2e.append(end_to_end(label, run, full_ev, tev, ev_examples, tok, full_processed, oracle_processed))
+        print(f"g{G}: e2e {label} done", flush=True)
     return {
         "gen_length": G, "steps": steps, "cal_steps": cal_config.steps, "n_eval": len(ev_prompts),
         "n_cal": len(cal_prompts),
@@ -275,14 +282,39 @@ def markdown(results: list[dict[str, Any]]) -> str:
             lines.append(f"| {a['variant']} | {a['argmax_exact']:.3f} | {a['argmax_within_2']:.3f} | {floor} | "
                          f"{a['margin']} | {a['safe']:.3f} | {a['truncated']:.3f} | {a['mean_kept']:.2f} |")
         lines += ["", "End to end (torch reference loop, batches of 64 sorted by prompt length):", "",
-                  ("| run | exact match | identical to full | mean kept | tokens processed | vs full | vs oracle | "
-                  "seconds |"), "|---|---|---|---|---|---|---|---|"]
+                  ("| run | exact match | identical to full | safe | mean kept | tokens processed | vs full | "
+                  "vs oracle | seconds |"), "|---|---|---|---|---|---|---|---|---|"]
         for e in res["end_to_end"]:
             lines.append(f"| {e['run']} | {e['exact_match']:.3f} | {e['identical_to_full']:.3f} | "
-                         f"{e['mean_kept']:.2f} | {e['tokens_processed']:,} | {e['vs_full']:.3f} | "
+                         f"{e['safe']:.3f} | {e['mean_kept']:.2f} | {e['tokens_processed']:,} | {e['vs_full']:.3f} | "
                          f"{e.get('vs_oracle', 0):.2f} | {e['seconds']:.1f} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def fit_identity_margin(model: MaskPredictor, prompts: list[list[int]], config: SeerConfig,
+                        args: argparse.Namespace) -> dict[str, Any]:
+    """The smallest margin (not below the safe-rate calibration's) at which Seer's answers on the calibration prompts
+    are token-for-token those of full length, for at least --target-identical of them, at gen_length
+    --identity-gen-length with one token a step.
+
+    A safe cut (kept >= true length) is not enough: with only a few EOS slots left after the answer the demo model
+    sometimes answers differently than with the full tail, so the margin is fitted end to end.
+    """
+    G = args.identity_gen_length
+    gen = GenerationConfig(gen_length=G, steps=G)
+    full, _ = cached_full(model, prompts, gen, args.cache, "cal", args.batch)
+    tried = []
+    for margin in sorted({config.margin, *range(config.margin, G + 1, 2)}):
+        run = run_batched(model, prompts, gen, args.batch, seer=config.with_(margin=margin))
+        identical = identical_share(run["tokens"], full, true_lengths(full, {model.cfg.eos_id}))
+        kept = float(np.mean([r.kept for r in run["reports"]]))
+        tried.append({"margin": margin, "identical": round(identical, 4), "mean_kept": round(kept, 2)})
+        print(f"  identity margin {margin}: identical {identical:.3f}, mean kept {kept:.1f}", flush=True)
+        if identical >= args.target_identical:
+            break
+    return {"margin": tried[-1]["margin"], "gen_length": G, "target_identical": args.target_identical,
+            "tried": tried}
 
 
 def write_demo_config(model: MaskPredictor, tok: Tokenizer, args: argparse.Namespace, lengths: Sequence[int]) -> None:
@@ -307,9 +339,11 @@ def write_demo_config(model: MaskPredictor, tok: Tokenizer, args: argparse.Names
         d, t = data_for(G)
         refit = sparsity_config(d, t, (config.abs_threshold, config.rel_threshold), config.rows, config)
         trends.append(Trend(G, refit.trends[0].mean, refit.trends[0].scale))
-    config = config.with_(trends=tuple(trends), calibration=result.report | {
+    config = config.with_(trends=tuple(trends))
+    margin_fit = fit_identity_margin(model, cal_prompts, config, args)
+    config = config.with_(margin=margin_fit["margin"], calibration=result.report | {
         "prompts": f"{args.n_cal} demo-task prompts, seed HELDOUT_SEED + 1 (not the held-out evaluation prompts)",
-        "trend_lengths": [t.gen_length for t in trends]})
+        "trend_lengths": [t.gen_length for t in trends], "identity_margin": margin_fit})
     config.save(args.write_demo_config)
     print(f"wrote {args.write_demo_config}: {config.detector}, margin {config.margin}", flush=True)
 
@@ -324,6 +358,11 @@ def main() -> None:
                     help="steps ratio of the calibration prompts' full runs (only their answer ends are used); "
                          "default: --steps-ratio")
     ap.add_argument("--target-safe", type=float, default=0.995)
+    ap.add_argument("--target-identical", type=float, default=0.995,
+                    help="share of calibration answers that must equal full length's (the margin fit)")
+    ap.add_argument("--identity-gen-length", type=int, default=64, help="gen_length of the margin fit")
+    ap.add_argument("--shipped-config", type=Path, default=DEMO_CONFIG_FILE,
+                    help="also run this Seer config end to end (default: the demo's shipped calibration)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=Path("/tmp/seer_study"))
