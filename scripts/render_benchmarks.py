@@ -1,0 +1,51 @@
+"""Render BENCHMARKS.md from the committed benchmark results (no measuring here).
+
+    seer-deploy bench --out benchmarks/results                                    # bench.json, bench.md, bench.png
+    python benchmarks/bench_loopcore.py > benchmarks/results/loopcore.md
+    python benchmarks/bench_step_latency.py --threads 2 > benchmarks/results/step_latency.md
+    python benchmarks/bench_hybrid.py --threads 2 > benchmarks/results/hybrid.md
+    python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
+
+The first part is `seer_deploy.bench.report.render_markdown` of bench.json, then notes.md (the analysis written for
+that run: why a target is missed); the scripts' tables follow, each under the
+command that produced it. A missing script output is named as missing, not skipped silently.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from seer_deploy.atomic import write_atomic
+from seer_deploy.bench.report import render_markdown
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+SCRIPTS = (
+    ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
+     "python benchmarks/bench_loopcore.py"),
+    ("step_latency.md", "Step latency: ONNX Runtime (CPU) against torch eager at S = prompt + kept length",
+     "python benchmarks/bench_step_latency.py --threads 2"),
+    ("hybrid.md", "Batch throughput after Seer's cut: hybrid execution against padding to the longest and one by one",
+     "python benchmarks/bench_hybrid.py --threads 2"),
+)
+
+
+def main() -> None:
+    data = json.loads((RESULTS / "bench.json").read_text())
+    notes = RESULTS / "notes.md"  # hand-written analysis of this run (why a target is missed), kept beside the JSON
+    parts = [render_markdown(data, "benchmarks/results/bench.png"),
+             notes.read_text().strip() if notes.is_file() else "", "",
+             "# Component benchmarks", "",
+             "Run on the same machine right after the bench above, one at a time.", ""]
+    for name, title, command in SCRIPTS:
+        parts += [f"## {title}", "", f"Command: `{command}`", ""]
+        path = RESULTS / name
+        parts += [path.read_text().strip() if path.is_file() else f"(not measured: {path.name} is missing)", ""]
+    text = "\n".join(parts)
+    write_atomic(ROOT / "BENCHMARKS.md", lambda p: p.write_text(text))
+    print(f"wrote {ROOT / 'BENCHMARKS.md'}")
+
+
+if __name__ == "__main__":
+    main()
