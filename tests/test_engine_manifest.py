@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from seer_deploy.engines.manifest import (
+    ENGINE_FORMAT_VERSION,
     MANIFEST_FILE,
     EngineManifest,
     RuntimeFacts,
@@ -125,7 +126,8 @@ def mutate(tmp_path: Path, change: Any) -> Path:
     ("change", "message"),
     [
         (lambda d: d.update(format="other"), "not a seer-deploy engine manifest"),
-        (lambda d: d.update(format_version=2), "format_version 2"),
+        (lambda d: d.update(format_version=ENGINE_FORMAT_VERSION + 1), f"format_version {ENGINE_FORMAT_VERSION + 1}"),
+        (lambda d: d.update(format_version=1), "format_version 1"),
         (lambda d: d.update(backend="onnx"), "unknown backend"),
         (lambda d: d.pop("buckets"), "malformed"),
         (lambda d: d.update(buckets=[32, 16]), "ascending"),

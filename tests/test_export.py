@@ -80,7 +80,7 @@ def test_export_writes_graphs_weights_and_a_complete_manifest(exports: dict[str,
     m = ExportManifest.load(out)
     cfg = load_checkpoint(ckpt).config
     raw = json.loads((out / "manifest.json").read_text())
-    assert raw["format"] == "seer-deploy-export" and raw["format_version"] == 1
+    assert raw["format"] == "seer-deploy-export" and raw["format_version"] == 2
     assert m.model.layout == layout and m.model.fingerprint == checkpoint_fingerprint(ckpt)
     assert m.model.config == cfg.to_dict() and m.model_config() == cfg
     assert m.special_ids == {"mask": cfg.mask_id, "eos": cfg.eos_id, "pad": cfg.pad_id, "bos": cfg.bos_id, "eot": None}
@@ -354,19 +354,28 @@ def test_cli_export_with_a_seer_config(root: Path, tmp_path: Path, cli_exit: Any
     assert code == 2 and "bf16" in err and "Traceback" not in err
 
 
-def test_graph_confidence_equals_softmax_for_confident_predictions() -> None:
-    """The graphs' confidence must equal the reference loop's softmax probability, also when it is a hair under 1.
+def test_graph_confidence_ranks_near_certain_predictions_as_float64_does() -> None:
+    """The commit score keeps its precision where float32 probabilities saturate just under 1.0.
 
-    Computed as exp(top - logsumexp), float32 rounds the tiny gap between a large top logit and the log-sum-exp to 0,
-    so 0.999998 became a 1.0 tie, and the loop committed positions in another order than torch (measured on the demo
-    with Seer on, before the fix).
+    The demo's EOS tail sits at p = 0.99999988 or 0.99999976 in float32: dozens of positions tie, and torch and
+    ONNX Runtime, whose logits differ by 1e-6, broke those ties differently (1 of 200 prompts, measured). The graphs'
+    log-probability must match float64 to a relative 1e-5 of the doubt (1 - p), so the order is the true order.
     """
-    from seer_deploy.export.graphs import _greedy_head
+    from seer_deploy.models.confidence import greedy_head, log_prob_of, token_log_prob
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 64, 126, generator=gen)
     logits[..., 7] += torch.linspace(10.0, 24.0, 64)  # from confident to saturated
-    ids, confidence = _greedy_head(logits)[:2]
-    want_conf, want_ids = torch.softmax(logits, dim=-1).max(dim=-1)
+    ids, log_conf, top, log_total = greedy_head(logits)
+    want = torch.log_softmax(logits.double(), dim=-1)
+    want_conf, want_ids = want.max(dim=-1)
     assert torch.equal(ids, want_ids)
-    torch.testing.assert_close(confidence, want_conf, atol=0.0, rtol=1e-6)
+    # float32 probabilities tie; the log-probabilities do not, and they order as float64 does.
+    p32 = torch.softmax(logits, dim=-1).max(dim=-1).values
+    assert len(torch.unique(p32[0, 40:])) < 8
+    torch.testing.assert_close(log_conf.double(), want_conf, atol=0.0, rtol=1e-5)
+    assert torch.equal(torch.argsort(log_conf[0], stable=True), torch.argsort(want_conf[0], stable=True))
+    # Any other token (a sample, EOS) is scored with the same arithmetic.
+    other = torch.full_like(ids, 3)
+    torch.testing.assert_close(log_prob_of(logits, other, top, log_total).double(), want[..., 3], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(token_log_prob(logits, ids), log_conf, atol=0.0, rtol=0.0)

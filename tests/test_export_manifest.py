@@ -78,6 +78,7 @@ _DELETE = object()
         ("format", "something-else", "not a seer-deploy export manifest"),
         ("format_version", FORMAT_VERSION + 1, "newer than this seer-deploy understands.*upgrade"),
         ("format_version", "1", "'format_version' must be an integer"),
+        ("format_version", FORMAT_VERSION - 1, "older seer-deploy.*log-probability.*re-export"),
         ("graphs.step.sha256", _DELETE, "'graphs.step.sha256' is missing"),
         ("graphs.step0", _DELETE, "'graphs.step0' is missing"),
         ("graphs.step0.inputs.input_ids", [1], "must be an object with dtype and shape"),

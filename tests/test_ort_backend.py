@@ -152,9 +152,10 @@ def test_sampled_tokens_are_the_inverse_cdf_of_the_uniforms(
     near_edge = (np.abs(cdf - u[..., None]) < 1e-5).any(-1)
     assert np.array_equal(out.token_ids[~near_edge], want[~near_edge])
     assert near_edge.mean() < 1e-2
-    # The confidence is the temperature-free probability of the sampled token.
-    probs = torch.softmax(torch.from_numpy(logits), -1).numpy()
-    np.testing.assert_allclose(out.confidence, np.take_along_axis(probs, out.token_ids[..., None], -1)[..., 0], atol=1e-5)
+    # The confidence is the temperature-free log-probability of the sampled token.
+    log_probs = torch.log_softmax(torch.from_numpy(logits).double(), -1).numpy()
+    want_conf = np.take_along_axis(log_probs, out.token_ids[..., None], -1)[..., 0]
+    np.testing.assert_allclose(out.confidence, want_conf, atol=1e-5, rtol=1e-5)
 
 
 def test_temperature_zero_rows_stay_greedy_in_a_sampling_batch(

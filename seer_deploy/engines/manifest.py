@@ -18,7 +18,7 @@ from seer_deploy.engines.buckets import ProfileLayout, check_buckets
 from seer_deploy.errors import ArtifactError, ConfigError
 
 ENGINE_FORMAT = "seer-deploy-engine"
-ENGINE_FORMAT_VERSION = 1
+ENGINE_FORMAT_VERSION = 2  # 2: built from exports whose confidence is a log-probability (export format 2)
 MANIFEST_FILE = "engine.json"
 
 BackendName = Literal["ort", "tensorrt"]

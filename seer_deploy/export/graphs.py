@@ -1,7 +1,7 @@
 """The two exported graphs as torch modules around `MaskPredictor`: the sampling head lives inside the graph.
 
-A step moves B x S numbers to the host rather than B x S x V logits, so argmax, the softmax probability of the
-chosen token, the EOS probability and Seer's sparsity statistics are computed here, in forward (no hooks: torch.export
+A step moves B x S numbers to the host rather than B x S x V logits, so argmax, the log-probability of the
+chosen token (the commit score, `models.confidence`), the EOS probability and Seer's sparsity statistics are computed here, in forward (no hooks: torch.export
 rejects them). The same modules are the torch side of export validation, so "ORT matches torch" means these.
 
 Sampling at temperature > 0 (step graph only) is inverse-CDF sampling from softmax(logits / T) with one host-drawn
@@ -15,24 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from seer_deploy.models.confidence import greedy_head, log_prob_of
 from seer_deploy.models.llada import MaskPredictor, StatsSpec
-
-
-def _greedy_head(logits: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """argmax (ties: lowest id), its softmax probability, the max logit and sum(exp(logits - max)), in float32.
-
-    Probabilities are exp(l - max) / sum, as torch's softmax computes them. exp(l - logsumexp) would lose the
-    small gap between a large max logit and the log-sum-exp to float32 rounding (a confident 0.99999 becomes 1.0).
-    """
-    logits32 = logits.float()
-    top, token_ids = logits32.max(dim=-1)
-    total = torch.exp(logits32 - top[..., None]).sum(dim=-1)
-    return token_ids, 1.0 / total, top, total
-
-
-def _prob(logits32: Tensor, token_ids: Tensor, top: Tensor, total: Tensor) -> Tensor:
-    """softmax(logits)[token_ids] from the head's max and sum."""
-    return torch.exp(torch.gather(logits32, -1, token_ids[..., None]).squeeze(-1) - top) / total
 
 
 class Step0Graph(nn.Module):
@@ -47,14 +31,14 @@ class Step0Graph(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         out = self.model(input_ids, attention_mask, stats=self.spec)
         assert out.stats is not None
-        token_ids, confidence, top, total = _greedy_head(out.logits)
-        eos_prob = torch.exp(out.logits[..., self.eos_id].float() - top) / total
+        token_ids, confidence, top, log_total = greedy_head(out.logits)
+        eos_prob = torch.exp(out.logits[..., self.eos_id].float() - top - log_total)
         B, L, F, S = out.stats.shape
         return token_ids, confidence, eos_prob, out.stats.reshape(B, L * F, S)
 
 
 class StepGraph(nn.Module):
-    """A denoising step: token (argmax, or a sample where temperature[b] > 0) and softmax(logits)[token].
+    """A denoising step: token (argmax, or a sample where temperature[b] > 0) and log softmax(logits)[token].
 
     temperature [B] float32; sample_uniform [B, S] float32 in (0, 1], ignored where temperature[b] == 0.
     """
@@ -67,7 +51,7 @@ class StepGraph(nn.Module):
         self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor
     ) -> tuple[Tensor, Tensor]:
         logits = self.model(input_ids, attention_mask).logits.float()
-        greedy_ids, greedy_conf, top, total = _greedy_head(logits)
+        greedy_ids, greedy_conf, top, log_total = greedy_head(logits)
         hot = temperature > 0
         # softmax(l / T) for the rows that sample; T = 1 stands in for greedy rows so nothing divides by zero.
         t = torch.where(hot, temperature, torch.ones_like(temperature))[:, None, None]
@@ -75,6 +59,6 @@ class StepGraph(nn.Module):
         drawn = (cdf < sample_uniform[..., None]).sum(dim=-1)
         # float32 rounding can leave cdf[-1] a hair under u: clamp to the last id.
         drawn = torch.clamp(drawn, max=logits.shape[-1] - 1)
-        drawn_conf = _prob(logits, drawn, top, total)
+        drawn_conf = log_prob_of(logits, drawn, top, log_total)
         row_hot = hot[:, None]
         return torch.where(row_hot, drawn, greedy_ids), torch.where(row_hot, drawn_conf, greedy_conf)

@@ -17,7 +17,9 @@ from seer_deploy.errors import ArtifactError, CheckpointError
 from seer_deploy.models.config import ModelConfig
 
 FORMAT = "seer-deploy-export"
-FORMAT_VERSION = 1
+# 2: the graphs' `confidence` output is the log-probability of the chosen token (models.confidence); 1 returned
+# the probability itself, which the runtime would now misread.
+FORMAT_VERSION = 2
 MANIFEST_FILE = "manifest.json"
 DTYPES: tuple[str, ...] = ("fp32", "fp16")
 LAYOUTS: tuple[str, ...] = ("llada", "llama")
@@ -168,6 +170,11 @@ class ExportManifest:
             )
         if version < 1:
             raise ArtifactError(f"{where}: format_version {version} is invalid; re-export the model")
+        if version < FORMAT_VERSION:
+            raise ArtifactError(
+                f"{where}: format_version {version} was written by an older seer-deploy whose graphs return the "
+                "confidence as a probability, not the log-probability this runtime ranks by; re-export the model"
+            )
         model = r.obj(raw, "model")
         layout = r.string(model, "layout", "model.layout")
         if layout not in LAYOUTS:

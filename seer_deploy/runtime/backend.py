@@ -1,7 +1,7 @@
 """The one small interface every backend implements: run step zero, run a step, at a given length and batch.
 
 Backends (torch eager = the reference, ONNX Runtime, TensorRT) return compact per-position outputs: the chosen token
-and its softmax probability, so a step moves B x S numbers to the host rather than B x S x V logits. Step zero
+and its log-probability (the commit score, see `models.confidence`), so a step moves B x S numbers to the host rather than B x S x V logits. Step zero
 also returns the EOS probability and Seer's sparsity statistics.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 
 class StepOutput(NamedTuple):
     token_ids: np.ndarray  # int64 [B, S]: x0, the argmax (or Gumbel-max sample) per position
-    confidence: np.ndarray  # float32 [B, S]: softmax probability of x0 (temperature-free logits)
+    confidence: np.ndarray  # float32 [B, S]: log softmax probability of x0 (temperature-free logits)
 
 
 class Step0Output(NamedTuple):

@@ -4,7 +4,8 @@ Every other backend is compared with this loop. Semantics (LLaDA): the response 
 blocks of `block_length`; `steps` are split evenly across blocks; inside a block the masked positions are committed
 over its steps by an even split (the remainder goes to the first steps). Each step runs the whole sequence, picks
 x0 = argmax (Gumbel-max in float64 when temperature > 0), scores masked positions of the current block by the
-softmax probability of x0 (`low_confidence`) or a uniform number (`random`), and commits the top-k. Committed tokens
+softmax probability of x0 (`low_confidence`; ranked as its log-probability, which orders the same but does not
+saturate near 1.0 in float32, see `models.confidence`) or a uniform number (`random`), and commits the top-k. Committed tokens
 never change. Ties in confidence go to the lower position, so every backend and the C core agree exactly.
 """
 
@@ -16,10 +17,10 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from seer_deploy.errors import ConfigError
+from seer_deploy.models.confidence import greedy_head, log_prob_of, token_log_prob
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.llada import MaskPredictor, StatsSpec
 from seer_deploy.runtime.backend import Step0Output
@@ -160,8 +161,7 @@ def _step(
     logits, stats = _logits(model, x, batch.attention_mask, batch.is_prompt, config.cfg_scale, mask_id, spec)
     x0 = gumbel_argmax(logits, config.temperature, generator)
     if config.remasking == "low_confidence":
-        probs = F.softmax(logits.float(), dim=-1)
-        score = probs.gather(-1, x0[..., None]).squeeze(-1)
+        score = token_log_prob(logits, x0)
     else:
         score = torch.rand(x.shape, generator=generator, device=x.device)
     score[:, hi:] = -torch.inf
@@ -270,11 +270,11 @@ def _generate_seer(
 
 def _step0_output(zero: _StepOut, eos_id: int, spec: StatsSpec | None) -> tuple[Step0Output, list[Row]]:
     """Step zero in the backends' numpy form (sparsity rows layer-major) and the labels of its sparsity rows."""
-    probs = F.softmax(zero.logits.float(), dim=-1)
+    _, _, top, log_total = greedy_head(zero.logits)
     out = Step0Output(
         token_ids=zero.x0.cpu().numpy().astype(np.int64),
-        confidence=probs.gather(-1, zero.x0[..., None]).squeeze(-1).cpu().numpy(),
-        eos_prob=probs[..., eos_id].cpu().numpy(),
+        confidence=log_prob_of(zero.logits, zero.x0, top, log_total).cpu().numpy(),
+        eos_prob=torch.exp(zero.logits[..., eos_id].float() - top - log_total).cpu().numpy(),
         sparsity=_flat_stats(zero.stats, zero.x0.shape),
     )
     return out, layer_major_rows(spec.layers) if spec is not None else []

@@ -1,6 +1,6 @@
 """The torch eager model behind the `Backend` interface: the reference that the exported backends are compared with.
 
-It returns what the exported graphs return (the chosen token, its softmax probability, EOS probability and the
+It returns what the exported graphs return (the chosen token, its log-probability, EOS probability and the
 sparsity rows), computed the way `reference.generate` computes them, so the runtime loop over this backend gives
 the reference loop's tokens.
 """
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from seer_deploy.errors import ConfigError
+from seer_deploy.models.confidence import greedy_head, token_log_prob
 from seer_deploy.models.llada import STAT_NAMES, MaskPredictor, StatsSpec
 from seer_deploy.runtime.backend import Step0Output, StepOutput
 from seer_deploy.runtime.reference import gumbel_argmax
@@ -60,14 +60,14 @@ class TorchBackend:
         """Greedy step zero at full length, with EOS probability and the sparsity rows [B, L*F, S] (layer-major)."""
         ids, mask = self._inputs(input_ids, attention_mask)
         out = self.model(ids, mask, stats=self.stats)
-        token = out.logits.argmax(-1)
-        probs = F.softmax(out.logits.float(), dim=-1)
+        token, confidence, top, log_total = greedy_head(out.logits)
+        eos_prob = torch.exp(out.logits[..., self.eos_id].float() - top - log_total)
         assert out.stats is not None  # requested with stats=self.stats
         B, L, Fn, S = out.stats.shape
         return Step0Output(
             token_ids=_numpy(token, np.int64),
-            confidence=_numpy(probs.gather(-1, token[..., None]).squeeze(-1), np.float32),
-            eos_prob=_numpy(probs[..., self.eos_id], np.float32),
+            confidence=_numpy(confidence, np.float32),
+            eos_prob=_numpy(eos_prob, np.float32),
             sparsity=_numpy(out.stats.reshape(B, L * Fn, S), np.float32),
         )
 
@@ -79,7 +79,7 @@ class TorchBackend:
         temperature: float = 0.0,
         seed: int | None = None,
     ) -> StepOutput:
-        """x0 (argmax, or LLaDA's Gumbel-max sample seeded by `seed` at temperature > 0) and softmax(logits)[x0]."""
+        """x0 (argmax, or LLaDA's Gumbel-max sample seeded by `seed` at temperature > 0) and log softmax(logits)[x0]."""
         ids, mask = self._inputs(input_ids, attention_mask)
         logits = self.model(ids, mask).logits
         generator = None
@@ -90,11 +90,7 @@ class TorchBackend:
             else:
                 generator.manual_seed(seed)
         token = gumbel_argmax(logits, temperature, generator)
-        probs = F.softmax(logits.float(), dim=-1)
-        return StepOutput(
-            token_ids=_numpy(token, np.int64),
-            confidence=_numpy(probs.gather(-1, token[..., None]).squeeze(-1), np.float32),
-        )
+        return StepOutput(token_ids=_numpy(token, np.int64), confidence=_numpy(token_log_prob(logits, token), np.float32))
 
 
 def _numpy(t: Tensor, dtype: type[np.generic]) -> np.ndarray:

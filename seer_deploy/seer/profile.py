@@ -25,7 +25,7 @@ class ResponseProfile:
     eos_prob: np.ndarray  # float32 [G]: step-zero softmax probability of EOS
     sparsity: np.ndarray  # float32 [K, G]: one row per entry of `rows`
     rows: tuple[Row, ...]
-    confidence: np.ndarray | None = None  # float32 [G]: probability of token_ids
+    confidence: np.ndarray | None = None  # float32 [G]: log-probability of token_ids
 
     @property
     def gen_length(self) -> int:
