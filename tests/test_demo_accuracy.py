@@ -1,10 +1,11 @@
 """The committed demo checkpoint really solves its tasks with the reference loop (LLaDA's one-token-per-step setting).
 
-The issue's bar is 97% of 200 held-out prompts at gen_length 64 and 256. The checkpoint trained in this session
-reaches 88.5% at 64 (see its model card; `python scripts/eval_demo.py`), so the bar is NOT met yet and the floor
-below guards what exists against regressions; raise it to 0.97 once a longer training run lands
-(`scripts/train_demo.py --init-from ...`). On 2 CPU cores the full-length loop at 256 costs about 2.5 s per step
-for 200 prompts (640 s), so CI checks all 200 at 64 and the first 25 at 256.
+The issue's bar is 97% of 200 held-out prompts at gen_length 64 and 256. The committed checkpoint answers 96.0% at 64
+and 88% at 256 (docs/seer-study.md: 240 slots of padding hurt it more than 52), so the bar is NOT met yet and the
+floors below guard what exists against regressions; raise them to 0.97 once a longer training run lands
+(`scripts/train_demo.py --init-from ...`, with long EOS tails).
+On 2 CPU cores the full-length loop at 256 costs about 2.5 s per step for 200 prompts (640 s), so CI checks all 200
+at 64 and the first 25 at 256.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from seer_deploy.runtime.reference import GenerationConfig, generate
 from conftest import requires_demo
 
 pytestmark = [requires_demo, pytest.mark.slow]
-MEASURED_FLOOR = 0.8  # measured 0.885 on the 200 prompts at 64; the issue asks for 0.97
+# Measured: 0.960 on the 200 prompts at 64, 0.80 (20 of 25) on the first 25 at 256; the issue asks for 0.97.
+MEASURED_FLOORS = {64: 0.93, 256: 0.72}
 
 
 @pytest.mark.parametrize("gen_length, n_prompts", [(64, 200), (256, 25)])
@@ -30,7 +32,7 @@ def test_demo_answers_held_out_prompts(gen_length: int, n_prompts: int) -> None:
     out = generate(ckpt.model, [tok.encode_prompt(e.prompt) for e in examples], GenerationConfig(gen_length, gen_length))
     answers = [tok.decode_answer(row.tolist()) for row in out.tokens]
     exact = sum(a == e.answer for a, e in zip(answers, examples, strict=True)) / len(examples)
-    assert exact >= MEASURED_FLOOR, f"exact match {exact:.3f} at gen_length {gen_length}"
+    assert exact >= MEASURED_FLOORS[gen_length], f"exact match {exact:.3f} at gen_length {gen_length}"
     # The tail really is EOS padding, as LLaDA's SFT data taught: Seer has something to cut.
     eos_share = float((out.tokens == ckpt.config.eos_id).float().mean())
     assert eos_share > 0.5
