@@ -18,12 +18,15 @@ from seer_deploy.cli.demo import export_options
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
+from seer_deploy.export.manifest import ExportManifest
 from seer_deploy.models.checkpoint import load_checkpoint
+from seer_deploy.models.llada import StatsSpec
 from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.runtime.backend import Backend
 from seer_deploy.runtime.loop import run_generation
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.reference import GenerationConfig, generate, left_pad
 from seer_deploy.runtime.scheduler import CostedBackend, StepCost
+from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.runtime.targets import TargetInfo, open_target
 from seer_deploy.seer.config import SeerConfig
 
@@ -98,6 +101,41 @@ def test_onnx_runtime_tokens_equal_the_torch_reference(
         if batch > 1:  # batches really mixed kept lengths
             assert max(len(set(kept[lo : lo + batch])) for lo in range(0, N, batch)) >= 3
     print(f"batch {batch}, seer {use_seer}: {time.perf_counter() - start:.1f}s")
+
+
+def test_step_zero_statistics_agree_with_torch(engine: tuple[Backend, TargetInfo], prompts: list[list[int]]) -> None:
+    """Step zero on all 200 prompts, batches of 8: ORT's sparsity rows within 1e-4 of torch's except entries where a
+    unit sits exactly at a threshold (a whole 1/hidden step, fewer than 0.1% of entries); EOS probability and the
+    commit score within 1e-4; the same tokens."""
+    backend, info = engine
+    model = load_checkpoint("demo").model
+    torch_backend = TorchBackend(model, backend_stats_spec(info))
+    assert torch_backend.sparsity_rows == backend.sparsity_rows
+    bad = total = 0
+    for lo in range(0, N, 8):
+        ids, mask = left_pad(prompts[lo : lo + 8], info.pad_id)
+        x = np.concatenate([ids.numpy(), np.full((ids.shape[0], CONFIG.gen_length), info.mask_id)], axis=1)
+        m = np.concatenate([mask.numpy().astype(np.int64), np.ones((ids.shape[0], CONFIG.gen_length), np.int64)], 1)
+        got, want = backend.step0(x, m), torch_backend.step0(x, m)
+        real = m.astype(bool)
+        assert np.array_equal(got.token_ids[real], want.token_ids[real])
+        np.testing.assert_allclose(got.eos_prob[real], want.eos_prob[real], atol=1e-4)
+        np.testing.assert_allclose(got.confidence[real], want.confidence[real], atol=1e-4)
+        diff = np.abs(got.sparsity - want.sparsity).transpose(0, 2, 1)[real]  # [real positions, K]
+        off = diff > 1e-4
+        # What differs is a unit flipping across a threshold: a multiple of 1/hidden, not drift.
+        steps = diff[off] * model.cfg.mlp_hidden
+        assert np.allclose(steps, np.round(steps), atol=1e-2), diff[off][:5]
+        bad += int(off.sum())
+        total += off.size
+    assert bad < 1e-3 * total, f"{bad} of {total} entries differ by more than 1e-4"
+
+
+def backend_stats_spec(info: TargetInfo) -> StatsSpec:
+    """The statistics the export carries (layers and thresholds from its manifest), as the torch backend's StatsSpec."""
+    assert info.export_dir is not None
+    m = ExportManifest.load(info.export_dir).seer
+    return StatsSpec(tuple(m.stats_layers), m.abs_threshold, m.rel_threshold)
 
 
 def test_merging_every_row_keeps_the_tokens(
