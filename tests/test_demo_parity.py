@@ -20,14 +20,14 @@ from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.manifest import ExportManifest
 from seer_deploy.models.checkpoint import load_checkpoint
-from seer_deploy.models.llada import StatsSpec
 from seer_deploy.models.demo_tasks import heldout_examples
+from seer_deploy.models.llada import StatsSpec
 from seer_deploy.runtime.backend import Backend
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import GenerationConfig, generate, left_pad
 from seer_deploy.runtime.scheduler import CostedBackend, StepCost
-from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.runtime.targets import TargetInfo, open_target
+from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
 
 pytestmark = [pytest.mark.slow, requires_demo]

@@ -1,8 +1,9 @@
 """The two exported graphs as torch modules around `MaskPredictor`: the sampling head lives inside the graph.
 
 A step moves B x S numbers to the host rather than B x S x V logits, so argmax, the log-probability of the
-chosen token (the commit score, `models.confidence`), the EOS probability and Seer's sparsity statistics are computed here, in forward (no hooks: torch.export
-rejects them). The same modules are the torch side of export validation, so "ORT matches torch" means these.
+chosen token (the commit score, `models.confidence`), the EOS probability and Seer's sparsity statistics are
+computed here, in forward (no hooks: torch.export rejects them). The same modules are the torch side of export
+validation, so "ORT matches torch" means these.
 
 Sampling at temperature > 0 (step graph only) is inverse-CDF sampling from softmax(logits / T) with one host-drawn
 uniform number per position: index = #{v : cumsum(p)[v] < u}. That is an exact draw from the distribution LLaDA's

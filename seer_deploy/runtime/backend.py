@@ -1,8 +1,8 @@
 """The one small interface every backend implements: run step zero, run a step, at a given length and batch.
 
 Backends (torch eager = the reference, ONNX Runtime, TensorRT) return compact per-position outputs: the chosen token
-and its log-probability (the commit score, see `models.confidence`), so a step moves B x S numbers to the host rather than B x S x V logits. Step zero
-also returns the EOS probability and Seer's sparsity statistics.
+and its log-probability (the commit score, see `models.confidence`), so a step moves B x S numbers to the host
+rather than B x S x V logits. Step zero also returns the EOS probability and Seer's sparsity statistics.
 """
 
 from __future__ import annotations

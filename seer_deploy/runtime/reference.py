@@ -5,8 +5,9 @@ blocks of `block_length`; `steps` are split evenly across blocks; inside a block
 over its steps by an even split (the remainder goes to the first steps). Each step runs the whole sequence, picks
 x0 = argmax (Gumbel-max in float64 when temperature > 0), scores masked positions of the current block by the
 softmax probability of x0 (`low_confidence`; ranked as its log-probability, which orders the same but does not
-saturate near 1.0 in float32, see `models.confidence`) or a uniform number (`random`), and commits the top-k. Committed tokens
-never change. Ties in confidence go to the lower position, so every backend and the C core agree exactly.
+saturate near 1.0 in float32, see `models.confidence`) or a uniform number (`random`), and commits the top-k.
+Committed tokens never change. Ties in confidence go to the lower position, so every backend and the C core agree
+exactly.
 """
 
 from __future__ import annotations

@@ -90,7 +90,8 @@ class TorchBackend:
             else:
                 generator.manual_seed(seed)
         token = gumbel_argmax(logits, temperature, generator)
-        return StepOutput(token_ids=_numpy(token, np.int64), confidence=_numpy(token_log_prob(logits, token), np.float32))
+        confidence = token_log_prob(logits, token)
+        return StepOutput(token_ids=_numpy(token, np.int64), confidence=_numpy(confidence, np.float32))
 
 
 def _numpy(t: Tensor, dtype: type[np.generic]) -> np.ndarray:
