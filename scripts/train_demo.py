@@ -26,7 +26,14 @@ import torch.nn.functional as F
 
 from seer_deploy.models.checkpoint import load_checkpoint, save_checkpoint
 from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.demo_tasks import MAX_ANSWER_TOKENS, VOCAB, heldout_examples, sample_example, write_tokenizer
+from seer_deploy.models.demo_tasks import (
+    MAX_ANSWER_TOKENS,
+    TASKS,
+    VOCAB,
+    heldout_examples,
+    sample_example,
+    write_tokenizer,
+)
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.tokenizer import Tokenizer
 from seer_deploy.runtime.reference import GenerationConfig, generate
@@ -57,17 +64,23 @@ def demo_config() -> ModelConfig:
 
 
 def make_batch(
-    rng: random.Random, tok: Tokenizer, cfg: ModelConfig, batch: int, short_tail: float = 0.0
+    rng: random.Random,
+    tok: Tokenizer,
+    cfg: ModelConfig,
+    batch: int,
+    short_tail: float = 0.0,
+    slot_weights: tuple[float, ...] = SLOT_WEIGHTS,
+    task_weights: tuple[float, ...] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """ids, attention mask, response mask (positions that may be masked and carry loss), and t per row.
 
     short_tail: the share of rows whose response is the answer plus only 0 to SHORT_TAIL_MAX EOS slots, what a
     response looks like after Seer cut it; without them the model answered differently when little padding was left.
     """
-    slots = rng.choices(SLOT_CHOICES, SLOT_WEIGHTS)[0]
+    slots = rng.choices(SLOT_CHOICES, slot_weights)[0]
     rows = []
     for _ in range(batch):
-        ex = sample_example(rng)
+        ex = sample_example(rng, rng.choices(TASKS, task_weights)[0] if task_weights else None)
         prompt = tok.encode_prompt(ex.prompt)
         answer = tok.encode_prompt(ex.answer)[1:-1] if ex.answer else []  # strip BOS and '='
         if rng.random() < short_tail:
@@ -99,6 +112,10 @@ def evaluate(model: MaskPredictor, tok: Tokenizer, n: int, gen_length: int) -> f
     return hits / n
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(","))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("seer_deploy/models/demo"))
@@ -111,7 +128,15 @@ def main() -> None:
     ap.add_argument("--short-tail", type=float, default=0.0,
                     help="share of rows with only 0-16 EOS slots after the answer (as after a Seer cut)")
     ap.add_argument("--init-from", type=Path, default=None, help="continue from this checkpoint's weights")
+    ap.add_argument("--slot-weights", type=_floats, default=SLOT_WEIGHTS,
+                    help=f"weights of the batch slot counts {SLOT_CHOICES} (default {SLOT_WEIGHTS})")
+    ap.add_argument("--task-weights", type=_floats, default=None,
+                    help=f"weights of the tasks {TASKS} (default: uniform)")
     args = ap.parse_args()
+    if len(args.slot_weights) != len(SLOT_CHOICES):
+        ap.error(f"--slot-weights needs {len(SLOT_CHOICES)} numbers, one per slot count {SLOT_CHOICES}")
+    if args.task_weights is not None and len(args.task_weights) != len(TASKS):
+        ap.error(f"--task-weights needs {len(TASKS)} numbers, one per task {TASKS}")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -136,7 +161,9 @@ def main() -> None:
 
     start = time.time()
     for step in range(args.steps):
-        ids, attn, resp, t = make_batch(rng, tok, cfg, args.batch, args.short_tail)
+        ids, attn, resp, t = make_batch(
+            rng, tok, cfg, args.batch, args.short_tail, args.slot_weights, args.task_weights
+        )
         masked = resp & (torch.rand(ids.shape) < t)
         noisy = torch.where(masked, torch.full_like(ids, cfg.mask_id), ids)
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -157,6 +184,9 @@ def main() -> None:
     acc64 = evaluate(model, tok, 200, 64)
     print(f"trained {args.steps} steps in {minutes:.1f} min; held-out exact match at gen_length 64: {acc64:.3f}")
     init = f" --init-from {args.init_from}" if args.init_from else ""
+    init += " --slot-weights " + ",".join(map(str, args.slot_weights))
+    if args.task_weights:
+        init += " --task-weights " + ",".join(map(str, args.task_weights))
     card = f"""# seer-deploy demo checkpoint
 
 A {model.num_parameters() / 1e6:.2f}M-parameter LLaDA-style mask predictor ({cfg.n_layers} layers, d_model {cfg.d_model},
