@@ -40,6 +40,22 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     return write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
+def temp_dir_beside(dest: Path, tag: str) -> Path:
+    """A fresh directory next to `dest` to build it in, for install_dir. Not mkdtemp: its 0700 mode would carry over
+    to the installed directory; mkdir honours the umask."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    return tmp
+
+
+def honour_umask(path: Path) -> None:
+    """Give a file the mode a plain open() would have: safetensors' save_file writes 0600 whatever the umask."""
+    mask = os.umask(0o022)  # reading the umask means setting it; restored at once
+    os.umask(mask)
+    path.chmod(0o666 & ~mask)
+
+
 def install_dir(tmp: Path, out: Path) -> None:
     """Rename a finished directory `tmp` (a sibling of `out`) into place; an existing `out` is moved aside first,
     restored if the rename fails, and removed after. A crash never leaves a half-written `out`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from seer_deploy.errors import CheckpointError
-from seer_deploy.models.checkpoint import detect_layout, load_checkpoint, weight_files
+from seer_deploy.models.checkpoint import detect_layout, load_checkpoint, save_checkpoint, weight_files
 from seer_deploy.models.config import config_from_dict
 
 from conftest import tiny_model
@@ -44,6 +45,21 @@ def test_sharded_checkpoint_with_index_loads(make_checkpoint) -> None:
     assert not (path / "model.safetensors").exists()
     ids = torch.randint(0, 19, (1, 9))
     assert torch.equal(_logits(path, ids), model(ids).logits)
+
+
+def test_written_checkpoint_honours_the_umask_and_replaces_the_old_one(tmp_path: Path) -> None:
+    """mkdtemp (0700) and safetensors' save_file (0600) would make a checkpoint unreadable to other users."""
+    dest = tmp_path / "ckpt"
+    old = os.umask(0o022)
+    try:
+        save_checkpoint(tiny_model(seed=1), dest, max_shard_bytes=20_000)
+        save_checkpoint(tiny_model(seed=2), dest)  # over the sharded one: no stale shard survives
+    finally:
+        os.umask(old)
+    assert dest.stat().st_mode & 0o777 == 0o755
+    assert {p.name: p.stat().st_mode & 0o777 for p in dest.iterdir()} == {"config.json": 0o644, "model.safetensors": 0o644}
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temp directory left beside it
+    assert torch.equal(load_checkpoint(dest).model.embed.weight, tiny_model(seed=2).embed.weight)
 
 
 def test_tied_embeddings_and_gqa_round_trip(make_checkpoint) -> None:

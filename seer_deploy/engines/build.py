@@ -10,8 +10,6 @@ manifest travels with it (`export.json`) so the engine dir says what it was buil
 from __future__ import annotations
 
 import hashlib
-import os
-import secrets
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import seer_deploy
-from seer_deploy.atomic import install_dir
+from seer_deploy.atomic import install_dir, temp_dir_beside
 from seer_deploy.engines.buckets import ProfileLayout, input_axes, plan_buckets, profile_shapes
 from seer_deploy.engines.manifest import MANIFEST_FILE, BackendName, EngineManifest, TensorRTFacts
 from seer_deploy.engines.ort import OrtSessionOptions
@@ -219,10 +217,7 @@ def build_engines(export_dir: Path, out: Path, options: BuildOptions, progress: 
              f"prompt {layout.min_prompt}..{layout.max_prompt}")
     _check_export(export_dir, export)
     check_destination(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Not mkdtemp: its 0700 mode would carry over to the installed engine dir; mkdir honours the umask.
-    tmp = out.parent / f".{out.name}.build-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    tmp = temp_dir_beside(out, "build")
     try:
         trt_facts: TensorRTFacts | None = None
         ort_session: dict[str, Any] | None = None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ import onnx_ir as ir
 import torch
 
 import seer_deploy
-from seer_deploy.atomic import install_dir
+from seer_deploy.atomic import install_dir, temp_dir_beside
 from seer_deploy.errors import ArtifactError, ConfigError
 from seer_deploy.export import sampling
 from seer_deploy.export.graphs import Step0Graph, StepGraph
@@ -178,10 +177,7 @@ def export_checkpoint(
     if options.dtype == "fp16":
         model = model.to(torch.float16)
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # Not mkdtemp: its 0700 mode would carry over to the installed export; mkdir honours the umask.
-    tmp = dest.parent / f".{dest.name}.export-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    tmp = temp_dir_beside(dest, "export")
     try:
         graphs, store = _trace_both(model, spec, options, max_seq_len, tmp, report)
         manifest = ExportManifest(

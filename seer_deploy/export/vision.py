@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -28,7 +27,7 @@ import onnxruntime as ort
 import torch
 from torch import Tensor, nn
 
-from seer_deploy.atomic import install_dir
+from seer_deploy.atomic import install_dir, temp_dir_beside
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.errors import ArtifactError, ConfigError
 from seer_deploy.export import sampling
@@ -228,9 +227,7 @@ def export_multimodal(
     if options.dtype == "fp16":
         lm, vision = lm.to(torch.float16), vision.to(torch.float16)
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.export-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    tmp = temp_dir_beside(dest, "export")
     try:
         graphs, vision_spec, store = _trace_all(lm, vision, spec, options, max_seq_len, tmp, report)
         source = DEMO_VL_NAME if str(checkpoint) == DEMO_VL_NAME else str(path.absolute())

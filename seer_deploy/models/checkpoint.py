@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -19,6 +18,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from seer_deploy.atomic import honour_umask, install_dir, temp_dir_beside
 from seer_deploy.errors import CheckpointError
 from seer_deploy.models.config import ModelConfig, config_from_dict
 from seer_deploy.models.llada import MaskPredictor
@@ -228,8 +228,7 @@ def save_checkpoint(
     """
     cfg = model.cfg
     dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    tmp = temp_dir_beside(dest, "write")
     try:
         params = dict(model.named_parameters())
         tensors = {
@@ -240,20 +239,24 @@ def save_checkpoint(
         config["torch_dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if max_shard_bytes is None:
-            save_file(tensors, str(tmp / SINGLE_FILE), metadata={"format": "pt"})
+            save_safetensors(tensors, tmp / SINGLE_FILE)
         else:
             _save_sharded(tensors, tmp, max_shard_bytes)
         if tokenizer_file is not None:
             shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        install_dir(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors' save_file, with the file's mode from the umask (save_file leaves it 0600)."""
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    honour_umask(path)
 
 
 def _save_sharded(tensors: dict[str, torch.Tensor], out: Path, max_shard_bytes: int) -> None:
@@ -269,7 +272,7 @@ def _save_sharded(tensors: dict[str, torch.Tensor], out: Path, max_shard_bytes: 
     weight_map: dict[str, str] = {}
     for k, shard in enumerate(shards, start=1):
         fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        save_safetensors(shard, out / fname)
         weight_map.update({name: fname for name in shard})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}

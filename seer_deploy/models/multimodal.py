@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from seer_deploy.atomic import install_dir, temp_dir_beside
 from seer_deploy.errors import CheckpointError, ConfigError
 from seer_deploy.models.checkpoint import (
     SINGLE_FILE,
@@ -38,6 +37,7 @@ from seer_deploy.models.checkpoint import (
     load_checkpoint,
     read_config,
     resolve_checkpoint,
+    save_safetensors,
     weight_files,
     weight_name_map,
 )
@@ -321,8 +321,7 @@ def save_multimodal_checkpoint(
     if lm.cfg.d_model != vcfg.lm_hidden_size:
         raise ConfigError(f"the projector outputs {vcfg.lm_hidden_size} wide embeddings but the LM is {lm.cfg.d_model} wide")
     dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    tmp = temp_dir_beside(dest, "write")
     try:
         lm_params = dict(lm.named_parameters())
         tensors: dict[str, Tensor] = {ext: lm_params[internal] for internal, ext in weight_name_map(lm.cfg, "llama").items()}
@@ -331,7 +330,7 @@ def save_multimodal_checkpoint(
         if unused_layers:
             tensors.update(_unused_layers(vision))
         out = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in tensors.items()}
-        save_file(out, str(tmp / SINGLE_FILE), metadata={"format": "pt"})
+        save_safetensors(out, tmp / SINGLE_FILE)
         config = multimodal_config_dict(lm.cfg, vcfg)
         config["torch_dtype"] = str(next(iter(out.values())).dtype).removeprefix("torch.")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -348,9 +347,7 @@ def save_multimodal_checkpoint(
             shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        install_dir(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
