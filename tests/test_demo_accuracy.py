@@ -1,11 +1,9 @@
 """The committed demo checkpoint really solves its tasks with the reference loop (LLaDA's one-token-per-step setting).
 
-The issue's bar is 97% of 200 held-out prompts at gen_length 64 and 256. The committed checkpoint answers 96.0% at 64
-and 88% at 256 (docs/seer-study.md: 240 slots of padding hurt it more than 52), so the bar is NOT met yet and the
-floors below guard what exists against regressions; raise them to 0.97 once a longer training run lands
-(`scripts/train_demo.py --init-from ...`, with long EOS tails).
-On 2 CPU cores the full-length loop at 256 costs about 2.5 s per step for 200 prompts (640 s), so CI checks all 200
-at 64 and the first 25 at 256.
+The issue's bar is 97% of 200 held-out prompts at gen_length 64 and 256. On 2 CPU cores the full-length loop at 256
+costs about 2.5 s per step for 200 prompts (14 minutes), so CI checks all 200 at 64 (against the bar itself) and the
+first 25 at 256 (one miss there is 0.96, so that floor allows two); the 200-prompt figure at 256 is measured by
+`scripts/seer_study.py` (docs/seer-study.md, full-length row).
 """
 
 from __future__ import annotations
@@ -19,8 +17,8 @@ from seer_deploy.runtime.reference import GenerationConfig, generate
 from conftest import requires_demo
 
 pytestmark = [requires_demo, pytest.mark.slow]
-# Measured: 0.960 on the 200 prompts at 64, 0.80 (20 of 25) on the first 25 at 256; the issue asks for 0.97.
-MEASURED_FLOORS = {64: 0.93, 256: 0.72}
+# Measured: 0.980 on the 200 prompts at 64, 0.96 (24 of 25) on the first 25 at 256.
+MEASURED_FLOORS = {64: 0.97, 256: 0.92}
 
 
 @pytest.mark.parametrize("gen_length, n_prompts", [(64, 200), (256, 25)])
