@@ -37,7 +37,7 @@ def main() -> None:
     parts = [render_markdown(data, "benchmarks/results/bench.png"),
              notes.read_text().strip() if notes.is_file() else "", "",
              "# Component benchmarks", "",
-             "Run on the same machine right after the bench above, one at a time.", ""]
+             "Run on the same machine as the bench above, one at a time (the notes above say which were rerun with it).", ""]
     for name, title, command in SCRIPTS:
         parts += [f"## {title}", "", f"Command: `{command}`", ""]
         path = RESULTS / name
