@@ -140,7 +140,7 @@ def test_weights_are_external_and_shared_by_both_graphs(exports: dict[str, Any])
 def test_onnx_runtime_matches_torch_through_polygraphy(exports: dict[str, Any]) -> None:
     """polygraphy's comparator: ORT on step0.onnx against the torch Step0Graph, per output."""
     from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
-    from polygraphy.comparator import Comparator, CompareFunc
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
 
     ckpt, result = exports["llama"]
     model = load_checkpoint(ckpt).model
@@ -160,11 +160,11 @@ def test_onnx_runtime_matches_torch_through_polygraphy(exports: dict[str, Any]) 
         torch_out = [torch_graph(torch.from_numpy(f["input_ids"]), torch.from_numpy(f["attention_mask"])) for f in feeds]
     results.add([dict(zip(names, (t.numpy() for t in out), strict=True)) for out in torch_out], runner_name="torch")
     atol = {"token_ids": 0.0, "confidence": 1e-5, "eos_prob": 1e-5, "sparsity": 1e-5}
-    accuracy = Comparator.compare_accuracy(results, compare_func=CompareFunc.simple(atol=atol, rtol=1e-5))
+    accuracy = Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=atol, rtol=1e-5))
     assert bool(accuracy)
     # The comparison is real: the same comparator fails on a corrupted output.
     results[1][1][0]["confidence"] = results[1][1][0]["confidence"] + 1e-3
-    assert not bool(Comparator.compare_accuracy(results, compare_func=CompareFunc.simple(atol=atol, rtol=1e-5)))
+    assert not bool(Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=atol, rtol=1e-5)))
 
 
 def test_exporting_twice_gives_identical_files(exports: dict[str, Any], root: Path) -> None:
