@@ -135,3 +135,36 @@ def test_bad_arguments_exit_2_naming_the_option(
     assert rc == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_multimodal_target_benches_pictures_with_its_own_default_lengths(tmp_path: Path) -> None:
+    """A LLaDA-V-layout checkpoint gets the demo-vl workload: every row on held-out pictures, the vision tower in the
+    model section, gen lengths 16/32/64 by default, and ONNX Runtime's answers equal to the torch reference's."""
+    from test_multimodal import write_tiny_vl
+
+    ckpt, _, _ = write_tiny_vl(tmp_path / "tiny-vl")
+    out = tmp_path / "out"
+    assert _bench([str(ckpt), "--batch-sizes", "1,2", "--prompts", "2", "--repeats", "1", "--out", str(out),
+                   "--no-scaling", "--no-tensorrt"]) == 0
+    data = load_json(out / "bench.json")
+    assert data["settings"]["gen_lengths"] == [16, 32, 64]
+    assert "demo-vl pictures" in data["settings"]["workload"]
+    assert data["model"]["vision_parameters"] > 0 and data["model"]["tokens_per_image"] > 0
+    keys = {(r["gen_length"], r["batch_size"], r["row"]) for r in data["rows"]}
+    assert keys == {(g, b, name) for g in (16, 32, 64) for b in (1, 2) for name in ROWS}
+    for r in data["rows"]:
+        if r["row"] == "ort-full":
+            assert r["identical_to_full"] == 1.0 and r["forward_passes"] == r["gen_length"] * -(-2 // r["batch_size"])
+    markdown = (out / "bench.md").read_text()
+    assert "vision tower" in markdown and "demo-vl pictures" in markdown
+
+
+def test_multimodal_bench_names_the_length_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from test_multimodal import write_tiny_vl
+
+    ckpt, _, _ = write_tiny_vl(tmp_path / "tiny-vl")
+    rc = _bench([str(ckpt), "--gen-lengths", "128", "--out", str(tmp_path / "out"), "--no-scaling"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "image tokens" in err and "exceeds the model's 96 positions" in err
+    assert not (tmp_path / "out").exists()

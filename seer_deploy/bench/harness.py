@@ -10,10 +10,11 @@ deterministic and the rows differ only in how much work they do and where.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from seer_deploy.bench.rows import ROW_DESCRIPTIONS, Runner, loop_row, oracle_ro
 from seer_deploy.bench.scaling import SCALING_BACKENDS, ScalingSettings, run_scaling
 from seer_deploy.errors import ConfigError
 from seer_deploy.models.demo_tasks import Example, heldout_examples
+from seer_deploy.models.demo_vl_tasks import VlExample
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.tokenizer import Tokenizer
 from seer_deploy.runtime.backend import Backend
@@ -74,13 +76,15 @@ class Prepared:
     tokenizer: Tokenizer
     seer: SeerConfig
     seer_source: str  # 'calibrated' or 'defaults'
-    examples: list[Example]
+    examples: Sequence[Example | VlExample]  # held-out demo prompts (or demo-vl pictures), with their answers
     prompts: list[list[int]]
     backends: dict[str, tuple[Backend, TargetInfo]]  # 'ort', 'torch-seer', 'trt' -> backend and its ids
     export_seconds: float
     skipped: list[dict[str, str]]
     notes: list[str]
     work_dir: Path
+    model_facts: dict[str, Any] = field(default_factory=dict)  # added to the result's model section
+    workload: str = "held-out demo prompts (tasks in rotation)"
 
     def rows(self) -> list[str]:
         names = ["reference", "ort-full", "ort-seer", "ort-oracle", "torch-seer"]
@@ -112,16 +116,21 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
     """Open the checkpoint, resolve Seer, export once into `work_dir` and open the exported backends."""
     from seer_deploy.export.exporter import export_checkpoint
     from seer_deploy.export.options import ExportOptions, SeerStats
+    from seer_deploy.models.multimodal import is_multimodal_checkpoint
     from seer_deploy.runtime.torch_backend import TorchBackend
 
     settings.validate()
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
+    if is_multimodal_checkpoint(settings.target):  # 'demo-vl' or a LLaDA-V-layout checkpoint directory
+        from seer_deploy.bench.vl import prepare_vl_bench
+
+        return prepare_vl_bench(settings, work_dir, say)
     if target_kind(settings.target) != "checkpoint":
         raise ConfigError(
             f"TARGET '{settings.target}' is an export or engine directory; bench needs the checkpoint (for the torch "
-            f"reference row and its own export): give 'demo' or a checkpoint directory"
+            f"reference row and its own export): give 'demo', 'demo-vl' or a checkpoint directory"
         )
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
     say(f"loading {settings.target}")
     torch_backend, info = open_target(settings.target, "torch")
     assert isinstance(torch_backend, TorchBackend)  # a checkpoint opens as torch
@@ -219,13 +228,14 @@ def run_bench(p: Prepared, command: str, progress: Progress = lambda _: None) ->
         seconds=round(time.perf_counter() - start, 1),
         machine=machine,
         settings={"target": s.target, "gen_lengths": list(s.gen_lengths), "batch_sizes": list(s.batch_sizes),
-                  "prompts": s.prompts, "repeats": s.repeats, "warmup_batches": 1, "threads": s.threads,
+                  "prompts": s.prompts, "workload": p.workload, "repeats": s.repeats, "warmup_batches": 1,
+                  "threads": s.threads,
                   "steps": "gen_length", "block_length": "gen_length (one block)", "temperature": 0.0,
                   "remasking": "low_confidence"},
         model={"target": s.target, "parameters": model.num_parameters(), "d_model": cfg.d_model,
                "n_layers": cfg.n_layers, "mlp_hidden": cfg.mlp_hidden, "vocab_size": cfg.vocab_size,
                "max_seq_len": cfg.max_seq_len, "export_seconds": round(p.export_seconds, 2),
-               "ort_providers": list(getattr(p.backends["ort"][0], "providers", []))},
+               "ort_providers": list(getattr(p.backends["ort"][0], "providers", [])), **p.model_facts},
         seer={"source": p.seer_source, "detector": p.seer.detector, "margin": p.seer.margin,
               "buckets": list(p.seer.buckets), "calibration": dict(p.seer.calibration)},
         rows=rows,

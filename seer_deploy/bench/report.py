@@ -122,6 +122,17 @@ def scaling_table(scaling: dict[str, Any]) -> list[str]:
     return lines
 
 
+DEFAULT_WORKLOAD = "held-out demo prompts (tasks in rotation)"  # what results without a 'workload' setting ran
+
+
+def _vision(model: dict[str, Any]) -> str:
+    """' + a 0.18M-parameter vision tower (16 image tokens per picture)' for multimodal models, else ''."""
+    if "vision_parameters" not in model:
+        return ""
+    return (f" + a {model['vision_parameters'] / 1e6:.2f}M-parameter vision tower ({model['tokens_per_image']} image "
+            f"tokens per {model['image_size']} px picture)")
+
+
 def render_markdown(data: dict[str, Any], plot_file: str | None = "bench.png") -> str:
     m, s = data["machine"], data["settings"]
     seer = data["seer"]
@@ -134,11 +145,11 @@ def render_markdown(data: dict[str, Any], plot_file: str | None = "bench.png") -
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + f"; loop core: {m['loop_core']}.",
         "",
         (f"Model: {data['model']['parameters'] / 1e6:.2f}M parameters ({data['model']['n_layers']} layers, d_model "
-        f"{data['model']['d_model']}), exported to ONNX once in {data['model']['export_seconds']:.1f} s; ONNX Runtime "
+        f"{data['model']['d_model']}){_vision(data['model'])}, exported to ONNX once in {data['model']['export_seconds']:.1f} s; ONNX Runtime "
         f"providers {', '.join(data['model']['ort_providers'])}. Seer: {seer['source']} config, {seer['detector']} "
         f"detector, margin {seer['margin']}."),
         "",
-        (f"Workload: {s['prompts']} held-out demo prompts (tasks in rotation) per setting, greedy, steps = gen_length, "
+        (f"Workload: {s['prompts']} {s.get('workload', DEFAULT_WORKLOAD)} per setting, greedy, steps = gen_length, "
         f"one block; one warm-up batch per row and setting, then the median of {s['repeats']} timed passes."),
         "",
     ]

@@ -1,6 +1,6 @@
 """`seer-deploy bench [TARGET]`: the torch reference, ONNX Runtime at full length, with Seer and with an oracle,
-and torch with Seer, on held-out demo prompts, plus a cost-scaling workload; writes bench.json, bench.md and
-bench.png into --out.
+and torch with Seer, on held-out demo prompts (demo-vl pictures for a multimodal TARGET), plus a cost-scaling
+workload; writes bench.json, bench.md and bench.png into --out.
 
 The defaults (8 prompts, 3 timed passes, gen lengths 64/128/256, batches 1 and 8) finish in under 10 minutes on
 2 CPU cores.
@@ -53,7 +53,8 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
 
 @click.command("bench")
 @click.argument("target", default="demo")
-@click.option("--gen-lengths", default="64,128,256", show_default=True, help="Response lengths to measure.")
+@click.option("--gen-lengths", default=None,
+              help="Response lengths to measure.  [default: 64,128,256; 16,32,64 for a multimodal TARGET]")
 @click.option("--batch-sizes", default="1,8", show_default=True, help="Batch sizes to measure.")
 @click.option("--prompts", type=int, default=8, show_default=True, help="Held-out demo prompts per setting.")
 @click.option("--repeats", type=int, default=3, show_default=True,
@@ -70,10 +71,12 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
               help="The cost-scaling model: d_model,layers,mlp_hidden,vocab (heads: d_model / 64).")
 @click.option("--tensorrt/--no-tensorrt", default=True, show_default=True,
               help="Add TensorRT rows when a CUDA GPU and TensorRT are present.")
-def command(target: str, gen_lengths: str, batch_sizes: str, prompts: int, repeats: int, threads: int, out: Path,
+def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int, repeats: int, threads: int, out: Path,
             scaling: bool, scaling_lengths: str, scaling_shape: str, tensorrt: bool) -> None:
-    """Benchmark TARGET (a checkpoint directory or 'demo', the default): reference, ONNX Runtime full / Seer /
-    oracle, torch with Seer, and step time against length on a large random model."""
+    """Benchmark TARGET (a checkpoint directory, 'demo' (the default) or 'demo-vl'): reference, ONNX Runtime full /
+    Seer / oracle, torch with Seer, and step time against length on a large random model.
+
+    A multimodal TARGET ('demo-vl' or a LLaDA-V-layout checkpoint) is measured on held-out demo-vl pictures."""
     from seer_deploy.atomic import write_atomic
     from seer_deploy.bench.harness import BenchSettings, prepare_bench, run_bench
     from seer_deploy.bench.plot import write_plot
@@ -90,6 +93,10 @@ def command(target: str, gen_lengths: str, batch_sizes: str, prompts: int, repea
         scaling_settings = ScalingSettings(d_model=d_model, n_layers=layers, n_heads=max(1, d_model // 64),
                                            mlp_hidden=mlp, vocab_size=vocab,
                                            lengths=parse_ints(scaling_lengths, "--scaling-lengths"))
+    if gen_lengths is None:
+        from seer_deploy.models.multimodal import is_multimodal_checkpoint
+
+        gen_lengths = "16,32,64" if is_multimodal_checkpoint(target) else "64,128,256"
     settings = BenchSettings(target=target, gen_lengths=parse_ints(gen_lengths, "--gen-lengths"),
                              batch_sizes=parse_ints(batch_sizes, "--batch-sizes"), prompts=prompts, repeats=repeats,
                              threads=threads, scaling=scaling_settings, tensorrt=tensorrt)
