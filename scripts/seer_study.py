@@ -41,11 +41,12 @@ from seer_deploy.seer.calibrate import (
     candidates,
     choose_floor_margin,
     evaluate,
+    fit_identity_margin,
     sparsity_config,
 )
 from seer_deploy.seer.collect import StepZeroSet, step_zero_set
 from seer_deploy.seer.config import DEMO_CONFIG_FILE, SeerConfig, Trend
-from seer_deploy.seer.metrics import mixed_auc, position_matched_auc, true_lengths
+from seer_deploy.seer.metrics import identical_share, mixed_auc, position_matched_auc, true_lengths
 
 CAL_SEED = HELDOUT_SEED + 1
 
@@ -113,12 +114,6 @@ def run_batched(model: MaskPredictor, prompts: list[list[int]], config: Generati
             reports[i] = out.seer[j] if out.seer else None
     return {"tokens": tokens, "reports": reports, "tokens_processed": processed,
             "seconds": time.perf_counter() - start}
-
-
-def identical_share(tokens: np.ndarray, full: np.ndarray, true_len: np.ndarray) -> float:
-    """Share of rows with the same tokens as full length up to and including the full-length answer's first EOS."""
-    upto = np.minimum(true_len + 1, full.shape[1])
-    return float(np.mean([np.array_equal(tokens[i, : upto[i]], full[i, : upto[i]]) for i in range(len(full))]))
 
 
 def end_to_end(name: str, run: dict[str, Any], full: np.ndarray, true_len: np.ndarray, examples: list[Example],
@@ -292,36 +287,23 @@ def markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def fit_identity_margin(model: MaskPredictor, prompts: list[list[int]], config: SeerConfig,
-                        args: argparse.Namespace) -> dict[str, Any]:
-    """The margin fitted end to end: Seer's answers on the calibration prompts against full length's, at gen_length
-    --identity-gen-length with one token a step, for margins from the safe-rate calibration's up to 16 more.
-
-    The first margin reaching --target-identical wins; if none does, the smallest margin within --identity-slack of the
-    best rate seen (past that knee, more margin buys little identity for many more slots). A safe cut (kept >= true
-    length) is not enough: with few EOS slots left after the answer the demo model sometimes answers differently.
-    """
+def fit_margin_end_to_end(model: MaskPredictor, prompts: list[list[int]], config: SeerConfig,
+                          args: argparse.Namespace) -> dict[str, Any]:
+    """`calibrate.fit_identity_margin` on the calibration prompts at gen_length --identity-gen-length with one token
+    a step, for margins from the safe-rate calibration's up to 16 more in steps of 2."""
     G = args.identity_gen_length
     gen = GenerationConfig(gen_length=G, steps=G)
     full, _ = cached_full(model, prompts, gen, args.cache, "cal", args.batch)
     true_len = true_lengths(full, {model.cfg.eos_id})
-    tried = []
-    for margin in range(config.margin, min(config.margin + 16, G) + 1, 2):
-        run = run_batched(model, prompts, gen, args.batch, seer=config.with_(margin=margin))
-        identical = identical_share(run["tokens"], full, true_len)
-        kept = float(np.mean([r.kept for r in run["reports"]]))
-        tried.append({"margin": margin, "identical": round(identical, 4), "mean_kept": round(kept, 2)})
-        print(f"  identity margin {margin}: identical {identical:.3f}, mean kept {kept:.1f}", flush=True)
-        if identical >= args.target_identical:
-            break
-    if tried[-1]["identical"] >= args.target_identical:
-        chosen, rule = tried[-1], "first margin reaching the target"
-    else:
-        best = max(t["identical"] for t in tried)
-        chosen = next(t for t in tried if t["identical"] >= best - args.identity_slack)
-        rule = f"target not reached; smallest margin within {args.identity_slack} of the best rate {best}"
-    return {"margin": chosen["margin"], "rule": rule, "gen_length": G, "target_identical": args.target_identical,
-            "mean_true_length": round(float(true_len.mean()), 2), "tried": tried}
+
+    def run_seer(seer: SeerConfig) -> tuple[np.ndarray, np.ndarray]:
+        run = run_batched(model, prompts, gen, args.batch, seer=seer)
+        return run["tokens"], np.array([r.kept for r in run["reports"]])
+
+    fit = fit_identity_margin(run_seer, config, full, true_len, range(config.margin, min(config.margin + 16, G) + 1, 2),
+                              target_identical=args.target_identical, slack=args.identity_slack,
+                              log=lambda line: print(line, flush=True))
+    return {**fit.to_dict(), "gen_length": G, "mean_true_length": round(float(true_len.mean()), 2)}
 
 
 def write_demo_config(model: MaskPredictor, tok: Tokenizer, args: argparse.Namespace, lengths: Sequence[int]) -> None:
@@ -347,7 +329,7 @@ def write_demo_config(model: MaskPredictor, tok: Tokenizer, args: argparse.Names
         refit = sparsity_config(d, t, (config.abs_threshold, config.rel_threshold), config.rows, config)
         trends.append(Trend(G, refit.trends[0].mean, refit.trends[0].scale))
     config = config.with_(trends=tuple(trends))
-    margin_fit = fit_identity_margin(model, cal_prompts, config, args)
+    margin_fit = fit_margin_end_to_end(model, cal_prompts, config, args)
     config = config.with_(margin=margin_fit["margin"], calibration=result.report | {
         "prompts": f"{args.n_cal} demo-task prompts, seed HELDOUT_SEED + 1 (not the held-out evaluation prompts)",
         "trend_lengths": [t.gen_length for t in trends], "identity_margin": margin_fit})

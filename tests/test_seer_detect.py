@@ -149,3 +149,38 @@ def test_detectors_never_leave_the_response(G: int, seed: int, boundary: int | N
     b = detect(p, SeerConfig(detector=detector, floor=0.0), EOS)  # type: ignore[arg-type]
     assert b.position is None or 1 <= b.position <= G
     assert b.candidate is None or 1 <= b.candidate <= G
+
+
+def _identity_runner(full: np.ndarray, wrong_until: dict[int, int]):
+    """A fake Seer run: row i's tokens differ from full length's while the margin is below wrong_until[i]."""
+
+    def run(seer: SeerConfig) -> tuple[np.ndarray, np.ndarray]:
+        tokens = full.copy()
+        for row, margin in wrong_until.items():
+            if seer.margin < margin:
+                tokens[row, 0] += 1
+        return tokens, np.full(len(full), 3 + seer.margin)
+
+    return run
+
+
+def test_identity_fit_takes_the_first_margin_reaching_the_target() -> None:
+    from seer_deploy.seer.calibrate import fit_identity_margin
+
+    full = np.zeros((10, 8), dtype=np.int64)
+    true_len = np.full(10, 2)
+    fit = fit_identity_margin(_identity_runner(full, {0: 2, 1: 5}), SeerConfig(), full, true_len, range(8),
+                              target_identical=0.95)
+    assert fit.margin == 5 and fit.rule.startswith("first margin")
+    assert [t["identical"] for t in fit.tried] == [0.8, 0.8, 0.9, 0.9, 0.9, 1.0]
+    assert fit.tried[-1]["mean_kept"] == 8
+
+
+def test_identity_fit_takes_the_knee_when_the_target_is_out_of_reach() -> None:
+    from seer_deploy.seer.calibrate import fit_identity_margin
+
+    full = np.zeros((10, 8), dtype=np.int64)
+    fit = fit_identity_margin(_identity_runner(full, {0: 1, 1: 3, 2: 99}), SeerConfig(), full, np.full(10, 2),
+                              range(6), target_identical=0.95, slack=0.1)
+    assert [t["identical"] for t in fit.tried] == [0.7, 0.8, 0.8, 0.9, 0.9, 0.9]
+    assert fit.margin == 1 and "not reached" in fit.rule  # 0.8 is within 0.1 of the best, 0.9

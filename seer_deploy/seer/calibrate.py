@@ -23,7 +23,7 @@ from seer_deploy.runtime.reference import GenerationConfig
 from seer_deploy.seer.collect import StepZeroSet, Thresholds, full_generation, step_zero_set
 from seer_deploy.seer.config import DETECTORS, SeerConfig, Trend
 from seer_deploy.seer.detect import Boundary, detect_eos, detect_sparsity, fuse
-from seer_deploy.seer.metrics import cut_metrics, padding_mask, position_matched_auc, true_lengths
+from seer_deploy.seer.metrics import cut_metrics, identical_share, padding_mask, position_matched_auc, true_lengths
 from seer_deploy.seer.plan import kept_length
 from seer_deploy.seer.profile import Row
 
@@ -297,6 +297,54 @@ def calibrate(
         calibration=report,
     )
     return CalibrationResult(config=chosen, report=report)
+
+
+@dataclass(frozen=True)
+class IdentityFit:
+    """The margin fitted end to end, and every margin tried on the way ({margin, identical, mean_kept} each)."""
+
+    margin: int
+    rule: str
+    target_identical: float
+    tried: list[dict[str, float]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"margin": self.margin, "rule": self.rule, "target_identical": self.target_identical,
+                "tried": self.tried}
+
+
+def fit_identity_margin(
+    run_seer: Callable[[SeerConfig], tuple[np.ndarray, np.ndarray]],
+    seer: SeerConfig,
+    full_tokens: np.ndarray,
+    true_len: np.ndarray,
+    margins: Sequence[int],
+    *,
+    target_identical: float = 0.995,
+    slack: float = 0.01,
+    log: Callable[[str], None] = lambda _: None,
+) -> IdentityFit:
+    """The smallest margin whose answers equal full length's on a target share of prompts.
+
+    A safe cut (kept >= true length) is not enough: with few EOS slots left after the answer, a model trained on long
+    padding sometimes answers differently. `run_seer(config)` generates with Seer and returns (tokens, kept); margins
+    are tried in order and the first reaching the target wins; if none does, the smallest margin within `slack` of
+    the best rate seen (past that knee more margin buys little identity for many more slots).
+    """
+    if not margins:
+        raise ConfigError("give at least one margin to try")
+    tried: list[dict[str, float]] = []
+    for margin in margins:
+        tokens, kept = run_seer(seer.with_(margin=margin))
+        identical = identical_share(tokens, full_tokens, true_len)
+        tried.append({"margin": margin, "identical": round(identical, 4), "mean_kept": round(float(np.mean(kept)), 2)})
+        log(f"  identity margin {margin}: identical {identical:.3f}, mean kept {float(np.mean(kept)):.1f}")
+        if identical >= target_identical:
+            return IdentityFit(margin, "first margin reaching the target", target_identical, tried)
+    best = max(t["identical"] for t in tried)
+    chosen = next(t for t in tried if t["identical"] >= best - slack)
+    rule = f"target not reached; smallest margin within {slack} of the best rate {best}"
+    return IdentityFit(int(chosen["margin"]), rule, target_identical, tried)
 
 
 def calibrate_model(

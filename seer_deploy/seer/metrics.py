@@ -14,6 +14,12 @@ def true_lengths(tokens: np.ndarray, stop_ids: set[int]) -> np.ndarray:
     return np.where(stops.any(axis=1), stops.argmax(axis=1), G).astype(np.int64)
 
 
+def identical_share(tokens: np.ndarray, full: np.ndarray, true_len: np.ndarray) -> float:
+    """Share of rows with the same tokens as full length up to and including the full-length answer's first EOS."""
+    upto = np.minimum(true_len + 1, full.shape[1])
+    return float(np.mean([np.array_equal(tokens[i, : upto[i]], full[i, : upto[i]]) for i in range(len(full))]))
+
+
 def padding_mask(true_len: np.ndarray, gen_length: int) -> np.ndarray:
     """bool [N, G]: True at the EOS padding (positions at or after the true end)."""
     return np.arange(gen_length)[None, :] >= np.asarray(true_len)[:, None]
