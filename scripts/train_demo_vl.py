@@ -13,7 +13,7 @@ After training, Seer is calibrated for the model (seer.calibrate on pictures dra
 config is stored as the checkpoint's seer.json; the card reports exact match and Seer's safe / identical rates on the
 held-out pictures.
 
-    python scripts/train_demo_vl.py --out seer_deploy/models/demo_vl     # about 20 minutes on 2 CPU cores
+    python scripts/train_demo_vl.py --out seer_deploy/models/demo_vl     # about 17 minutes on 2 CPU cores
     python scripts/train_demo_vl.py --out seer_deploy/models/demo_vl --calibrate-only   # recalibrate Seer only
 
 Deterministic for a given seed and thread count.
@@ -57,7 +57,7 @@ from seer_deploy.models.multimodal import (
 )
 from seer_deploy.models.vision import VisionConfig, VisionEncoder
 from seer_deploy.runtime.reference import GenerationConfig, generate
-from seer_deploy.seer.calibrate import CalibrationOptions, calibrate_model
+from seer_deploy.seer.calibrate import CalibrationOptions, calibrate_model, fit_identity_margin
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
 from seer_deploy.seer.metrics import true_lengths
 
@@ -159,11 +159,28 @@ def evaluate(lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalTokenizer,
     return sum(tok.decode_answer(row.tolist()) == e.answer for row, e in zip(out.tokens, examples, strict=True)) / n
 
 
-def calibrate_seer(lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalTokenizer, n: int) -> SeerConfig:
-    """Seer's settings for this model, chosen on pictures of a calibration seed (never the held-out one)."""
+@torch.no_grad()
+def calibrate_seer(lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalTokenizer, n: int,
+                   target_identical: float) -> SeerConfig:
+    """Seer's settings for this model, chosen on pictures of a calibration seed (never the held-out one): the
+    detector's floors and a safe margin (seer.calibrate), then the margin fitted end to end, the first whose answers
+    equal full length's on `target_identical` of the pictures (seer.calibrate.fit_identity_margin)."""
     model, prompts = conditioned(lm.eval(), vision.eval(), tok, heldout_examples(n, seed=HELDOUT_SEED + 1))
     config = GenerationConfig(gen_length=MAX_GEN_LENGTH, steps=MAX_GEN_LENGTH)
-    return calibrate_model(model, prompts, config, CalibrationOptions(), batch_size=n).config
+    full = generate(model, prompts, config).tokens.numpy()
+    result = calibrate_model(model, prompts, config, CalibrationOptions(), full_tokens=full, batch_size=n)
+    safe = result.config
+
+    def run_seer(seer: SeerConfig) -> tuple[np.ndarray, np.ndarray]:
+        out = generate(model, prompts, config, seer=seer)
+        return out.tokens.numpy(), np.array([r.kept for r in out.seer or []])
+
+    fit = fit_identity_margin(run_seer, safe, full, true_lengths(full, {lm.cfg.eos_id}),
+                              range(safe.margin, safe.margin + MAX_ANSWER_TOKENS + 1),
+                              target_identical=target_identical, log=lambda line: print(line, flush=True))
+    return safe.with_(margin=fit.margin, calibration=result.report | {
+        "prompts": f"{n} demo-vl pictures, seed HELDOUT_SEED + 1 (not the held-out evaluation pictures)",
+        "safe_margin": safe.margin, "identity_margin": fit.to_dict()})
 
 
 @torch.no_grad()
@@ -203,14 +220,16 @@ def seer_report(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("seer_deploy/models/demo_vl"))
-    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--calibration-pictures", type=int, default=400)
     ap.add_argument("--eval-pictures", type=int, default=400, help="Held-out pictures for the final report.")
+    ap.add_argument("--target-identical", type=float, default=0.995,
+                    help="Share of calibration pictures whose Seer answer must equal full length's.")
     ap.add_argument("--calibrate-only", action="store_true", help="Recalibrate Seer for the checkpoint at --out.")
     ap.add_argument("--init-from", type=Path, default=None, help="Continue from this demo-vl checkpoint's weights.")
     args = ap.parse_args()
@@ -219,7 +238,7 @@ def main() -> None:
     if args.calibrate_only:
         loaded = load_multimodal(args.out)
         tok = MultimodalTokenizer.for_checkpoint(loaded)
-        seer = calibrate_seer(loaded.lm.model, loaded.vision, tok, args.calibration_pictures)
+        seer = calibrate_seer(loaded.lm.model, loaded.vision, tok, args.calibration_pictures, args.target_identical)
         seer.save(args.out / CHECKPOINT_CONFIG_NAME)
         print(json.dumps(seer_report(loaded.lm.model, loaded.vision, tok, seer, args.eval_pictures), indent=1))
         print(f"wrote {args.out / CHECKPOINT_CONFIG_NAME}")
@@ -272,7 +291,7 @@ def main() -> None:
     minutes = (time.time() - start) / 60
     acc64 = evaluate(lm, vision, tok, args.eval_pictures, MAX_GEN_LENGTH)
     print(f"trained {args.steps} steps in {minutes:.1f} min; held-out exact match at gen_length 64: {acc64:.3f}")
-    seer = calibrate_seer(lm, vision, tok, args.calibration_pictures)
+    seer = calibrate_seer(lm, vision, tok, args.calibration_pictures, args.target_identical)
     report = seer_report(lm, vision, tok, seer, args.eval_pictures)
     print(f"seer: {json.dumps(report)}", flush=True)
     s = vcfg.siglip
@@ -286,11 +305,12 @@ LLaDA-style mask predictor ({cfg.n_layers} layers, d_model {cfg.d_model}, SwiGLU
 vision parameters. Stored in LLaDA-V's layout (Llama-style LM names, `model.vision_tower.vision_tower.vision_model.*`,
 `model.mm_projector.*`, LLaVA's `mm_*` config keys).
 
-Task: pictures of 1 to 4 coloured shapes; prompts `<image> colors|shapes|describe|count`; answers of 1 to
-{MAX_ANSWER_TOKENS} tokens, then EOS to the end.
+Task (`seer_deploy/models/demo_vl_tasks.py`): 64 px pictures of 1 to 4 coloured shapes (square, circle,
+triangle; six colours, tinted at random), one per 16 px column, in a random row; prompts `<image> colors|shapes|describe|count`;
+answers of 1 to {MAX_ANSWER_TOKENS} tokens, then EOS to the end.
 
 Training: `python scripts/train_demo_vl.py --steps {args.steps} --batch {args.batch} --lr {args.lr} --seed {args.seed} \\
---threads {args.threads}{init}` ({minutes:.1f} minutes on {args.threads} CPU threads). LLaDA's SFT objective with EOS tails of
+--threads {args.threads} --eval-every {args.eval_every}{init}` ({minutes:.1f} minutes on {args.threads} CPU threads). LLaDA's SFT objective with EOS tails of
 varying length (up to {MAX_GEN_LENGTH} response slots), vision tower, projector and LM trained together.
 
 Held-out exact match (reference loop, {args.eval_pictures} pictures, steps = gen_length = block_length = 64, temperature

@@ -1,8 +1,11 @@
 """The multimodal demo's synthetic task: pictures of coloured shapes in a row, questions with answers of varying length.
 
-A 64 x 64 picture holds 1 to 4 shapes (square, circle, triangle) in four 16-pixel columns, one per column at most, at
-a random height, in one of six colours (slightly tinted). Each shape (10 to 14 pixels) lies inside one 16 x 16 cell,
-the demo tower's patch. Prompts are `"<image> <task>"` (the tokenizer adds BOS in front and `=` behind):
+A 64 x 64 picture holds 1 to 4 shapes (square, circle, triangle) in four 16-pixel columns, one per column at most, in a
+random one of four rows, in one of six colours (tinted at random). Each shape is SHAPE_SIZE pixels, centred in one
+16 x 16 cell, the demo tower's patch. The geometry inside the cell is fixed on purpose: the first version jittered size
+(10-14 px) and offset inside the cell, and the demo's tower (a linear 16 x 16 patch embedding and two 64-wide layers)
+never learned to tell the shapes apart (colours and counts 100%, shapes 2%, overall 0.56 after 5000 steps); what the
+demo has to show is the multimodal path and Seer on top of it, not a harder vision problem. Prompts are `"<image> <task>"` (the tokenizer adds BOS in front and `=` behind):
   colors   -> the colours, left to right          (1-4 tokens)
   shapes   -> the shapes, left to right           (1-4 tokens)
   describe -> colour and shape of each, left to right (2-8 tokens)
@@ -20,7 +23,7 @@ import numpy as np
 from PIL import Image
 
 IMAGE_SIZE = 64
-COLUMNS = 4  # one shape per 8-pixel column at most, so "left to right" is unambiguous
+COLUMNS = 4  # one shape per 16-pixel column at most, so "left to right" is unambiguous
 COLUMN_WIDTH = IMAGE_SIZE // COLUMNS
 CELL = COLUMN_WIDTH  # shapes sit inside one CELL x CELL square
 COLOURS: dict[str, tuple[int, int, int]] = {
@@ -35,6 +38,7 @@ SHAPES: tuple[str, ...] = ("square", "circle", "triangle")
 TASKS: tuple[str, ...] = ("colors", "shapes", "describe", "count")
 SPECIALS: list[str] = ["<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "=", "<image>"]
 VOCAB: list[str] = SPECIALS + [str(d) for d in range(10)] + list(COLOURS) + list(SHAPES) + list(TASKS)
+SHAPE_SIZE = 12  # pixels, centred in its cell
 MAX_OBJECTS = COLUMNS
 MAX_ANSWER_TOKENS = 2 * MAX_OBJECTS
 HELDOUT_SEED = 20_261_203  # held-out pictures; training streams from other seeds
@@ -46,7 +50,7 @@ class Shape:
     kind: str
     column: int  # 0..COLUMNS-1, left to right
     x_offset: int  # pixels from the column's left edge
-    y: int  # top row
+    y: int  # top pixel row
     size: int  # side of the bounding box in pixels
     tint: tuple[int, int, int]  # small per-shape colour jitter, so colours are ranges, not exact values
 
@@ -109,16 +113,16 @@ def sample_shapes(rng: random.Random, n: int | None = None) -> tuple[Shape, ...]
     n = n if n is not None else rng.randint(1, MAX_OBJECTS)
     columns = sorted(rng.sample(range(COLUMNS), n))
     out = []
+    inset = (CELL - SHAPE_SIZE) // 2
     for col in columns:
-        size = rng.randint(10, 14)
         out.append(
             Shape(
                 colour=rng.choice(list(COLOURS)),
                 kind=rng.choice(SHAPES),
                 column=col,
-                x_offset=rng.randint(0, COLUMN_WIDTH - size),
-                y=rng.randrange(0, IMAGE_SIZE, CELL) + rng.randint(0, CELL - size),
-                size=size,
+                x_offset=inset,
+                y=rng.randrange(0, IMAGE_SIZE, CELL) + inset,
+                size=SHAPE_SIZE,
                 tint=(rng.randint(-15, 15), rng.randint(-15, 15), rng.randint(-15, 15)),
             )
         )
