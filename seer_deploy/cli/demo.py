@@ -139,7 +139,7 @@ def command(gen_length: int, work_dir: Path | None, repeats: int, threads: int, 
     if vl:
         from seer_deploy.cli.vl import run_demo_vl
 
-        run_demo_vl(gen_length, say=click.echo)
+        run_demo_vl(gen_length, say=click.echo, work_dir=work_dir)
         return
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")

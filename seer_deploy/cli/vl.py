@@ -209,25 +209,45 @@ def demo_images(n: int, directory: Path) -> list[tuple[str, str, str]]:
     return out
 
 
-def run_demo_vl(gen_length: int, n: int = 8, say: Callable[[str], None] = print) -> VlRun:
-    """`seer-deploy demo --vl`: the bundled demo-vl model on a few held-out pictures, Seer on when calibrated."""
-    loaded = load_multimodal("demo-vl")
-    seer = checkpoint_seer("demo-vl")
+def run_demo_vl(gen_length: int, n: int = 8, say: Callable[[str], None] = print,
+                work_dir: Path | None = None) -> VlRun:
+    """`seer-deploy demo --vl`: export demo-vl (vision.onnx, step0.onnx, step.onnx), answer n held-out pictures
+    through ONNX Runtime with Seer (when calibrated), then the same pictures at full length for the comparison.
+
+    The export goes to `work_dir` when given (kept afterwards), else to a temporary directory. Returns the Seer run.
+    """
+    from seer_deploy.export.options import ExportOptions, SeerStats
+    from seer_deploy.export.vision import export_multimodal
+
+    loaded = load_multimodal(DEMO_VL_NAME)
+    seer = checkpoint_seer(DEMO_VL_NAME)
     n_params = loaded.lm.model.num_parameters() + loaded.vision.num_parameters()
     say(f"demo-vl checkpoint: {loaded.path} ({n_params / 1e6:.2f}M parameters, SigLIP tower + "
         f"{loaded.vision_config.projector_type} projector + LLaDA-style LM)")
-    with tempfile.TemporaryDirectory() as tmp:
-        cases = demo_images(n, Path(tmp))
-        run = generate_vl("demo-vl", [c[0] for c in cases], [c[1] for c in cases],
-                          GenerationConfig(gen_length, gen_length), seer=seer)
+    stats = SeerStats(stats_layers=seer.stats_layers, abs_threshold=seer.abs_threshold,
+                      rel_threshold=seer.rel_threshold) if seer is not None else SeerStats()
+    config = GenerationConfig(gen_length, gen_length)
+    with tempfile.TemporaryDirectory(prefix="seer-deploy-demo-vl-") as tmp:
+        root = work_dir if work_dir is not None else Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        exported = export_multimodal(DEMO_VL_NAME, root / "demo-vl-onnx", ExportOptions(seer=stats))
+        say(f"exported demo-vl to {exported.out} (vision.onnx, step0.onnx, step.onnx; checked against torch) in "
+            f"{exported.seconds:.1f}s")
+        cases = demo_images(n, root)
+        texts, images = [c[0] for c in cases], [c[1] for c in cases]
+        run = generate_vl(str(exported.out), texts, images, config, seer=seer)
+        full = generate_vl(str(exported.out), texts, images, config, seer=None)
     for (prompt, _, expected), ans in zip(cases, run.answers, strict=True):
         mark = "ok" if ans.answer == expected else f"expected {expected}"
-        say(f"  picture {Path(ans.images[0]).name:14s} {prompt:18s} -> {ans.answer:40s} [{mark}]")
-    seer_note = f", Seer ({seer.detector})" if seer is not None else ""
-    say(f"{len(cases)} pictures, gen_length {gen_length}: {run.steps_run} steps, {run.tokens_processed} tokens "
-        f"processed, {run.seconds:.2f}s (torch reference loop{seer_note})")
+        kept = f"kept {ans.seer.kept:2d}/{gen_length}" if ans.seer is not None else ""
+        say(f"  picture {Path(ans.images[0]).name:14s} {prompt:18s} -> {ans.answer:40s} {kept} [{mark}]")
+    same = sum(a.answer == b.answer for a, b in zip(run.answers, full.answers, strict=True))
+    seer_note = f"Seer ({seer.detector}, margin {seer.margin})" if seer is not None else "no calibrated Seer config"
+    say(f"{len(cases)} pictures as one batch, gen_length {gen_length}, {run.backend}: {seer_note}: {run.steps_run} "
+        f"passes, {run.tokens_processed} tokens processed, {run.seconds:.2f}s; full length: {full.steps_run} passes, "
+        f"{full.tokens_processed} tokens, {full.seconds:.2f}s ({full.tokens_processed / run.tokens_processed:.1f}x "
+        f"the tokens); {same} of {len(cases)} answers the same as full length's")
     return run
-
 
 
 def echo_generate_vl(
