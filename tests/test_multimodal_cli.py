@@ -82,3 +82,38 @@ def test_json_output_and_bad_images(tmp_path: Path, images: list[str]) -> None:
         generate_vl(str(ckpt), ["<image> colors"], [str(tmp_path / "bad.png")], CONFIG)
     with pytest.raises(ConfigError, match=r"1 <image> placeholder\(s\) but 2 image"):
         generate_vl(str(ckpt), ["<image> colors"], images[:2], CONFIG)
+
+
+def _cli(argv: list[str]) -> int:
+    from seer_deploy.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    return int(exc.value.code or 0)
+
+
+def test_export_command_writes_the_vision_graph_and_its_engine_dir_answers_like_torch(
+    tmp_path: Path, images: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`seer-deploy export` on a LLaDA-V-layout checkpoint takes the multimodal exporter (vision.onnx included), and
+    an ONNX Runtime engine dir built from it is a valid TARGET for generation with images."""
+    ckpt, _, _ = write_tiny_vl(tmp_path / "ck", seed=3)
+    out = tmp_path / "export"
+    assert _cli(["export", str(ckpt), "--out", str(out), "--build", "ort"]) == 0
+    assert "vision.onnx" in capsys.readouterr().out
+    assert {"vision.onnx", "step0.onnx", "step.onnx"} <= {p.name for p in out.iterdir()}
+    texts = ["<image> describe", "<image> count"]
+    engine = generate_vl(str(out / "engine"), texts, images[:2], CONFIG)
+    ref = generate_vl(str(ckpt), texts, images[:2], CONFIG)
+    assert engine.backend.startswith("onnxruntime")
+    assert [a.tokens for a in engine.answers] == [a.tokens for a in ref.answers]
+
+
+def test_tensorrt_build_of_a_multimodal_checkpoint_is_refused_before_exporting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt, _, _ = write_tiny_vl(tmp_path / "ck")
+    assert _cli(["export", str(ckpt), "--out", str(tmp_path / "export"), "--build", "tensorrt"]) == 2
+    err = capsys.readouterr().err
+    assert "multimodal checkpoint" in err and "--build ort" in err
+    assert not (tmp_path / "export").exists()

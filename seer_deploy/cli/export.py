@@ -1,4 +1,7 @@
-"""`seer-deploy export`: a checkpoint -> step0.onnx, step.onnx, weights.bin and manifest.json, validated."""
+"""`seer-deploy export`: a checkpoint -> step0.onnx, step.onnx, weights.bin and manifest.json, validated.
+
+A multimodal checkpoint ('demo-vl' or LLaDA-V's layout) also gets vision.onnx, and its step graphs take the image
+embeddings (seer_deploy.export.vision)."""
 
 from __future__ import annotations
 
@@ -40,9 +43,14 @@ def command(
     no_verify: bool,
     build: str | None,
 ) -> None:
-    """Export CHECKPOINT (a local directory or 'demo') to ONNX graphs in --out, checked against torch."""
+    """Export CHECKPOINT (a local directory, 'demo' or 'demo-vl') to ONNX graphs in --out, checked against torch.
+
+    A multimodal CHECKPOINT (LLaDA-V's layout) also gets vision.onnx: pixels -> image embeddings."""
+    from seer_deploy.errors import ConfigError
     from seer_deploy.export.exporter import STAGES, export_checkpoint
     from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
+    from seer_deploy.export.vision import export_multimodal
+    from seer_deploy.models.multimodal import is_multimodal_checkpoint
 
     options = ExportOptions(
         dtype=dtype,
@@ -53,6 +61,12 @@ def command(
         force=force,
     )
     options.validate()
+    multimodal = is_multimodal_checkpoint(checkpoint)
+    if multimodal and build == "tensorrt":
+        raise ConfigError(
+            f"{checkpoint} is a multimodal checkpoint: TensorRT engines are built from text exports only (no profile "
+            "plan covers the image-table input yet); use --build ort, or export without --build"
+        )
     if build == "tensorrt":  # before the export: the user learns at once
         from seer_deploy.engines.tensorrt_engine import require_tensorrt
 
@@ -67,7 +81,8 @@ def command(
             bar.update(max(index - done[0], 0), stage)
             done[0] = max(index, done[0])
 
-        result = export_checkpoint(checkpoint, out, options, progress=progress)
+        exporter = export_multimodal if multimodal else export_checkpoint
+        result = exporter(checkpoint, out, options, progress=progress)
         bar.update(len(STAGES) - done[0], "done")
     m = result.manifest
     weights_mb = m.weights.bytes / 2**20
@@ -75,8 +90,10 @@ def command(
         f"exported {m.model.source} ({m.model.layout} layout, {m.dtype}, opset {m.opset}, max_seq_len {m.max_seq_len}) "
         f"to {result.out} in {result.seconds:.1f}s"
     )
+    vision = ["vision.onnx"] if multimodal else []
     click.echo(
-        f"  {', '.join(g.file for g in m.graphs.values())}, {m.weights.file} ({weights_mb:.1f} MiB, shared by both), "
+        f"  {', '.join(vision + [g.file for g in m.graphs.values()])}, {m.weights.file} ({weights_mb:.1f} MiB, shared "
+        f"by the step graphs), "
         f"{len(m.seer.sparsity_rows)} sparsity rows"
     )
     if result.max_diff:

@@ -1,7 +1,7 @@
 """Generation with images, for `seer-deploy generate TARGET --image PATH --prompt TEXT` and `seer-deploy demo --vl`.
 
-TARGET is a LLaDA-V-layout checkpoint directory or 'demo-vl' (torch reference loop, Seer optional), or a multimodal
-export directory (ONNX Runtime, runtime loop). Images are handed out to the prompts' `<image>` placeholders in
+TARGET is a LLaDA-V-layout checkpoint directory or 'demo-vl' (torch reference loop, Seer optional), a multimodal
+export directory or an ONNX Runtime engine directory built from one (ONNX Runtime, runtime loop). Images are handed out to the prompts' `<image>` placeholders in
 order: with one prompt, all images are its own; with several, each prompt takes as many as it has placeholders.
 """
 
@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
@@ -35,6 +36,9 @@ from seer_deploy.models.multimodal import (
 from seer_deploy.runtime.reference import GenerationConfig, generate
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
 from seer_deploy.seer.plan import SeerReport
+
+if TYPE_CHECKING:
+    from seer_deploy.export.vision import MultimodalOrtBackend
 
 
 @dataclass
@@ -80,27 +84,58 @@ def is_export_dir(target: str) -> bool:
     return Path(target).is_dir() and (Path(target) / MANIFEST_FILE).is_file()
 
 
+def is_engine_dir(target: str) -> bool:
+    from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
+
+    return Path(target).is_dir() and (Path(target) / ENGINE_FILE).is_file()
+
+
+def export_of(target: str) -> Path | None:
+    """The export directory behind TARGET: itself for an export dir, the one it was built from for an engine dir,
+    None for anything else (a checkpoint). Broken engine manifests raise their own clear error."""
+    if is_export_dir(target):
+        return Path(target)
+    if is_engine_dir(target):
+        from seer_deploy.engines.manifest import EngineManifest
+        from seer_deploy.runtime.targets import engine_export_dir
+
+        return engine_export_dir(Path(target), EngineManifest.load(Path(target)))
+    return None
+
+
+def _is_multimodal_export(export_dir: Path) -> bool:
+    from seer_deploy.export.vision import MULTIMODAL_KEY
+
+    try:
+        raw = json.loads((export_dir / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return False  # the export loader reports a broken manifest
+    return isinstance(raw, dict) and isinstance(raw.get("extra"), dict) and MULTIMODAL_KEY in raw["extra"]
+
+
 def wants_vl(target: str, images: Sequence[str]) -> bool:
     """Whether `generate` should take the multimodal path: images were given, or TARGET is demo-vl or a
-    multimodal export (a multimodal checkpoint without images also runs text-only through the text path)."""
+    multimodal export or engine dir (a multimodal checkpoint without images also runs text-only through the text
+    path)."""
     if images or target == DEMO_VL_NAME:
         return True
-    if is_export_dir(target):
-        from seer_deploy.export.vision import MULTIMODAL_KEY
-
-        try:
-            raw = json.loads((Path(target) / MANIFEST_FILE).read_text())
-        except (OSError, ValueError):
-            return False  # the export loader reports a broken manifest
-        return isinstance(raw, dict) and isinstance(raw.get("extra"), dict) and MULTIMODAL_KEY in raw["extra"]
-    return False
+    try:
+        export = export_of(target)
+    except SeerDeployError:
+        return False  # the text path reports the broken engine dir
+    return export is not None and _is_multimodal_export(export)
 
 
 def checkpoint_seer(target: str) -> SeerConfig | None:
-    """The calibrated Seer config of a multimodal checkpoint (demo-vl's included) or of an export's checkpoint."""
+    """The calibrated Seer config of a multimodal checkpoint (demo-vl's included), or for an export or engine dir: a
+    seer.json beside it (engine dir, then export dir), else its checkpoint's."""
     try:
-        if is_export_dir(target):
-            raw = json.loads((Path(target) / MANIFEST_FILE).read_text())
+        export = export_of(target)
+        if export is not None:
+            for directory in (Path(target), export):
+                if (directory / CHECKPOINT_CONFIG_NAME).is_file():
+                    return SeerConfig.load(directory / CHECKPOINT_CONFIG_NAME)
+            raw = json.loads((export / MANIFEST_FILE).read_text())
             target = str(raw["model"]["source"])
         file = resolve_multimodal(target) / CHECKPOINT_CONFIG_NAME
     except (SeerDeployError, KeyError, TypeError, json.JSONDecodeError):  # the loaders report bad targets
@@ -137,7 +172,7 @@ def generate_vl(
     per_prompt = assign_images(texts, images)
     pictures = [load_image(p) for paths in per_prompt for p in paths]  # clear errors before any model loads
     counts = [len(paths) for paths in per_prompt]
-    if is_export_dir(target):
+    if export_of(target) is not None:
         return _generate_ort(target, texts, per_prompt, pictures, counts, config, seer, seed)
     loaded = load_multimodal(target)
     tok = MultimodalTokenizer.for_checkpoint(loaded)
@@ -158,6 +193,38 @@ def generate_vl(
     return VlRun(answers, "torch", result.steps_run, result.tokens_processed, seconds)
 
 
+def _open_ort(target: str) -> MultimodalOrtBackend:
+    """ONNX Runtime on a multimodal export dir, or on the export behind an ONNX Runtime engine dir with the engine's
+    session settings, after the same compatibility check as text engines."""
+    from seer_deploy.export.vision import MultimodalOrtBackend
+
+    if not is_engine_dir(target):
+        return MultimodalOrtBackend(target)
+    import onnxruntime
+
+    from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
+    from seer_deploy.engines.ort import OrtSessionOptions
+    from seer_deploy.export.manifest import ExportManifest
+    from seer_deploy.runtime.targets import engine_export_dir
+
+    manifest = EngineManifest.load(Path(target))
+    if manifest.backend != "ort":
+        raise ConfigError(f"TARGET '{target}' is a {manifest.backend} engine; multimodal generation runs on ONNX "
+                          "Runtime: give the export directory or an ONNX Runtime engine dir built from it")
+    export_dir = engine_export_dir(Path(target), manifest)
+    export = ExportManifest.load(export_dir)
+    check_engine_compatible(manifest, RuntimeFacts(
+        model_fingerprint=export.model.fingerprint,
+        graph_hashes={name: export.graphs[name].sha256 for name in manifest.graph_hashes},
+        backend=manifest.backend, onnxruntime_version=onnxruntime.__version__))
+    session = manifest.ort_session or {}
+    return MultimodalOrtBackend(export_dir, OrtSessionOptions(
+        providers=tuple(str(p) for p in session.get("providers") or ()) or None,
+        intra_op_threads=int(session.get("intra_op_threads", 0)),
+        inter_op_threads=int(session.get("inter_op_threads", 0)),
+        graph_optimization=session.get("graph_optimization", "all")))
+
+
 def _generate_ort(
     target: str,
     texts: Sequence[str],
@@ -168,11 +235,10 @@ def _generate_ort(
     seer: SeerConfig | None,
     seed: int,
 ) -> VlRun:
-    from seer_deploy.export.vision import MultimodalOrtBackend
     from seer_deploy.models.image import ImageConfig
     from seer_deploy.runtime.loop import run_generation
 
-    backend = MultimodalOrtBackend(target)
+    backend = _open_ort(target)
     cfg = backend.manifest.model_config()
     source = backend.manifest.model.source
     ckpt = resolve_multimodal(source)
