@@ -15,6 +15,7 @@ held-out pictures.
 
     python scripts/train_demo_vl.py --out seer_deploy/models/demo_vl     # about 17 minutes on 2 CPU cores
     python scripts/train_demo_vl.py --out seer_deploy/models/demo_vl --calibrate-only   # recalibrate Seer only
+    python scripts/train_demo_vl.py --out seer_deploy/models/demo_vl --report-only      # measure its seer.json
 
 Deterministic for a given seed and thread count.
 """
@@ -213,6 +214,8 @@ def seer_report(
         "safe": float(np.mean(kept >= true_len)),
         "identical": float(np.mean(identical)),
         "mean_kept": float(kept.mean()),
+        "mean_true_length": float(true_len.mean()),
+        "boundary_exact": float(np.mean([r.boundary == n for r, n in zip(cut.seer or [], true_len, strict=True)])),
         "tokens_processed_vs_full": cut.tokens_processed / full.tokens_processed,
     }
 
@@ -231,10 +234,18 @@ def main() -> None:
     ap.add_argument("--target-identical", type=float, default=0.995,
                     help="Share of calibration pictures whose Seer answer must equal full length's.")
     ap.add_argument("--calibrate-only", action="store_true", help="Recalibrate Seer for the checkpoint at --out.")
+    ap.add_argument("--report-only", action="store_true",
+                    help="Measure the checkpoint at --out with its seer.json on the held-out pictures; write nothing.")
     ap.add_argument("--init-from", type=Path, default=None, help="Continue from this demo-vl checkpoint's weights.")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
+    if args.report_only:
+        loaded = load_multimodal(args.out)
+        seer = SeerConfig.load(args.out / CHECKPOINT_CONFIG_NAME)
+        tok = MultimodalTokenizer.for_checkpoint(loaded)
+        print(json.dumps(seer_report(loaded.lm.model, loaded.vision, tok, seer, args.eval_pictures), indent=1))
+        return
     if args.calibrate_only:
         loaded = load_multimodal(args.out)
         tok = MultimodalTokenizer.for_checkpoint(loaded)
