@@ -1,14 +1,15 @@
 """Render BENCHMARKS.md from the committed benchmark results (no measuring here).
 
     seer-deploy bench --out benchmarks/results                                    # bench.json, bench.md, bench.png
+    seer-deploy bench demo-vl --no-scaling --out benchmarks/results-vl            # the multimodal workload
     python benchmarks/bench_loopcore.py > benchmarks/results/loopcore.md
     python benchmarks/bench_step_latency.py --threads 2 > benchmarks/results/step_latency.md
     python benchmarks/bench_hybrid.py --threads 2 > benchmarks/results/hybrid.md
     python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
 
 The first part is `seer_deploy.bench.report.render_markdown` of bench.json, then notes.md (the analysis written for
-that run: why a target is missed); the scripts' tables follow, each under the
-command that produced it. A missing script output is named as missing, not skipped silently.
+that run: why a target is missed), then the multimodal bench rendered the same way; the scripts' tables follow, each
+under the command that produced it. A missing script output is named as missing, not skipped silently.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from seer_deploy.bench.report import render_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+RESULTS_VL = ROOT / "benchmarks" / "results-vl"
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
      "python benchmarks/bench_loopcore.py"),
@@ -35,9 +37,13 @@ def main() -> None:
     data = json.loads((RESULTS / "bench.json").read_text())
     notes = RESULTS / "notes.md"  # hand-written analysis of this run (why a target is missed), kept beside the JSON
     parts = [render_markdown(data, "benchmarks/results/bench.png"),
-             notes.read_text().strip() if notes.is_file() else "", "",
-             "# Component benchmarks", "",
-             "Run on the same machine as the bench above, one at a time (the notes above say which were rerun with it).", ""]
+             notes.read_text().strip() if notes.is_file() else "", ""]
+    vl = RESULTS_VL / "bench.json"
+    parts += [render_markdown(json.loads(vl.read_text()), "benchmarks/results-vl/bench.png") if vl.is_file()
+              else "# seer-deploy bench: demo-vl\n\n(not measured: benchmarks/results-vl/bench.json is missing)", ""]
+    parts += ["# Component benchmarks", "",
+              "Run on the same machine as the bench above, one at a time (the notes above say which were rerun with it).",
+              ""]
     for name, title, command in SCRIPTS:
         parts += [f"## {title}", "", f"Command: `{command}`", ""]
         path = RESULTS / name
