@@ -117,3 +117,17 @@ def test_tensorrt_build_of_a_multimodal_checkpoint_is_refused_before_exporting(
     err = capsys.readouterr().err
     assert "multimodal checkpoint" in err and "--build ort" in err
     assert not (tmp_path / "export").exists()
+
+
+def test_tensorrt_build_of_a_multimodal_export_names_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the TensorRT install check (stubbed: TensorRT cannot be installed here), `build` refuses a multimodal
+    export before writing anything, instead of failing on the image table's unplanned axis."""
+    from seer_deploy.engines import tensorrt_engine
+    from seer_deploy.engines.build import BuildOptions, build_engines
+
+    ckpt, _, _ = write_tiny_vl(tmp_path / "ck")
+    out = export_multimodal(ckpt, tmp_path / "export").out
+    monkeypatch.setattr(tensorrt_engine, "require_tensorrt", lambda: None)
+    with pytest.raises(ConfigError, match="multimodal export.*--backend ort"):
+        build_engines(out, tmp_path / "engine", BuildOptions(backend="tensorrt"))
+    assert not (tmp_path / "engine").exists()

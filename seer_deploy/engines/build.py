@@ -212,6 +212,11 @@ def build_engines(export_dir: Path, out: Path, options: BuildOptions, progress: 
         raise ConfigError("--workspace and --timing-cache apply to --backend tensorrt only; drop them for ort")
     progress(f"reading {export_dir / EXPORT_MANIFEST_FILE}")
     export = ExportManifest.load(export_dir)
+    if options.backend == "tensorrt" and "multimodal" in export.extra:  # export.vision.MULTIMODAL_KEY
+        raise ConfigError(
+            f"{export_dir} is a multimodal export: TensorRT engines are built from text exports only (no profile plan "
+            "covers the step graphs' image-table input yet); use --backend ort, or run the export directory itself"
+        )
     layout = options.layout(export.max_seq_len)
     progress(f"buckets {list(layout.buckets)}, batch 1..{layout.max_batch}, "
              f"prompt {layout.min_prompt}..{layout.max_prompt}")
