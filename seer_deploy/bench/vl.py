@@ -49,8 +49,10 @@ def prepare_vl_bench(settings: BenchSettings, work_dir: Path, say: Progress = la
     calibrated = checkpoint_seer(settings.target)
     seer = calibrated if calibrated is not None else SeerConfig()
     if calibrated is None:
-        notes.append(f"no calibrated Seer config for {settings.target}: Seer ran with the built-in defaults "
-                     f"({seer.detector} detector, margin {seer.margin}); run `seer-deploy calibrate` for a safe margin")
+        notes.append(f"no calibrated Seer config (seer.json) in {settings.target}: Seer ran with the built-in "
+                     f"defaults ({seer.detector} detector, margin {seer.margin}); `seer-deploy calibrate` takes text "
+                     "prompts only, so calibrate with seer.calibrate.calibrate_model on image prompts, as "
+                     "scripts/train_demo_vl.py does, and save the config as the checkpoint's seer.json")
     examples = heldout_examples(settings.prompts)
     ids = [tokenizer.encode_prompt(e.prompt) for e in examples]
     prompts = expand_placeholders(ids, [1] * len(ids), vcfg.tokens_per_image, vcfg.image_token_index,
