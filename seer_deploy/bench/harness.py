@@ -154,9 +154,7 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
         )
     say(f"exporting {settings.target} to ONNX (once for this run)")
     start = time.perf_counter()
-    stats = SeerStats(stats_layers=seer.stats_layers, abs_threshold=seer.abs_threshold,
-                      rel_threshold=seer.rel_threshold)
-    export = export_checkpoint(settings.target, work_dir / "export", ExportOptions(seer=stats))
+    export = export_checkpoint(settings.target, work_dir / "export", ExportOptions(seer=SeerStats.for_config(seer)))
     export_seconds = time.perf_counter() - start
     options = TargetOptions(threads=settings.threads or None)
     backends: dict[str, tuple[Backend, TargetInfo]] = {

@@ -71,9 +71,7 @@ def prepare_vl_bench(settings: BenchSettings, work_dir: Path, say: Progress = la
 
     say(f"exporting {settings.target} to ONNX (once for this run)")
     start = time.perf_counter()
-    stats = SeerStats(stats_layers=seer.stats_layers, abs_threshold=seer.abs_threshold,
-                      rel_threshold=seer.rel_threshold)
-    export = export_multimodal(settings.target, work_dir / "export", ExportOptions(seer=stats))
+    export = export_multimodal(settings.target, work_dir / "export", ExportOptions(seer=SeerStats.for_config(seer)))
     export_seconds = time.perf_counter() - start
     ort_backend = MultimodalOrtBackend(export.out, OrtSessionOptions(intra_op_threads=settings.threads))
     ort_backend.set_image_table([ort_backend.encode_images(pixels)])

@@ -290,8 +290,7 @@ def run_demo_vl(gen_length: int, n: int = 8, say: Callable[[str], None] = print,
     n_params = loaded.lm.model.num_parameters() + loaded.vision.num_parameters()
     say(f"demo-vl checkpoint: {loaded.path} ({n_params / 1e6:.2f}M parameters, SigLIP tower + "
         f"{loaded.vision_config.projector_type} projector + LLaDA-style LM)")
-    stats = SeerStats(stats_layers=seer.stats_layers, abs_threshold=seer.abs_threshold,
-                      rel_threshold=seer.rel_threshold) if seer is not None else SeerStats()
+    stats = SeerStats.for_config(seer)
     config = GenerationConfig(gen_length, gen_length)
     with tempfile.TemporaryDirectory(prefix="seer-deploy-demo-vl-") as tmp:
         root = work_dir if work_dir is not None else Path(tmp)

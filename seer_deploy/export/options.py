@@ -10,11 +10,14 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seer_deploy.errors import ConfigError
 from seer_deploy.export.weights import INLINE_LIMIT_BYTES
 from seer_deploy.models.llada import StatsSpec
+
+if TYPE_CHECKING:
+    from seer_deploy.seer.config import SeerConfig
 
 DEFAULT_OPSET = 20
 EXPORT_DTYPES: tuple[str, ...] = ("fp32", "fp16")
@@ -30,6 +33,13 @@ class SeerStats:
     stats_layers: tuple[int, ...] | None = None
     abs_threshold: float = 0.05
     rel_threshold: float = 0.05
+
+    @classmethod
+    def for_config(cls, seer: SeerConfig | None) -> SeerStats:
+        """The statistics a Seer config reads (its layers and thresholds); the defaults when there is no config."""
+        if seer is None:
+            return cls()
+        return cls(stats_layers=seer.stats_layers, abs_threshold=seer.abs_threshold, rel_threshold=seer.rel_threshold)
 
     def spec(self, n_layers: int) -> StatsSpec:
         if self.stats_layers is None:
