@@ -49,7 +49,7 @@ def command(
     from seer_deploy.errors import ConfigError
     from seer_deploy.export.exporter import STAGES, export_checkpoint
     from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
-    from seer_deploy.export.vision import export_multimodal
+    from seer_deploy.export.vision import VISION_FILE, export_multimodal
     from seer_deploy.models.multimodal import is_multimodal_checkpoint
 
     options = ExportOptions(
@@ -90,7 +90,7 @@ def command(
         f"exported {m.model.source} ({m.model.layout} layout, {m.dtype}, opset {m.opset}, max_seq_len {m.max_seq_len}) "
         f"to {result.out} in {result.seconds:.1f}s"
     )
-    vision = ["vision.onnx"] if multimodal else []
+    vision = [VISION_FILE] if multimodal else []
     click.echo(
         f"  {', '.join(vision + [g.file for g in m.graphs.values()])}, {m.weights.file} ({weights_mb:.1f} MiB, shared "
         f"by the step graphs), "

@@ -1,8 +1,9 @@
 """Generation with images, for `seer-deploy generate TARGET --image PATH --prompt TEXT` and `seer-deploy demo --vl`.
 
 TARGET is a LLaDA-V-layout checkpoint directory or 'demo-vl' (torch reference loop, Seer optional), a multimodal
-export directory or an ONNX Runtime engine directory built from one (ONNX Runtime, runtime loop). Images are handed out to the prompts' `<image>` placeholders in
-order: with one prompt, all images are its own; with several, each prompt takes as many as it has placeholders.
+export directory or an ONNX Runtime engine directory built from one (ONNX Runtime, runtime loop). Images are handed
+out to the prompts' `<image>` placeholders in order: with one prompt, all images are its own; with several, each
+prompt takes as many as it has placeholders.
 """
 
 from __future__ import annotations
@@ -197,32 +198,15 @@ def _open_ort(target: str) -> MultimodalOrtBackend:
     """ONNX Runtime on a multimodal export dir, or on the export behind an ONNX Runtime engine dir with the engine's
     session settings, after the same compatibility check as text engines."""
     from seer_deploy.export.vision import MultimodalOrtBackend
+    from seer_deploy.runtime.targets import TargetOptions, checked_engine, engine_session_options
 
     if not is_engine_dir(target):
         return MultimodalOrtBackend(target)
-    import onnxruntime
-
-    from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
-    from seer_deploy.engines.ort import OrtSessionOptions
-    from seer_deploy.export.manifest import ExportManifest
-    from seer_deploy.runtime.targets import engine_export_dir
-
-    manifest = EngineManifest.load(Path(target))
+    manifest, export_dir, _, _ = checked_engine(Path(target))
     if manifest.backend != "ort":
         raise ConfigError(f"TARGET '{target}' is a {manifest.backend} engine; multimodal generation runs on ONNX "
                           "Runtime: give the export directory or an ONNX Runtime engine dir built from it")
-    export_dir = engine_export_dir(Path(target), manifest)
-    export = ExportManifest.load(export_dir)
-    check_engine_compatible(manifest, RuntimeFacts(
-        model_fingerprint=export.model.fingerprint,
-        graph_hashes={name: export.graphs[name].sha256 for name in manifest.graph_hashes},
-        backend=manifest.backend, onnxruntime_version=onnxruntime.__version__))
-    session = manifest.ort_session or {}
-    return MultimodalOrtBackend(export_dir, OrtSessionOptions(
-        providers=tuple(str(p) for p in session.get("providers") or ()) or None,
-        intra_op_threads=int(session.get("intra_op_threads", 0)),
-        inter_op_threads=int(session.get("inter_op_threads", 0)),
-        graph_optimization=session.get("graph_optimization", "all")))
+    return MultimodalOrtBackend(export_dir, engine_session_options(manifest, TargetOptions()))
 
 
 def _generate_ort(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
@@ -23,6 +23,9 @@ from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.tokenizer import Tokenizer
 from seer_deploy.runtime.backend import Backend
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
+
+if TYPE_CHECKING:
+    from seer_deploy.engines.ort import OrtSessionOptions
 
 TargetKind = Literal["checkpoint", "export", "engine"]
 BackendChoice = Literal["torch", "ort", "tensorrt"]
@@ -217,26 +220,46 @@ def engine_export_dir(engine_dir: Path, manifest: EngineManifest) -> Path:
     )
 
 
-def _open_engine(path: Path, target: str, backend: BackendChoice | None, options: TargetOptions
-                 ) -> tuple[Backend, TargetInfo]:
+def checked_engine(path: Path) -> tuple[EngineManifest, Path, ExportManifest, RuntimeFacts]:
+    """An engine dir's manifest, its export (dir and manifest) and the facts it was checked against: a stale engine
+    (another model, graphs, backend or ONNX Runtime version) is an error before anything loads, not an answer."""
     import onnxruntime
 
     manifest = EngineManifest.load(path)
     export_dir = engine_export_dir(path, manifest)
     export = ExportManifest.load(export_dir)
-    wanted = backend or manifest.backend
-    if wanted != manifest.backend:
-        fix = (f"give its export ({export_dir}) as TARGET" if wanted == "ort" else
-               f"build one (seer-deploy build {export_dir} --out ENGINE_DIR --backend {wanted})" if wanted == "tensorrt"
-               else f"give its checkpoint ({export.model.source})")
-        raise ConfigError(f"TARGET '{target}' is a {manifest.backend} engine, not {wanted}; for {wanted} {fix}")
     facts = RuntimeFacts(
         model_fingerprint=export.model.fingerprint,
         graph_hashes={name: export.graphs[name].sha256 for name in manifest.graph_hashes},
         backend=manifest.backend,
         onnxruntime_version=onnxruntime.__version__,
     )
-    check_engine_compatible(manifest, facts)  # before loading anything: a stale engine is an error, not an answer
+    check_engine_compatible(manifest, facts)
+    return manifest, export_dir, export, facts
+
+
+def engine_session_options(manifest: EngineManifest, options: TargetOptions) -> OrtSessionOptions:
+    """The ONNX Runtime session settings an ORT engine dir records, with the caller's providers / threads on top."""
+    from seer_deploy.engines.ort import OrtSessionOptions
+
+    session = manifest.ort_session or {}
+    return OrtSessionOptions(
+        providers=options.providers or tuple(str(p) for p in session.get("providers") or ()) or None,
+        intra_op_threads=options.threads if options.threads is not None else int(session.get("intra_op_threads", 0)),
+        inter_op_threads=int(session.get("inter_op_threads", 0)),
+        graph_optimization=session.get("graph_optimization", "all"),
+    )
+
+
+def _open_engine(path: Path, target: str, backend: BackendChoice | None, options: TargetOptions
+                 ) -> tuple[Backend, TargetInfo]:
+    manifest, export_dir, export, facts = checked_engine(path)
+    wanted = backend or manifest.backend
+    if wanted != manifest.backend:
+        fix = (f"give its export ({export_dir}) as TARGET" if wanted == "ort" else
+               f"build one (seer-deploy build {export_dir} --out ENGINE_DIR --backend {wanted})" if wanted == "tensorrt"
+               else f"give its checkpoint ({export.model.source})")
+        raise ConfigError(f"TARGET '{target}' is a {manifest.backend} engine, not {wanted}; for {wanted} {fix}")
     info = _export_info(target, "engine", manifest.backend, path, export_dir, export)
     if manifest.backend == "tensorrt":
         from seer_deploy.engines.tensorrt_engine import TensorRTBackend
@@ -244,17 +267,9 @@ def _open_engine(path: Path, target: str, backend: BackendChoice | None, options
         trt = TensorRTBackend.open(path, facts, sparsity_rows=list(export.seer.sparsity_rows),
                                    max_seq_len=export.max_seq_len, device=options.device)
         return trt, _with_layout(info, manifest, max_batch=manifest.max_batch)
-    from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
+    from seer_deploy.engines.ort import OrtBackend
 
-    session = manifest.ort_session or {}
-    providers = options.providers or tuple(str(p) for p in session.get("providers") or ()) or None
-    ort_options = OrtSessionOptions(
-        providers=providers,
-        intra_op_threads=options.threads if options.threads is not None else int(session.get("intra_op_threads", 0)),
-        inter_op_threads=int(session.get("inter_op_threads", 0)),
-        graph_optimization=session.get("graph_optimization", "all"),
-    )
-    return OrtBackend(export_dir, ort_options), _with_layout(info, manifest, max_batch=None)
+    return OrtBackend(export_dir, engine_session_options(manifest, options)), _with_layout(info, manifest, None)
 
 
 def _with_layout(info: TargetInfo, manifest: EngineManifest, max_batch: int | None) -> TargetInfo:
