@@ -71,11 +71,16 @@ def make_batch(
     short_tail: float = 0.0,
     slot_weights: tuple[float, ...] = SLOT_WEIGHTS,
     task_weights: tuple[float, ...] | None = None,
+    revealed_tail: float = 0.0,
 ) -> tuple[torch.Tensor, ...]:
-    """ids, attention mask, response mask (positions that may be masked and carry loss), and t per row.
+    """ids, attention mask, response mask (positions that may be masked and carry loss), and the mask rate per position.
 
     short_tail: the share of rows whose response is the answer plus only 0 to SHORT_TAIL_MAX EOS slots, what a
     response looks like after Seer cut it; without them the model answered differently when little padding was left.
+    revealed_tail: the share of rows whose EOS tail is masked at a lower rate than the answer (t * r, r = 0 for half
+    of them, else U(0, 1)). Low-confidence decoding commits the EOS tail first: a traced 256-slot run had committed
+    all but 0 to 3 of some 230 tail slots before the answer's first token, a state uniform masking (one t per row)
+    almost never shows the model. Its errors at full length were made there.
     """
     slots = rng.choices(SLOT_CHOICES, slot_weights)[0]
     rows = []
@@ -98,7 +103,14 @@ def make_batch(
         attn[i, : len(p) + len(r)] = 1
         resp[i, len(p) : len(p) + len(r)] = True
     t = torch.rand(batch, 1, generator=torch.Generator().manual_seed(rng.getrandbits(31))).clamp_min(1e-3)
-    return ids, attn, resp, t
+    rate = t.expand(batch, width).clone()
+    if revealed_tail > 0:  # no extra draws otherwise: earlier stages replay exactly
+        for i, (p, r) in enumerate(rows):
+            if rng.random() < revealed_tail:
+                n_answer = next((j for j, tok_id in enumerate(r) if tok_id == cfg.eos_id), len(r))
+                scale = 0.0 if rng.random() < 0.5 else rng.random()
+                rate[i, len(p) + n_answer :] *= scale
+    return ids, attn, resp, rate
 
 
 def evaluate(model: MaskPredictor, tok: Tokenizer, n: int, gen_length: int) -> float:
@@ -127,6 +139,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--short-tail", type=float, default=0.0,
                     help="share of rows with only 0-16 EOS slots after the answer (as after a Seer cut)")
+    ap.add_argument("--revealed-tail", type=float, default=0.0,
+                    help="share of rows whose EOS tail is masked less than the answer (as when decoding the answer)")
     ap.add_argument("--init-from", type=Path, default=None, help="continue from this checkpoint's weights")
     ap.add_argument("--slot-weights", type=_floats, default=SLOT_WEIGHTS,
                     help=f"weights of the batch slot counts {SLOT_CHOICES} (default {SLOT_WEIGHTS})")
@@ -161,10 +175,10 @@ def main() -> None:
 
     start = time.time()
     for step in range(args.steps):
-        ids, attn, resp, t = make_batch(
-            rng, tok, cfg, args.batch, args.short_tail, args.slot_weights, args.task_weights
+        ids, attn, resp, rate = make_batch(
+            rng, tok, cfg, args.batch, args.short_tail, args.slot_weights, args.task_weights, args.revealed_tail
         )
-        masked = resp & (torch.rand(ids.shape) < t)
+        masked = resp & (torch.rand(ids.shape) < rate)
         noisy = torch.where(masked, torch.full_like(ids, cfg.mask_id), ids)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = model(noisy, attn).logits
@@ -185,6 +199,8 @@ def main() -> None:
     print(f"trained {args.steps} steps in {minutes:.1f} min; held-out exact match at gen_length 64: {acc64:.3f}")
     init = f" --init-from {args.init_from}" if args.init_from else ""
     init += " --slot-weights " + ",".join(map(str, args.slot_weights))
+    if args.revealed_tail:
+        init += f" --revealed-tail {args.revealed_tail}"
     if args.task_weights:
         init += " --task-weights " + ",".join(map(str, args.task_weights))
     card = f"""# seer-deploy demo checkpoint
