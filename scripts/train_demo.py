@@ -78,9 +78,9 @@ def make_batch(
     short_tail: the share of rows whose response is the answer plus only 0 to SHORT_TAIL_MAX EOS slots, what a
     response looks like after Seer cut it; without them the model answered differently when little padding was left.
     revealed_tail: the share of rows whose EOS tail is masked at a lower rate than the answer (t * r, r = 0 for half
-    of them, else U(0, 1)). Low-confidence decoding commits the EOS tail first: a traced 256-slot run had committed
-    all but 0 to 3 of some 230 tail slots before the answer's first token, a state uniform masking (one t per row)
-    almost never shows the model. Its errors at full length were made there.
+    of them, else U(0, 1)). Low-confidence decoding commits the EOS tail first: in traced 256-slot runs, all but 0 to
+    4 of some 230 tail slots (31 on one of six prompts) were EOS when the answer's first token was written, a state
+    uniform masking (one t per row) almost never shows the model. Its errors at full length were made there.
     """
     slots = rng.choices(SLOT_CHOICES, slot_weights)[0]
     rows = []
