@@ -67,7 +67,8 @@ def cached_full(model: MaskPredictor, prompts: list[list[int]], config: Generati
                 batch: int) -> tuple[np.ndarray, float]:
     """Full-length answers (and the seconds they took), computed once and kept in `cache`, batch by batch so an
     interrupted run resumes where it stopped."""
-    stem = cache / f"full_{tag}_{len(prompts)}_g{config.gen_length}_s{config.steps}"
+    blocks = f"_b{config.block_length}" if config.block_length not in (None, config.gen_length) else ""
+    stem = cache / f"full_{tag}_{len(prompts)}_g{config.gen_length}_s{config.steps}{blocks}"
     npy, meta = stem.with_suffix(".npy"), stem.with_suffix(".json")
     if npy.is_file() and meta.is_file():
         return np.load(npy), float(json.loads(meta.read_text())["seconds"])
@@ -188,14 +189,20 @@ def ablations(dcal: StepZeroSet, tcal: np.ndarray, dev: StepZeroSet, tev: np.nda
     return rows
 
 
+def generation(G: int, steps_ratio: float, args: argparse.Namespace) -> GenerationConfig:
+    """The decoding every run of the study uses at gen_length G: steps = ratio x G, --block-length blocks."""
+    block = args.block_length if args.block_length and args.block_length < G else None
+    return GenerationConfig(gen_length=G, steps=max(1, round(G * steps_ratio)), block_length=block)
+
+
 def study_length(model: MaskPredictor, tok: Tokenizer, G: int, args: argparse.Namespace) -> dict[str, Any]:
     cfg = model.cfg
-    steps = max(1, round(G * args.steps_ratio))
-    config = GenerationConfig(gen_length=G, steps=steps)
+    config = generation(G, args.steps_ratio, args)
+    steps = config.steps
     ev_examples, cal_examples = heldout_examples(args.n), heldout_examples(args.n_cal, seed=CAL_SEED)
     ev_prompts = [tok.encode_prompt(e.prompt) for e in ev_examples]
     cal_prompts = [tok.encode_prompt(e.prompt) for e in cal_examples]
-    cal_config = GenerationConfig(gen_length=G, steps=max(1, round(G * (args.cal_steps_ratio or args.steps_ratio))))
+    cal_config = generation(G, args.cal_steps_ratio or args.steps_ratio, args)
     full_cal, _ = cached_full(model, cal_prompts, cal_config, args.cache, "cal", args.batch)
     full_ev, full_seconds = cached_full(model, ev_prompts, config, args.cache, "eval", args.batch)
     if args.phase == "full":
@@ -233,7 +240,8 @@ def study_length(model: MaskPredictor, tok: Tokenizer, G: int, args: argparse.Na
         e2e.append(end_to_end(label, run, full_ev, tev, ev_examples, tok, full_processed, oracle_processed))
         print(f"g{G}: e2e {label} done", flush=True)
     return {
-        "gen_length": G, "steps": steps, "cal_steps": cal_config.steps, "n_eval": len(ev_prompts),
+        "gen_length": G, "steps": steps, "block_length": config.block, "cal_steps": cal_config.steps,
+        "n_eval": len(ev_prompts),
         "n_cal": len(cal_prompts),
         "mean_true_length": float(tev.mean()), "answers_filling_all_slots": int((tev >= G).sum()),
         "calibration": cal.report | {"config": cal.config.to_dict() | {"trends": "(omitted)"}},
@@ -248,7 +256,9 @@ def markdown(results: list[dict[str, Any]]) -> str:
     lines: list[str] = []
     for res in results:
         G = res["gen_length"]
-        lines += [(f"### gen_length {G} (steps {res['steps']}; {res['n_eval']} held-out prompts; {res['n_cal']} "
+        block = res.get("block_length", G)
+        blocks = f"blocks of {block}, " if block < G else ""
+        lines += [(f"### gen_length {G} (steps {res['steps']}; {blocks}{res['n_eval']} held-out prompts; {res['n_cal']} "
                    f"calibration prompts, their ends from runs of {res['cal_steps']} steps; mean true length "
                    f"{res['mean_true_length']:.2f})"), ""]
         lines += [("Position-matched AUC (padding vs answer at the same position; 0.5 = no signal), best threshold "
@@ -292,7 +302,7 @@ def fit_margin_end_to_end(model: MaskPredictor, prompts: list[list[int]], config
     """`calibrate.fit_identity_margin` on the calibration prompts at gen_length --identity-gen-length with one token
     a step, for margins from the safe-rate calibration's up to 16 more in steps of 2."""
     G = args.identity_gen_length
-    gen = GenerationConfig(gen_length=G, steps=G)
+    gen = generation(G, 1.0, args)
     full, _ = cached_full(model, prompts, gen, args.cache, "cal", args.batch)
     true_len = true_lengths(full, {model.cfg.eos_id})
 
@@ -314,8 +324,7 @@ def write_demo_config(model: MaskPredictor, tok: Tokenizer, args: argparse.Names
     cal_prompts = [tok.encode_prompt(e.prompt) for e in heldout_examples(args.n_cal, seed=CAL_SEED)]
 
     def data_for(G: int) -> tuple[StepZeroSet, np.ndarray]:
-        ratio = args.cal_steps_ratio or args.steps_ratio
-        config = GenerationConfig(gen_length=G, steps=max(1, round(G * ratio)))
+        config = generation(G, args.cal_steps_ratio or args.steps_ratio, args)
         full, _ = cached_full(model, cal_prompts, config, args.cache, "cal", args.batch)
         return step_zero_set(model, cal_prompts, G, thresholds, args.batch), true_lengths(full, {cfg.eos_id})
 
@@ -346,6 +355,8 @@ def main() -> None:
     ap.add_argument("--cal-steps-ratio", type=float, default=None,
                     help="steps ratio of the calibration prompts' full runs (only their answer ends are used); "
                          "default: --steps-ratio")
+    ap.add_argument("--block-length", type=int, default=None,
+                    help="semi-autoregressive blocks of this many slots (default: one block of gen_length)")
     ap.add_argument("--target-safe", type=float, default=0.995)
     ap.add_argument("--target-identical", type=float, default=0.995,
                     help="share of calibration answers that must equal full length's (the margin fit)")
@@ -374,11 +385,13 @@ def main() -> None:
         res = study_length(ckpt.model, tok, G, args)
         if res:
             results.append(res)
-            out = args.cache / f"results_g{G}.json"
+            blocks = f"_b{args.block_length}" if args.block_length and args.block_length < G else ""
+            out = args.cache / f"results_g{G}{blocks}.json"
             save_atomic(out, lambda p, r=res: Path(p).write_text(json.dumps(r, indent=1, default=_jsonable)), ".json")
     if results:
         md = markdown(results)
-        save_atomic(args.cache / "results.md", lambda p: Path(p).write_text(md), ".md")
+        blocks = f"_b{args.block_length}" if args.block_length else ""
+        save_atomic(args.cache / f"results{blocks}.md", lambda p: Path(p).write_text(md), ".md")
         print(md)
 
 
