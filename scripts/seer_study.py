@@ -381,17 +381,16 @@ def main() -> None:
         write_demo_config(ckpt.model, tok, args, sorted(args.gen_lengths, reverse=True))
         return
     results = []
+    suffix = f"_b{args.block_length}" if args.block_length else ""  # one-block results keep their names
     for G in args.gen_lengths:
         res = study_length(ckpt.model, tok, G, args)
         if res:
             results.append(res)
-            blocks = f"_b{args.block_length}" if args.block_length and args.block_length < G else ""
-            out = args.cache / f"results_g{G}{blocks}.json"
+            out = args.cache / f"results_g{G}{suffix}.json"
             save_atomic(out, lambda p, r=res: Path(p).write_text(json.dumps(r, indent=1, default=_jsonable)), ".json")
     if results:
         md = markdown(results)
-        blocks = f"_b{args.block_length}" if args.block_length else ""
-        save_atomic(args.cache / f"results{blocks}.md", lambda p: Path(p).write_text(md), ".md")
+        save_atomic(args.cache / f"results{suffix}.md", lambda p: Path(p).write_text(md), ".md")
         print(md)
 
 
