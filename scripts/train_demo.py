@@ -113,6 +113,20 @@ def make_batch(
     return ids, attn, resp, rate
 
 
+def masked_loss(logits: torch.Tensor, ids: torch.Tensor, masked: torch.Tensor, resp: torch.Tensor, eos_id: int,
+                answer_weight: float) -> torch.Tensor:
+    """Cross-entropy on the masked positions; answer positions (and the first EOS, where the answer ends) weigh
+    `answer_weight` times a tail position. At 256 slots the tail is most of the masked positions and nearly free to
+    predict, so with equal weights the answer's copy errors, where the demo goes wrong at full length, carry little
+    of the gradient."""
+    if answer_weight == 1.0:
+        return F.cross_entropy(logits[masked].float(), ids[masked])
+    eos_seen = torch.cumsum((ids == eos_id) & resp, dim=1)
+    weight = torch.where(resp & (eos_seen <= 1), answer_weight, 1.0)[masked]
+    ce = F.cross_entropy(logits[masked].float(), ids[masked], reduction="none")
+    return (ce * weight).sum() / weight.sum()
+
+
 def evaluate(model: MaskPredictor, tok: Tokenizer, n: int, gen_length: int) -> float:
     examples = heldout_examples(n)
     model.eval()
@@ -146,6 +160,9 @@ def main() -> None:
                     help=f"weights of the batch slot counts {SLOT_CHOICES} (default {SLOT_WEIGHTS})")
     ap.add_argument("--task-weights", type=_floats, default=None,
                     help=f"weights of the tasks {TASKS} (default: uniform)")
+    ap.add_argument("--answer-weight", type=float, default=1.0,
+                    help="loss weight of the answer and its first EOS against the rest of the EOS tail (default 1: "
+                         "every masked position alike)")
     args = ap.parse_args()
     if len(args.slot_weights) != len(SLOT_CHOICES):
         ap.error(f"--slot-weights needs {len(SLOT_CHOICES)} numbers, one per slot count {SLOT_CHOICES}")
@@ -182,7 +199,7 @@ def main() -> None:
         noisy = torch.where(masked, torch.full_like(ids, cfg.mask_id), ids)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = model(noisy, attn).logits
-        loss = F.cross_entropy(logits[masked].float(), ids[masked])
+        loss = masked_loss(logits, ids, masked, resp, cfg.eos_id, args.answer_weight)
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         opt.zero_grad(set_to_none=True)
@@ -203,6 +220,8 @@ def main() -> None:
         init += f" --revealed-tail {args.revealed_tail}"
     if args.task_weights:
         init += " --task-weights " + ",".join(map(str, args.task_weights))
+    if args.answer_weight != 1.0:
+        init += f" --answer-weight {args.answer_weight}"
     card = f"""# seer-deploy demo checkpoint
 
 A {model.num_parameters() / 1e6:.2f}M-parameter LLaDA-style mask predictor ({cfg.n_layers} layers, d_model {cfg.d_model},
