@@ -76,3 +76,19 @@ def test_revealed_tail_masks_the_tail_less_than_the_answer(train_demo: ModuleTyp
     assert with_tail > 32 and tail_lower == with_tail  # every row with a tail: the answer's rate times r < 1
     _, _, _, plain = train_demo.make_batch(random.Random(0), tok, cfg, 64)
     assert torch.all(plain == plain[:, :1])  # without it, one rate per row
+
+
+def test_ema_moves_each_weight_toward_the_model_by_one_minus_decay(train_demo: ModuleType) -> None:
+    model = torch.nn.Linear(3, 2)
+    model.register_buffer("count", torch.tensor(7))  # integer buffers are copied, not averaged
+    ema = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    before = {name: value.clone() for name, value in ema.items()}
+    with torch.no_grad():
+        model.weight.add_(1.0)
+        model.count.fill_(9)
+    train_demo.update_ema(ema, model, 0.75)
+    assert torch.allclose(ema["weight"], before["weight"] + 0.25)
+    assert torch.equal(ema["bias"], before["bias"])  # unchanged weights stay put
+    assert int(ema["count"]) == 9
+    train_demo.update_ema(ema, model, 0.0)  # decay 0: the model's own weights
+    assert torch.equal(ema["weight"], model.weight)
