@@ -128,9 +128,9 @@ def masked_loss(logits: torch.Tensor, ids: torch.Tensor, masked: torch.Tensor, r
 
 
 def update_ema(ema: dict[str, torch.Tensor], model: torch.nn.Module, decay: float) -> None:
-    """ema <- decay * ema + (1 - decay) * weights. The averaged weights are what is saved: the last steps' updates
-    are noise at the size of this model's remaining errors (about one answer in a hundred), and averaging cancels
-    most of it without another training step."""
+    """ema <- decay * ema + (1 - decay) * weights; with --ema the averaged weights are saved. The demo's remaining
+    errors are rare (about one answer in a hundred), the size of the step-to-step noise of the weights, which
+    averaging damps without another training step. (Not measured apart from the stage that first used it.)"""
     with torch.no_grad():
         for name, value in model.state_dict().items():
             if value.is_floating_point():
