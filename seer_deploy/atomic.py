@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
-    """Call write(tmp) on a fresh temp file beside `path`, fsync it, then rename it over `path`."""
+def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], object]) -> Path:
+    """Call write(tmp) on a fresh temp file beside `path`, fsync it, then rename it over `path` (what write returns
+    is ignored)."""
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")

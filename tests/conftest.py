@@ -19,20 +19,20 @@ DEMO_DIR = Path(__file__).resolve().parents[1] / "seer_deploy" / "models" / "dem
 def tiny_config(**overrides: object) -> ModelConfig:
     """A 2-layer model over the demo vocabulary (so the demo tokenizer fits it)."""
     ids = {tok: i for i, tok in enumerate(VOCAB)}
-    fields: dict[str, object] = dict(
-        vocab_size=len(VOCAB),
-        d_model=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        mlp_hidden=64,
-        max_seq_len=128,
-        rope_theta=10000.0,
-        mask_id=ids["<|mdm_mask|>"],
-        eos_id=ids["<|endoftext|>"],
-        pad_id=ids["<|endoftext|>"],
-        bos_id=ids["<|startoftext|>"],
-    )
+    fields: dict[str, object] = {
+        "vocab_size": len(VOCAB),
+        "d_model": 32,
+        "n_layers": 2,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "mlp_hidden": 64,
+        "max_seq_len": 128,
+        "rope_theta": 10000.0,
+        "mask_id": ids["<|mdm_mask|>"],
+        "eos_id": ids["<|endoftext|>"],
+        "pad_id": ids["<|endoftext|>"],
+        "bos_id": ids["<|startoftext|>"],
+    }
     fields.update(overrides)
     return ModelConfig(**fields)  # type: ignore[arg-type]
 

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_model
 from safetensors.torch import load_file, save_file
 
 from seer_deploy.errors import CheckpointError
 from seer_deploy.models.checkpoint import detect_layout, load_checkpoint, save_checkpoint, weight_files
 from seer_deploy.models.config import config_from_dict
-
-from conftest import tiny_model
 
 
 def _logits(path: Path, ids: torch.Tensor) -> torch.Tensor:

@@ -9,12 +9,11 @@ first 25 at 256 (one miss there is 0.96, so that floor allows two); the 200-prom
 from __future__ import annotations
 
 import pytest
+from conftest import requires_demo
 
 from seer_deploy.models import Tokenizer, load_checkpoint
 from seer_deploy.models.demo_tasks import TASKS, heldout_examples
 from seer_deploy.runtime.reference import GenerationConfig, generate
-
-from conftest import requires_demo
 
 pytestmark = [requires_demo, pytest.mark.slow]
 # Measured (demo after stage 7): 0.990 on the 200 prompts at 64, 0.96 (24 of 25) on the first 25 at 256.

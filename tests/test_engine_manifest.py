@@ -17,7 +17,6 @@ from seer_deploy.engines.manifest import (
     RuntimeFacts,
     TensorRTFacts,
     check_engine_compatible,
-    write_atomic,
 )
 from seer_deploy.errors import ArtifactError
 
@@ -89,25 +88,24 @@ def test_profile_index_keys_survive_json(tmp_path: Path) -> None:
     assert facts is not None and facts.profile_index == {16: 0, 32: 1, 64: 2}
 
 
-def test_write_atomic_keeps_the_old_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    target = tmp_path / "engine.json"
-    write_atomic(target, b"old")
+def test_a_failed_save_keeps_the_old_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trt_manifest().save(tmp_path)
+    old = (tmp_path / MANIFEST_FILE).read_bytes()
 
     def broken_replace(src: str, dst: str) -> None:
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk full"):
-        write_atomic(target, b"new")
-    assert target.read_bytes() == b"old"
-    assert [p.name for p in tmp_path.iterdir()] == ["engine.json"]
+        trt_manifest(max_batch=16).save(tmp_path)
+    assert (tmp_path / MANIFEST_FILE).read_bytes() == old
+    assert [p.name for p in tmp_path.iterdir()] == [MANIFEST_FILE]  # no temp file left behind
 
 
-def test_write_atomic_replaces(tmp_path: Path) -> None:
-    target = tmp_path / "sub" / "cache.bin"
-    write_atomic(target, b"one")
-    write_atomic(target, b"two")
-    assert target.read_bytes() == b"two"
+def test_save_replaces_the_manifest(tmp_path: Path) -> None:
+    trt_manifest().save(tmp_path)
+    trt_manifest(max_batch=16).save(tmp_path)
+    assert EngineManifest.load(tmp_path).max_batch == 16
 
 
 # ---------------------------------------------------------------- malformed manifests
@@ -205,7 +203,7 @@ def test_ort_optimised_models_are_tied_to_the_ort_version() -> None:
 def test_written_files_honour_the_umask(tmp_path: Path) -> None:
     old = os.umask(0o022)
     try:
-        write_atomic(tmp_path / "engine.json", b"{}")
+        trt_manifest().save(tmp_path)
     finally:
         os.umask(old)
-    assert (tmp_path / "engine.json").stat().st_mode & 0o777 == 0o644  # readable by the users who run engines
+    assert (tmp_path / MANIFEST_FILE).stat().st_mode & 0o777 == 0o644  # readable by the users who run engines

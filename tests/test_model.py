@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from conftest import tiny_model
 
 from seer_deploy.models.llada import STAT_NAMES, StatsSpec
-
-from conftest import tiny_model
 
 
 def test_attention_is_bidirectional() -> None:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_model
 
 from seer_deploy.errors import ConfigError
 from seer_deploy.runtime.reference import GenerationConfig, generate, select_transfer, transfer_schedule
-
-from conftest import tiny_model
 
 MASK = 12
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +214,7 @@ def run_bench(p: Prepared, command: str, progress: Progress = lambda _: None) ->
             for row in p.rows():
                 label = f"gen {G}, batch {B}: {row}"
                 runner = _runner(p, row, config, timings)
-                timings[row] = measure_row(runner, p.prompts, B, s.repeats, tick=lambda label=label: progress(label))
+                timings[row] = measure_row(runner, p.prompts, B, s.repeats, tick=partial(progress, label))
             rows += score_setting(p, G, B, timings)
     scaling = None
     if s.scaling is not None:

@@ -25,11 +25,6 @@ BackendName = Literal["ort", "tensorrt"]
 BACKENDS: tuple[BackendName, ...] = ("ort", "tensorrt")
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` atomically (see seer_deploy.atomic): readers see the old file or the new one."""
-    write_bytes_atomic(path, data)
-
-
 @dataclass(frozen=True)
 class TensorRTFacts:
     """What a TensorRT engine is tied to, plus which profile serves which bucket."""
@@ -135,7 +130,7 @@ class EngineManifest:
 
     def save(self, engine_dir: Path) -> Path:
         path = Path(engine_dir) / MANIFEST_FILE
-        write_atomic(path, (json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n").encode())
+        write_bytes_atomic(path, (json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n").encode())
         return path
 
     @classmethod

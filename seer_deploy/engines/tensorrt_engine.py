@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from seer_deploy.atomic import write_bytes_atomic
 from seer_deploy.engines.buckets import Profile, ProfileLayout, choose_profile_for_seq
-from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible, write_atomic
+from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
 from seer_deploy.errors import ArtifactError, ConfigError
 from seer_deploy.export.sampling import step_feed
 from seer_deploy.runtime.backend import Step0Output, StepOutput
@@ -162,7 +163,7 @@ def build_serialized_engine(
             f"fewer/smaller buckets may help"
         )
     if options.timing_cache is not None:
-        write_atomic(options.timing_cache, bytes(config.get_timing_cache().serialize()))
+        write_bytes_atomic(options.timing_cache, bytes(config.get_timing_cache().serialize()))
     return bytes(plan)
 
 

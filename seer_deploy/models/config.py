@@ -161,35 +161,35 @@ def config_from_dict(raw: dict[str, Any], special_ids: dict[str, int] | None = N
             raise CheckpointError("config.json include_bias=true is not supported (LLaDA blocks have no biases)")
         n_heads = int(_require(raw, "n_heads", style))
         vocab = int(_require(raw, "vocab_size", style))
-        fields: dict[str, Any] = dict(
-            d_model=int(_require(raw, "d_model", style)),
-            n_layers=int(_require(raw, "n_layers", style)),
-            n_heads=n_heads,
-            n_kv_heads=int(raw.get("n_kv_heads") or n_heads),
-            mlp_hidden=int(_require(raw, "mlp_hidden_size", style)),
-            vocab_size=vocab,
-            embedding_size=int(raw.get("embedding_size") or vocab),
-            max_seq_len=int(_require(raw, "max_sequence_length", style)),
-            rope_theta=float(raw.get("rope_theta", 10000.0)),
-            rms_eps=float(raw.get("rms_norm_eps", raw.get("layer_norm_eps", 1e-5))),
-            tie_embeddings=bool(raw.get("weight_tying", False)),
-        )
+        fields: dict[str, Any] = {
+            "d_model": int(_require(raw, "d_model", style)),
+            "n_layers": int(_require(raw, "n_layers", style)),
+            "n_heads": n_heads,
+            "n_kv_heads": int(raw.get("n_kv_heads") or n_heads),
+            "mlp_hidden": int(_require(raw, "mlp_hidden_size", style)),
+            "vocab_size": vocab,
+            "embedding_size": int(raw.get("embedding_size") or vocab),
+            "max_seq_len": int(_require(raw, "max_sequence_length", style)),
+            "rope_theta": float(raw.get("rope_theta", 10000.0)),
+            "rms_eps": float(raw.get("rms_norm_eps", raw.get("layer_norm_eps", 1e-5))),
+            "tie_embeddings": bool(raw.get("weight_tying", False)),
+        }
     else:
         n_heads = int(_require(raw, "num_attention_heads", style))
         vocab = int(_require(raw, "vocab_size", style))
-        fields = dict(
-            d_model=int(_require(raw, "hidden_size", style)),
-            n_layers=int(_require(raw, "num_hidden_layers", style)),
-            n_heads=n_heads,
-            n_kv_heads=int(raw.get("num_key_value_heads") or n_heads),
-            mlp_hidden=int(_require(raw, "intermediate_size", style)),
-            vocab_size=int(raw.get("text_vocab_size") or vocab),
-            embedding_size=vocab,
-            max_seq_len=int(_require(raw, "max_position_embeddings", style)),
-            rope_theta=float(raw.get("rope_theta", 10000.0)),
-            rms_eps=float(raw.get("rms_norm_eps", 1e-5)),
-            tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        )
+        fields = {
+            "d_model": int(_require(raw, "hidden_size", style)),
+            "n_layers": int(_require(raw, "num_hidden_layers", style)),
+            "n_heads": n_heads,
+            "n_kv_heads": int(raw.get("num_key_value_heads") or n_heads),
+            "mlp_hidden": int(_require(raw, "intermediate_size", style)),
+            "vocab_size": int(raw.get("text_vocab_size") or vocab),
+            "embedding_size": vocab,
+            "max_seq_len": int(_require(raw, "max_position_embeddings", style)),
+            "rope_theta": float(raw.get("rope_theta", 10000.0)),
+            "rms_eps": float(raw.get("rms_norm_eps", 1e-5)),
+            "tie_embeddings": bool(raw.get("tie_word_embeddings", False)),
+        }
         act = raw.get("hidden_act", "silu")
         if act != "silu":
             raise CheckpointError(f"config.json hidden_act '{act}' is not supported (only silu / SwiGLU MLPs)")
