@@ -137,6 +137,9 @@ def test_weights_are_external_and_shared_by_both_graphs(exports: dict[str, Any])
     assert param_bytes * 0.95 <= (out / "weights.bin").stat().st_size <= param_bytes * 1.3
 
 
+# polygraphy's error report divides by the reference for its relative-error statistics: 0/0 where both outputs are
+# exactly 0 (e.g. a token id 0). The pass/fail decision uses atol/rtol and is unaffected.
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")
 def test_onnx_runtime_matches_torch_through_polygraphy(exports: dict[str, Any]) -> None:
     """polygraphy's comparator: ORT on step0.onnx against the torch Step0Graph, per output."""
     from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
