@@ -46,6 +46,33 @@ def test_later_steps_run_on_prompt_plus_kept_length_and_the_tail_is_eos() -> Non
     assert report.full_tokens_processed == 32 * 38
 
 
+def test_tail_context_keeps_committed_eos_slots_after_the_cut() -> None:
+    """tail_context (a study knob): the later steps see kept + context slots, the context EOS and never decoded."""
+    model = tiny_model()
+    seen: list[torch.Tensor] = []
+    model.register_forward_pre_hook(lambda _m, args: seen.append(args[0].clone()))
+    config = GenerationConfig(gen_length=32, steps=32)
+    out = generate(model, [PROMPTS[0]], config, kept_lengths=[10], tail_context=4)
+    assert [int(x.shape[1]) for x in seen] == [6 + 32] + [6 + 10 + 4] * 9
+    assert all((x[0, 16:] == EOS).all() for x in seen[1:])  # the context slots, at every later step
+    assert (out.tokens[0, 10:] == EOS).all() and not (out.tokens[0, :10] == MASK).any()
+    report = out.seer[0] if out.seer else None
+    assert report is not None and (report.kept, report.steps) == (10, 10)
+    assert report.tokens_processed == 38 + 9 * (16 + 4) == out.tokens_processed
+    # The context never runs past gen_length, and a request kept whole has none.
+    wide = generate(model, PROMPTS, config, kept_lengths=[30, 32, 5], tail_context=8)
+    assert wide.seer is not None
+    no_context = generate(model, PROMPTS, config, kept_lengths=[30, 32, 5])
+    assert no_context.seer is not None
+    extra = [a.tokens_processed - b.tokens_processed for a, b in zip(wide.seer, no_context.seer, strict=True)]
+    assert extra == [29 * 2, 0, 4 * 8]  # (steps - 1) * min(8, 32 - kept)
+    assert wide.tokens_processed == sum(r.tokens_processed for r in wide.seer)
+    with pytest.raises(ConfigError, match="tail_context"):
+        generate(model, PROMPTS, config, kept_lengths=[5, 5, 5], tail_context=-1)
+    with pytest.raises(ConfigError, match="only applies to Seer"):
+        generate(model, PROMPTS, config, tail_context=4)
+
+
 def test_rows_with_different_kept_lengths_equal_their_solo_runs() -> None:
     model = tiny_model(seed=3)
     config = GenerationConfig(gen_length=32, steps=16, block_length=16)

@@ -13,7 +13,7 @@ exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -199,16 +199,24 @@ def generate(
     generator: torch.Generator | None = None,
     seer: SeerConfig | None = None,
     kept_lengths: Sequence[int] | None = None,
+    tail_context: int = 0,
 ) -> GenerationResult:
     """Fill `gen_length` masked positions after each prompt; prompts of different length are left-padded.
 
     seer: detect each answer's end at step zero and run the later steps on prompt + kept length only (see
     `seer_deploy.seer.plan`). kept_lengths: force the kept length per request instead (oracle studies).
+    tail_context (a study knob of this loop only; the ONNX and TensorRT runtimes do not have it): after a cut, keep
+    this many of the cut slots in the later steps' input as committed EOS, never decoded; the steps are the cut's.
+    0 is Seer as the paper runs it. It measures how much of Seer's difference from full length is the missing tail.
     """
     cfg = model.cfg
     config.validate(cfg.max_seq_len, max(len(p) for p in prompts))
+    if tail_context < 0:
+        raise ConfigError(f"tail_context must be >= 0 (committed EOS slots kept after the cut), got {tail_context}")
     if seer is not None or kept_lengths is not None:
-        return _generate_seer(model, prompts, config, generator, seer, kept_lengths)
+        return _generate_seer(model, prompts, config, generator, seer, kept_lengths, tail_context)
+    if tail_context:
+        raise ConfigError("tail_context only applies to Seer runs: pass seer= or kept_lengths= as well")
     device = next(model.parameters()).device
     G, block = config.gen_length, config.block
     batch = _start(prompts, torch.full((len(prompts), G), cfg.mask_id, dtype=torch.long), cfg, device)
@@ -230,8 +238,10 @@ def _generate_seer(
     generator: torch.Generator | None,
     seer: SeerConfig | None,
     kept_lengths: Sequence[int] | None,
+    tail_context: int = 0,
 ) -> GenerationResult:
-    """Step zero at full length for the whole batch, then each group of equal plans on its own kept length."""
+    """Step zero at full length for the whole batch, then each group of equal plans on its own kept length (plus
+    `tail_context` committed EOS slots)."""
     cfg = model.cfg
     device = next(model.parameters()).device
     B, G, block = len(prompts), config.gen_length, config.block
@@ -254,19 +264,30 @@ def _generate_seer(
     steps_run = 1
     for blocks, rows_of_group in group_rows(plans):
         kept = blocks[-1].end
-        sub = _start([prompts[b] for b in rows_of_group], responses[rows_of_group, :kept], cfg, device)
+        context = min(tail_context, G - kept)
+        slots = responses[rows_of_group, : kept + context].clone()
+        slots[:, kept:] = cfg.eos_id  # the context: committed EOS, past every block, so never scored or changed
+        sub = _start([prompts[b] for b in rows_of_group], slots, cfg, device)
         Pg = sub.prompt_width
         for j, bp in enumerate(blocks):
             n_steps = bp.steps - 1 if j == 0 else bp.steps  # step zero was the first block's first step
             ran = _run_block(model, sub, Pg + bp.start, Pg + bp.end, n_steps, config, generator)
             steps_run += ran
             tokens_processed += ran * sub.real_tokens * passes
-        tokens[rows_of_group, :kept] = sub.x[:, Pg:].cpu()
+        tokens[rows_of_group, :kept] = sub.x[:, Pg : Pg + kept].cpu()
     reports = [
-        SeerReport.from_plan(plan, len(prompts[b]), passes, forced=kept_lengths is not None)
+        _with_context(SeerReport.from_plan(plan, len(prompts[b]), passes, forced=kept_lengths is not None),
+                      min(tail_context, G - plan.kept), passes)
         for b, plan in enumerate(plans)
     ]
     return GenerationResult(tokens=tokens, steps_run=steps_run, tokens_processed=tokens_processed, seer=reports)
+
+
+def _with_context(report: SeerReport, context: int, passes: int) -> SeerReport:
+    """The report's work plus the context slots of every step after step zero."""
+    if not context:
+        return report
+    return replace(report, tokens_processed=report.tokens_processed + (report.steps - 1) * context * passes)
 
 
 def _step0_output(zero: _StepOut, eos_id: int, spec: StatsSpec | None) -> tuple[Step0Output, list[Row]]:
