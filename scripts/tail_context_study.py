@@ -1,7 +1,7 @@
 """How much of Seer's difference from full length is the cut tail? Run the Seer config with `tail_context` E (the
 first E cut slots kept in the later steps' input as committed EOS) and compare with full length.
 
-    python scripts/tail_context_study.py --gen-length 256 --tail-contexts 0 8 32 96 160 224 256
+    python scripts/tail_context_study.py --gen-length 256 --tail-contexts 0 8 32 96 160 224 all
 
 Full-length answers come from the study's cache (`scripts/seer_study.py`, the same file names), computed here if
 missing (about 37 minutes for 500 prompts at 256 on 2 cores). Prints one Markdown row per E.
@@ -20,7 +20,7 @@ from seer_deploy.models import Tokenizer, load_checkpoint
 from seer_deploy.models.checkpoint import checkpoint_fingerprint
 from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.runtime.reference import GenerationConfig
-from seer_deploy.seer.config import DEMO_CONFIG_FILE, SeerConfig
+from seer_deploy.seer.config import DEMO_CONFIG_FILE, SeerConfig, parse_tail_context
 from seer_deploy.seer.metrics import true_lengths
 
 
@@ -30,7 +30,8 @@ def main() -> None:
     ap.add_argument("--seer-config", type=Path, default=DEMO_CONFIG_FILE)
     ap.add_argument("--n", type=int, default=500, help="held-out prompts")
     ap.add_argument("--gen-length", type=int, default=256)
-    ap.add_argument("--tail-contexts", type=int, nargs="+", default=[0, 32, 160, 256])
+    ap.add_argument("--tail-contexts", type=parse_tail_context, nargs="+", default=[0, 32, 160, "all"],
+                    help="counts of cut slots, or 'all'")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=Path("/tmp/seer_study"))

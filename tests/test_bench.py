@@ -21,6 +21,7 @@ from seer_deploy.runtime.reference import GenerationConfig
 from seer_deploy.runtime.targets import open_target
 
 ROWS = ("reference", "ort-full", "ort-seer", "ort-oracle", "torch-seer")
+WITH_TAIL = (*ROWS, "ort-seer-tail")  # rows of a run with --tail-context
 
 
 def _bench(argv: list[str]) -> int:
@@ -41,7 +42,8 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     ckpt = save_checkpoint(tiny_model(), root / "ckpt", tokenizer_file=root / "tokenizer.json")
     out = root / "out"
     rc = _bench([str(ckpt), "--gen-lengths", "8,16", "--batch-sizes", "1,2", "--prompts", "2", "--repeats", "2",
-                 "--out", str(out), "--scaling-lengths", "8,16", "--scaling-shape", "32,1,64,64", "--no-tensorrt"])
+                 "--out", str(out), "--scaling-lengths", "8,16", "--scaling-shape", "32,1,64,64", "--no-tensorrt",
+                 "--tail-context", "all"])
     assert rc == 0
     return ckpt, out
 
@@ -56,6 +58,7 @@ def test_writes_json_markdown_and_png(bench_run: tuple[Path, Path]) -> None:
     assert {"torch", "onnxruntime", "onnx", "numpy", "seer_deploy"} <= set(machine["versions"])
     assert data["settings"]["gen_lengths"] == [8, 16] and data["settings"]["batch_sizes"] == [1, 2]
     assert "--gen-lengths 8,16" in data["command"] and "--no-tensorrt" in data["command"]
+    assert "--tail-context all" in data["command"] and data["settings"]["tail_context"] == "all"
     assert {s["row"] for s in data["skipped"]} == {"trt-full", "trt-seer"}
     assert data["seer"]["source"] == "defaults" and data["notes"]  # the tiny checkpoint has no calibration
     # The markdown is a rendering of the JSON alone.
@@ -67,15 +70,15 @@ def test_every_setting_has_every_row_with_its_fields(bench_run: tuple[Path, Path
     data = load_json(out / "bench.json")
     rows = data["rows"]
     keys = {(r["gen_length"], r["batch_size"], r["row"]) for r in rows}
-    assert keys == {(g, b, name) for g in (8, 16) for b in (1, 2) for name in ROWS}
+    assert keys == {(g, b, name) for g in (8, 16) for b in (1, 2) for name in WITH_TAIL}
     assert len(rows) == len(keys)
     for r in rows:
         assert len(r["seconds_runs"]) == 2 and r["seconds"] > 0
         assert 0 < r["latency_p50_s"] <= r["latency_p95_s"]
         assert 0 <= r["exact_match"] <= 1 and 0 <= r["identical_to_full"] <= 1
         assert r["tokens_per_s"] == pytest.approx(r["answer_tokens"] / r["seconds"], rel=1e-2, abs=0.01)
-        assert (r["seer_over_oracle"] is not None) == (r["row"] == "ort-seer")
-        assert (r["mean_kept"] is not None) == (r["row"] in ("ort-seer", "ort-oracle", "torch-seer"))
+        assert (r["seer_over_oracle"] is not None) == (r["row"] in ("ort-seer", "ort-seer-tail"))
+        assert (r["mean_kept"] is not None) == (r["row"] in ("ort-seer", "ort-seer-tail", "ort-oracle", "torch-seer"))
         if r["row"] == "reference":
             assert r["speedup"] == 1.0 and r["identical_to_full"] == 1.0
             # steps = gen_length, one block: gen_length passes per batch, every one at full length.
@@ -83,6 +86,14 @@ def test_every_setting_has_every_row_with_its_fields(bench_run: tuple[Path, Path
             assert r["forward_passes"] == r["gen_length"] * n_batches
         if r["row"] == "ort-oracle":
             assert r["safe"] == 1.0
+    # ort-seer-tail: Seer's cut and steps (alone in a batch, the same passes), the whole cut tail still in view.
+    for g in (8, 16):
+        row = {r["row"]: r for r in rows if (r["gen_length"], r["batch_size"]) == (g, 1)}
+        seer, tail = row["ort-seer"], row["ort-seer-tail"]
+        assert (tail["mean_kept"], tail["forward_passes"]) == (seer["mean_kept"], seer["forward_passes"])
+        assert seer["tokens_processed"] <= tail["tokens_processed"] <= row["ort-full"]["tokens_processed"]
+        if seer["mean_kept"] < g:  # something was cut: its slots ran as context
+            assert tail["tokens_processed"] > seer["tokens_processed"]
 
 
 def test_oracle_never_runs_a_full_length_step(bench_run: tuple[Path, Path]) -> None:

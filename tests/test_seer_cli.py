@@ -30,10 +30,13 @@ def test_calibrate_writes_a_config_that_generate_uses(make_checkpoint, tmp_path:
     prompts.write_text("\n".join(PROMPTS) + "\n")
     out = tmp_path / "cfg" / "seer.json"
     code, stdout, err = run(["calibrate", str(ckpt), "--prompts", str(prompts), "--gen-length", "8", "--out", str(out),
-                             "--target-safe", "0.9", "--batch-size", "5"], capsys)
+                             "--target-safe", "0.9", "--batch-size", "5", "--tail-context", "all"], capsys)
     assert code == 0, err
     assert "wrote" in stdout and "validation" in stdout
     cfg = SeerConfig.load(out)
+    assert cfg.tail_context == "all"
+    cfg = cfg.with_(tail_context=0)  # the paper's cut below; the whole tail in view is checked at the end
+    cfg.save(out)
     assert cfg.detector == "fused" and cfg.calibration["n_calibration"] + cfg.calibration["n_validation"] == 12
     assert set(cfg.calibration["detectors"]) == {"eos", "sparsity", "fused"}
     assert cfg.trends and cfg.trends[0].gen_length == 8 and len(cfg.weights) == len(cfg.rows) >= 1
@@ -61,7 +64,19 @@ def test_calibrate_writes_a_config_that_generate_uses(make_checkpoint, tmp_path:
     report = row["seer"]
     expected = 8 if report["boundary"] is None else min(8, report["boundary"] + cfg.margin)
     assert report["kept"] == expected and report["tokens_processed"] <= report["full_tokens_processed"]
-    assert all(t == 11 for t in row["tokens"][report["kept"] :])
+    assert all(t == 11 for t in row["tokens"][report["kept"] :]) and report["context"] == 0
+
+    # --tail-context: the same cut, the cut slots still in view as committed EOS (more work, same steps).
+    code, seered, err = run(["generate", str(ckpt), "-p", "sort 987", "--gen-length", "8", "--json", "--seer-config",
+                             str(out), "--tail-context", "all"], capsys)
+    assert code == 0, err
+    with_tail = json.loads(seered)["seer"]
+    assert (with_tail["kept"], with_tail["steps"]) == (report["kept"], report["steps"])
+    assert with_tail["context"] == 8 - report["kept"]
+    assert with_tail["tokens_processed"] - report["tokens_processed"] == (report["steps"] - 1) * with_tail["context"]
+    for bad, message in ((["--tail-context", "most"], "not a count"), (["--no-seer", "--tail-context", "4"], "Seer runs")):
+        code, _, err = run(["generate", str(ckpt), "-p", "sort 987", "--gen-length", "8", *bad], capsys)
+        assert code == 2 and message in err, err
 
 
 def test_generate_seer_without_a_calibration_warns(make_checkpoint, capsys) -> None:

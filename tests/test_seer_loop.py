@@ -20,9 +20,13 @@ PROMPTS = [[10, 14, 1, 2, 3, 13], [10, 15, 4, 13], [10, 16, 5, 6, 7, 8, 9, 1, 2,
 @pytest.mark.parametrize(
     "config", [GenerationConfig(gen_length=24, steps=24), GenerationConfig(gen_length=24, steps=12, block_length=8)]
 )
-def test_runtime_loop_applies_the_same_seer_plans_as_the_reference(core: object, config: GenerationConfig) -> None:
+@pytest.mark.parametrize("tail_context", [0, 3, "all"])
+def test_runtime_loop_applies_the_same_seer_plans_as_the_reference(
+    core: object, config: GenerationConfig, tail_context: int | str
+) -> None:
     model = tiny_model(seed=1)
-    seer = SeerConfig(detector="fused", floor=2.0, margin=1, abs_threshold=0.1)  # low floor: the random model is cut
+    # Low floor: the random model is cut. tail_context: the cut slots the later steps still see as committed EOS.
+    seer = SeerConfig(detector="fused", floor=2.0, margin=1, abs_threshold=0.1, tail_context=tail_context)  # type: ignore[arg-type]
     backend = TorchBackend(model, seer.stats_spec(model.cfg.n_layers))
     ids = {"mask_id": model.cfg.mask_id, "pad_id": model.cfg.eos_id}
     loop = run_generation(backend, PROMPTS, config, core=core, seer=seer, **ids)  # type: ignore[arg-type]
@@ -32,6 +36,30 @@ def test_runtime_loop_applies_the_same_seer_plans_as_the_reference(core: object,
     assert loop.seer == ref.seer
     np.testing.assert_array_equal(loop.tokens, ref.tokens.numpy())
     assert loop.tokens_processed <= ref.tokens_processed  # the loop skips steps that cannot commit anything
+    expected = [0 if tail_context == 0 else 24 - r.kept if tail_context == "all" else min(3, 24 - r.kept)
+                for r in ref.seer]
+    assert [r.context for r in loop.seer] == expected and any(expected) == (tail_context != 0)
+
+
+def test_runtime_loop_runs_the_tail_context_as_committed_eos() -> None:
+    """With tail_context, every later step's input holds the kept slots then `context` EOS, never a mask."""
+    model = tiny_model(seed=2)
+    config = GenerationConfig(gen_length=16, steps=16)
+    seen: list[np.ndarray] = []
+
+    class Recording(TorchBackend):
+        def step(self, input_ids, attention_mask, temperature=0.0, seed=None):  # type: ignore[no-untyped-def]
+            seen.append(input_ids.copy())
+            return super().step(input_ids, attention_mask, temperature, seed)
+
+    out = run_generation(Recording(model), [PROMPTS[0]], config, mask_id=12, pad_id=11, kept_lengths=[5],
+                         tail_context=4)
+    assert out.seer is not None and (out.seer[0].kept, out.seer[0].context) == (5, 4)
+    assert len(seen) == 4 and all(x.shape == (1, 6 + 5 + 4) and (x[0, 11:] == 11).all() for x in seen)
+    assert not (out.tokens == 12).any() and (out.tokens[0, 5:] == 11).all()
+    ref = generate(model, [PROMPTS[0]], config, kept_lengths=[5], tail_context=4)
+    np.testing.assert_array_equal(out.tokens, ref.tokens.numpy())
+    assert out.seer == ref.seer
 
 
 def test_runtime_loop_with_forced_kept_lengths() -> None:

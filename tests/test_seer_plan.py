@@ -68,16 +68,29 @@ def test_work_accounting_counts_step_zero_at_full_length() -> None:
     assert plan.tokens_processed(10, passes_per_step=2) == 2 * plan.tokens_processed(10)
 
 
+def test_tail_context_widens_the_later_steps_but_keeps_the_cut_steps() -> None:
+    """tail_context: the first cut slots stay in view as committed EOS; the step budget is still the cut's."""
+    cut = make_plan(64, 64, None, 16)
+    plan = make_plan(64, 64, None, 16, context=SeerConfig(tail_context=8).context_slots(16, 64))
+    assert (plan.kept, plan.context, plan.width, plan.steps) == (16, 8, 24, cut.steps)
+    assert plan.tokens_processed(10) == (10 + 64) + 15 * (10 + 24)
+    assert SeerConfig(tail_context="all").context_slots(16, 64) == 48
+    assert SeerConfig(tail_context=100).context_slots(60, 64) == 4 and SeerConfig().context_slots(16, 64) == 0
+    with pytest.raises(ConfigError, match="does not fit"):
+        make_plan(64, 64, None, 60, context=8)
+
+
 def test_config_round_trips_through_an_atomic_json_file(tmp_path: Path) -> None:
     trend = Trend(gen_length=4, mean=((0.1, 0.2, 0.3, 0.4),), scale=(0.5,))
     cfg = SeerConfig(
         detector="fused", margin=3, stats_layers=(3,), rows=((3, "frac_h_abs"),), weights=(1.5,), trends=(trend,),
-        buckets=(16, 32), calibration={"safe": 0.997},
+        buckets=(16, 32), tail_context="all", calibration={"safe": 0.997},
     )
     path = cfg.save(tmp_path / "seer.json")
     assert [p.name for p in tmp_path.iterdir()] == ["seer.json"]  # no temp file left behind
     raw = json.loads(path.read_text())
     assert raw["stats_layers"] == [3] and raw["abs_threshold"] == 0.05 and raw["rel_threshold"] == 0.05
+    assert raw["tail_context"] == "all"
     loaded = SeerConfig.load(path)
     assert loaded == cfg and loaded.calibration == {"safe": 0.997}
     assert SeerConfig.for_checkpoint(tmp_path) == cfg
@@ -92,6 +105,8 @@ def test_config_round_trips_through_an_atomic_json_file(tmp_path: Path) -> None:
         ({"rows": [[3, "frac_bogus"]]}, "unknown statistic"),
         ({"stats_layers": [2], "rows": [[3, "frac_h_abs"]]}, "not in stats_layers"),
         ({"buckets": [32, 16]}, "strictly ascending"),
+        ({"tail_context": -2}, "tail_context -2 is not a count"),
+        ({"tail_context": "most"}, "tail_context 'most' is not a count"),
         ({"surprise": 1}, "unknown keys"),
         ({"version": 99}, "version 99"),
     ],

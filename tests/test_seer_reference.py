@@ -47,7 +47,7 @@ def test_later_steps_run_on_prompt_plus_kept_length_and_the_tail_is_eos() -> Non
 
 
 def test_tail_context_keeps_committed_eos_slots_after_the_cut() -> None:
-    """tail_context (a study knob): the later steps see kept + context slots, the context EOS and never decoded."""
+    """tail_context: the later steps see kept + context slots, the context EOS and never decoded."""
     model = tiny_model()
     seen: list[torch.Tensor] = []
     model.register_forward_pre_hook(lambda _m, args: seen.append(args[0].clone()))

@@ -33,7 +33,7 @@ from seer_deploy.models.tokenizer import Tokenizer
 from seer_deploy.runtime.backend import Backend
 from seer_deploy.runtime.reference import GenerationConfig
 from seer_deploy.runtime.targets import TargetInfo, TargetOptions, open_target, target_kind
-from seer_deploy.seer.config import SeerConfig
+from seer_deploy.seer.config import SeerConfig, TailContext, check_tail_context
 from seer_deploy.seer.metrics import true_lengths
 
 Progress = Callable[[str], None]  # called once per unit of work with what it was
@@ -51,6 +51,7 @@ class BenchSettings:
     threads: int = 0  # torch and ONNX Runtime intra-op threads; 0 = each library's default
     scaling: ScalingSettings | None = field(default_factory=ScalingSettings)  # None: skip the cost-scaling workload
     tensorrt: bool = True  # add TensorRT rows when a GPU and TensorRT are present
+    tail_context: TailContext | None = None  # also measure ort-seer-tail: Seer with this tail_context
 
     def validate(self) -> None:
         if not self.gen_lengths or any(g < 1 for g in self.gen_lengths):
@@ -65,6 +66,8 @@ class BenchSettings:
             raise ConfigError(f"--threads must be >= 0 (0 = the libraries' default), got {self.threads}")
         if self.scaling is not None:
             self.scaling.validate()
+        if self.tail_context is not None:
+            check_tail_context(self.tail_context)
 
 
 @dataclass
@@ -89,6 +92,8 @@ class Prepared:
 
     def rows(self) -> list[str]:
         names = ["reference", "ort-full", "ort-seer", "ort-oracle", "torch-seer"]
+        if self.settings.tail_context is not None:
+            names.insert(3, "ort-seer-tail")
         return names + (["trt-full", "trt-seer"] if "trt" in self.backends else [])
 
     @property
@@ -187,6 +192,10 @@ def _runner(p: Prepared, row: str, config: GenerationConfig, timings: dict[str, 
         return loop_row(backend, info, config, p.seer)
     engine = "trt" if row.startswith("trt") else "ort"
     backend, info = p.backends[engine]
+    if row == "ort-seer-tail":
+        fitted = info.fit_seer(p.seer)
+        assert fitted is not None and p.settings.tail_context is not None  # the row exists only with both
+        return loop_row(backend, info, config, fitted.with_(tail_context=p.settings.tail_context))
     if row.endswith("-full"):
         return loop_row(backend, info, config, None)
     if row.endswith("-seer"):
@@ -228,7 +237,7 @@ def run_bench(p: Prepared, command: str, progress: Progress = lambda _: None) ->
         machine=machine,
         settings={"target": s.target, "gen_lengths": list(s.gen_lengths), "batch_sizes": list(s.batch_sizes),
                   "prompts": s.prompts, "workload": p.workload, "repeats": s.repeats, "warmup_batches": 1,
-                  "threads": s.threads,
+                  "threads": s.threads, "tail_context": s.tail_context,
                   "steps": "gen_length", "block_length": "gen_length (one block)", "temperature": 0.0,
                   "remasking": "low_confidence"},
         model={"target": s.target, "parameters": model.num_parameters(), "d_model": cfg.d_model,
@@ -261,7 +270,7 @@ def score_setting(p: Prepared, gen_length: int, batch_size: int, timings: dict[s
         answers = [p.tokenizer.decode_answer(row.tolist()) for row in t.tokens]
         answer_tokens = int(true_lengths(t.tokens, stops).sum())
         engine = "trt" if name.startswith("trt") else "ort"
-        oracle = timings.get(f"{engine}-oracle") if name.endswith("-seer") and name != "torch-seer" else None
+        oracle = timings.get(f"{engine}-oracle") if name in ("ort-seer", "ort-seer-tail", "trt-seer") else None
         results.append(RowResult(
             gen_length=gen_length,
             batch_size=batch_size,

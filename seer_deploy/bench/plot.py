@@ -19,6 +19,7 @@ _STYLE = {
     "reference": {"color": "black", "marker": "o"},
     "ort-full": {"color": "tab:blue", "marker": "s"},
     "ort-seer": {"color": "tab:red", "marker": "^"},
+    "ort-seer-tail": {"color": "tab:brown", "marker": "^", "linestyle": ":"},
     "ort-oracle": {"color": "tab:green", "marker": "v", "linestyle": "--"},
     "torch-seer": {"color": "tab:orange", "marker": "D"},
     "trt-full": {"color": "tab:purple", "marker": "s"},

@@ -48,6 +48,8 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
                   "--scaling-shape", joined((sc.d_model, sc.n_layers, sc.mlp_hidden, sc.vocab_size))]
     if not settings.tensorrt:
         parts.append("--no-tensorrt")
+    if settings.tail_context is not None:
+        parts += ["--tail-context", str(settings.tail_context)]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -71,8 +73,11 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
               help="The cost-scaling model: d_model,layers,mlp_hidden,vocab (heads: d_model / 64).")
 @click.option("--tensorrt/--no-tensorrt", default=True, show_default=True,
               help="Add TensorRT rows when a CUDA GPU and TensorRT are present.")
+@click.option("--tail-context", default=None, metavar="N|all",
+              help="Also measure ort-seer-tail: Seer with this tail_context (cut slots kept in view as committed EOS; "
+                   "'all': the whole tail) [default: no such row].")
 def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int, repeats: int, threads: int, out: Path,
-            scaling: bool, scaling_lengths: str, scaling_shape: str, tensorrt: bool) -> None:
+            scaling: bool, scaling_lengths: str, scaling_shape: str, tensorrt: bool, tail_context: str | None) -> None:
     """Benchmark TARGET (a checkpoint directory, 'demo' (the default) or 'demo-vl'): reference, ONNX Runtime full /
     Seer / oracle, torch with Seer, and step time against length on a large random model.
 
@@ -83,6 +88,7 @@ def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int
     from seer_deploy.bench.report import headline, render_markdown
     from seer_deploy.bench.results import JSON_FILE, MARKDOWN_FILE, PLOT_FILE, write_json
     from seer_deploy.bench.scaling import ScalingSettings
+    from seer_deploy.seer.config import parse_tail_context
 
     scaling_settings = None
     if scaling:
@@ -99,7 +105,8 @@ def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int
         gen_lengths = "16,32,64" if is_multimodal_checkpoint(target) else "64,128,256"
     settings = BenchSettings(target=target, gen_lengths=parse_ints(gen_lengths, "--gen-lengths"),
                              batch_sizes=parse_ints(batch_sizes, "--batch-sizes"), prompts=prompts, repeats=repeats,
-                             threads=threads, scaling=scaling_settings, tensorrt=tensorrt)
+                             threads=threads, scaling=scaling_settings, tensorrt=tensorrt,
+                             tail_context=None if tail_context is None else parse_tail_context(tail_context))
     settings.validate()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a directory for bench.json, bench.md and bench.png")

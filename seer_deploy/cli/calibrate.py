@@ -8,6 +8,7 @@ import click
 
 from seer_deploy.cli.generate import read_prompts
 from seer_deploy.errors import ConfigError
+from seer_deploy.seer.config import parse_tail_context
 
 
 def parse_buckets(text: str | None) -> tuple[int, ...]:
@@ -39,11 +40,14 @@ def parse_buckets(text: str | None) -> tuple[int, ...]:
 @click.option("--holdout", type=float, default=0.5, show_default=True, help="Share of prompts held out to validate.")
 @click.option("--min-margin", type=int, default=0, show_default=True, help="Never keep fewer slots past the boundary.")
 @click.option("--buckets", default=None, help="Allowed kept lengths, e.g. 16,32,64,128 [default: any].")
+@click.option("--tail-context", default="0", show_default=True, metavar="N|all",
+              help="Written to the config: cut slots the later steps still run as committed EOS (0: the paper's cut; "
+                   "'all': the whole tail, slower, answers closer to full length's). Margins are fitted the same.")
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the calibration/validation split.")
 def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_length: int, steps: int | None,
             block_length: int | None, detector: str, holdout: float, min_margin: int, buckets: str | None,
-            batch_size: int, seed: int) -> None:
+            tail_context: str, batch_size: int, seed: int) -> None:
     """Calibrate Seer for TARGET (a checkpoint directory or 'demo') and write the config to --out."""
     from seer_deploy.models import Tokenizer, load_checkpoint
     from seer_deploy.runtime.reference import GenerationConfig
@@ -52,6 +56,7 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
     options = CalibrationOptions(target_safe=target_safe, holdout=holdout, seed=seed, detector=detector,
                                  min_margin=min_margin, buckets=parse_buckets(buckets))
     options.validate()
+    context = parse_tail_context(tail_context)
     config = GenerationConfig(gen_length=gen_length, steps=steps or gen_length, block_length=block_length)
     config.validate()
     if batch_size < 1:
@@ -64,7 +69,7 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
         ckpt.model, ids, config, options, batch_size=batch_size,
         progress=lambda done, total: click.echo(f"full-length generation: {done}/{total}", err=True),
     )
-    result.config.save(out)
+    result.config.with_(tail_context=context).save(out)
     report = result.report
     click.echo(f"{len(ids)} prompts ({report['n_calibration']} calibration / {report['n_validation']} validation), "
                f"gen_length {gen_length}, mean true length {report['mean_true_length']}")

@@ -23,7 +23,7 @@ from seer_deploy.errors import ConfigError
 from seer_deploy.runtime.backend import Backend
 from seer_deploy.runtime.reference import GenerationConfig
 from seer_deploy.runtime.targets import BACKEND_CHOICES, BackendChoice, TargetInfo, TargetOptions, calibrated_seer
-from seer_deploy.seer.config import SeerConfig
+from seer_deploy.seer.config import SeerConfig, TailContext, parse_tail_context
 from seer_deploy.seer.plan import SeerReport
 
 
@@ -103,6 +103,10 @@ def run_batches(
               help="Truncate each response after step zero [default: on when a calibrated Seer config is found].")
 @click.option("--seer-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Seer config from `seer-deploy calibrate` [default: the target's own, if any].")
+@click.option("--tail-context", default=None, metavar="N|all",
+              help="Seer: cut slots the later steps still run, as committed EOS. 0 is the paper's cut (fastest); "
+                   "'all' keeps the whole cut tail in view (every step at full length, the steps still the cut's; "
+                   "on the demo the answers then equal full length's) [default: the Seer config's].")
 @click.option("--provider", "providers", multiple=True,
               help="ONNX Runtime provider, in order of preference (repeat) [default: the engine's, else CUDA if "
                    "available, else CPU].")
@@ -115,7 +119,8 @@ def run_batches(
 def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen_length: int, steps: int | None,
             block_length: int | None, temperature: float, remasking: str, cfg_scale: float, seed: int,
             backend_name: BackendChoice | None, batch_size: int, use_seer: bool | None, seer_config: Path | None,
-            providers: tuple[str, ...], threads: int | None, images: tuple[str, ...], as_json: bool) -> None:
+            tail_context: str | None, providers: tuple[str, ...], threads: int | None, images: tuple[str, ...],
+            as_json: bool) -> None:
     """Generate answers for prompts with TARGET: a checkpoint directory or 'demo' (torch), an export directory
     (ONNX Runtime) or an engine directory (ONNX Runtime or TensorRT)."""
     from seer_deploy.cli import vl
@@ -126,11 +131,13 @@ def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen
     config.validate()
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+    context = None if tail_context is None else parse_tail_context(tail_context)
     if vl.wants_vl(target, images):
-        seer_vl = vl.resolve_seer_vl(target, use_seer, seer_config, warn=lambda m: click.echo(m, err=True))
+        seer_vl = with_tail_context(vl.resolve_seer_vl(target, use_seer, seer_config,
+                                                       warn=lambda m: click.echo(m, err=True)), context)
         vl.echo_generate_vl(target, texts, images, config, seer=seer_vl, seed=seed, as_json=as_json, say=click.echo)
         return
-    seer = resolve_seer(target, use_seer, seer_config)
+    seer = with_tail_context(resolve_seer(target, use_seer, seer_config), context)
     if cfg_scale > 0 and backend_name in (None, "torch") and target_kind(target) == "checkpoint":
         run, info, name = _reference(target, texts, config, seer, seed)
     else:
@@ -186,6 +193,15 @@ def _reference(target: str, texts: list[str], config: GenerationConfig, seer: Se
     run = BatchRun([row.tolist() for row in result.tokens], reports, result.steps_run, result.tokens_processed,
                    time.perf_counter() - start)
     return run, info, "torch (reference loop)"
+
+
+def with_tail_context(seer: SeerConfig | None, context: TailContext | None) -> SeerConfig | None:
+    """The config with --tail-context applied; the option needs Seer on."""
+    if context is None:
+        return seer
+    if seer is None:
+        raise ConfigError("--tail-context applies to Seer runs; drop --no-seer or give a --seer-config")
+    return seer.with_(tail_context=context)
 
 
 def resolve_seer(target: str, use_seer: bool | None, seer_config: Path | None) -> SeerConfig | None:

@@ -24,7 +24,7 @@ from seer_deploy.runtime.backend import Backend, Step0Output, StepOutput
 from seer_deploy.runtime.loopcore import LoopCore, active_core
 from seer_deploy.runtime.reference import GenerationConfig
 from seer_deploy.runtime.scheduler import run_hybrid
-from seer_deploy.seer.config import SeerConfig
+from seer_deploy.seer.config import SeerConfig, TailContext, check_tail_context
 from seer_deploy.seer.plan import SeerReport, plan_batch
 
 
@@ -222,18 +222,24 @@ def run_generation(
     seer: SeerConfig | None = None,
     kept_lengths: Sequence[int] | None = None,
     eos_id: int | None = None,
+    tail_context: TailContext | None = None,
 ) -> LoopResult:
     """Fill `gen_length` masked positions after each prompt with `backend`; the tokens of `reference.generate`.
 
     core: the host core (default: the C core if built, else the numpy twin). seed: the host RNG for random
     remasking scores and the backend's sampling seeds at temperature > 0. seer: truncate each response after step
     zero as `seer_deploy.seer.plan` decides (kept_lengths forces the kept lengths instead, for oracle runs); eos_id
-    (default: pad_id) is what the cut tail holds and what the EOS detector looks for.
+    (default: pad_id) is what the cut tail holds and what the EOS detector looks for. tail_context overrides
+    `seer.tail_context` (the cut slots the later steps still run as committed EOS).
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ConfigError("every prompt must have at least one token")
     config.validate(backend.max_seq_len, max(len(p) for p in prompts))
     check_supported(config, backend)
+    if tail_context is not None:
+        check_tail_context(tail_context)
+        if tail_context and seer is None and kept_lengths is None:
+            raise ConfigError("tail_context only applies to Seer runs: pass seer= or kept_lengths= as well")
     if pad_id == mask_id:
         raise ConfigError(f"pad_id equals mask_id ({mask_id}): padding would be denoised; pad with EOS instead")
     ctx = LoopContext(
@@ -250,7 +256,7 @@ def run_generation(
     out0 = step_zero(ctx, state, P + first.end, schedule[:, 0])
     if seer is not None or kept_lengths is not None:
         return _run_truncated(
-            ctx, state, out0, prompts, pad_id, pad_id if eos_id is None else eos_id, seer, kept_lengths
+            ctx, state, out0, prompts, pad_id, pad_id if eos_id is None else eos_id, seer, kept_lengths, tail_context
         )
     run_blocks(ctx, state, blocks, first_schedule=np.ascontiguousarray(schedule[:, 1:]))
     return LoopResult(tokens=state.responses.copy(), steps_run=state.steps_run, tokens_processed=state.tokens_processed)
@@ -265,6 +271,7 @@ def _run_truncated(
     eos_id: int,
     seer: SeerConfig | None,
     kept_lengths: Sequence[int] | None,
+    tail_context: TailContext | None = None,
 ) -> LoopResult:
     """Seer after step zero: plan every request (seer.plan decides), run the rows in the groups the batch scheduler
     chooses (runtime.scheduler: each row on its own prompt + kept length and schedule), and fill the cut tails with
@@ -284,6 +291,7 @@ def _run_truncated(
         steps=config.steps,
         block_length=config.block_length,
         kept_lengths=kept_lengths,
+        tail_context=tail_context,
     )
     hybrid = run_hybrid(ctx, prompts, responses, plans, pad_id=pad_id, eos_id=eos_id)
     reports = [

@@ -13,7 +13,7 @@ exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -25,7 +25,7 @@ from seer_deploy.models.confidence import greedy_head, log_prob_of, token_log_pr
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.llada import MaskPredictor, StatsSpec
 from seer_deploy.runtime.backend import Step0Output
-from seer_deploy.seer.config import SeerConfig
+from seer_deploy.seer.config import SeerConfig, TailContext, check_tail_context
 from seer_deploy.seer.plan import SeerReport, group_rows, plan_batch
 from seer_deploy.seer.profile import Row, layer_major_rows
 
@@ -199,20 +199,19 @@ def generate(
     generator: torch.Generator | None = None,
     seer: SeerConfig | None = None,
     kept_lengths: Sequence[int] | None = None,
-    tail_context: int = 0,
+    tail_context: TailContext | None = None,
 ) -> GenerationResult:
     """Fill `gen_length` masked positions after each prompt; prompts of different length are left-padded.
 
     seer: detect each answer's end at step zero and run the later steps on prompt + kept length only (see
     `seer_deploy.seer.plan`). kept_lengths: force the kept length per request instead (oracle studies).
-    tail_context (a study knob of this loop only; the ONNX and TensorRT runtimes do not have it): after a cut, keep
-    this many of the cut slots in the later steps' input as committed EOS, never decoded; the steps are the cut's.
-    0 is Seer as the paper runs it. It measures how much of Seer's difference from full length is the missing tail.
+    tail_context: overrides `seer.tail_context` (the cut slots the later steps still see as committed EOS; 0 is the
+    paper's cut, 'all' the whole tail); None takes the config's.
     """
     cfg = model.cfg
     config.validate(cfg.max_seq_len, max(len(p) for p in prompts))
-    if tail_context < 0:
-        raise ConfigError(f"tail_context must be >= 0 (committed EOS slots kept after the cut), got {tail_context}")
+    if tail_context is not None:
+        check_tail_context(tail_context)
     if seer is not None or kept_lengths is not None:
         return _generate_seer(model, prompts, config, generator, seer, kept_lengths, tail_context)
     if tail_context:
@@ -238,7 +237,7 @@ def _generate_seer(
     generator: torch.Generator | None,
     seer: SeerConfig | None,
     kept_lengths: Sequence[int] | None,
-    tail_context: int = 0,
+    tail_context: TailContext | None = None,
 ) -> GenerationResult:
     """Step zero at full length for the whole batch, then each group of equal plans on its own kept length (plus
     `tail_context` committed EOS slots)."""
@@ -257,14 +256,14 @@ def _generate_seer(
     step0, rows = _step0_output(zero, cfg.eos_id, spec)
     plans = plan_batch(
         step0, rows, P, responses.numpy(), seer=seer, eos_id=cfg.eos_id, mask_id=cfg.mask_id, gen_length=G,
-        steps=config.steps, block_length=config.block_length, kept_lengths=kept_lengths,
+        steps=config.steps, block_length=config.block_length, kept_lengths=kept_lengths, tail_context=tail_context,
     )
     # Rows with the same plan run together: padded to the group's longest prompt, the padding masked out.
     tokens = torch.full((B, G), cfg.eos_id, dtype=torch.long)
     steps_run = 1
     for blocks, rows_of_group in group_rows(plans):
         kept = blocks[-1].end
-        context = min(tail_context, G - kept)
+        context = plans[rows_of_group[0]].context
         slots = responses[rows_of_group, : kept + context].clone()
         slots[:, kept:] = cfg.eos_id  # the context: committed EOS, past every block, so never scored or changed
         sub = _start([prompts[b] for b in rows_of_group], slots, cfg, device)
@@ -276,18 +275,10 @@ def _generate_seer(
             tokens_processed += ran * sub.real_tokens * passes
         tokens[rows_of_group, :kept] = sub.x[:, Pg : Pg + kept].cpu()
     reports = [
-        _with_context(SeerReport.from_plan(plan, len(prompts[b]), passes, forced=kept_lengths is not None),
-                      min(tail_context, G - plan.kept), passes)
+        SeerReport.from_plan(plan, len(prompts[b]), passes, forced=kept_lengths is not None)
         for b, plan in enumerate(plans)
     ]
     return GenerationResult(tokens=tokens, steps_run=steps_run, tokens_processed=tokens_processed, seer=reports)
-
-
-def _with_context(report: SeerReport, context: int, passes: int) -> SeerReport:
-    """The report's work plus the context slots of every step after step zero."""
-    if not context:
-        return report
-    return replace(report, tokens_processed=report.tokens_processed + (report.steps - 1) * context * passes)
 
 
 def _step0_output(zero: _StepOut, eos_id: int, spec: StatsSpec | None) -> tuple[Step0Output, list[Row]]:

@@ -7,11 +7,12 @@ forward pass, `a + b * batch * seq_len`, simulated over the steps that remain, c
 units into contiguous groups (`plan_hybrid`, a small dynamic program; pure, so it is tested on its own).
 
 Inside a group every row keeps its own schedule: its blocks, the transfer schedule fixed when it enters a block,
-its stop test. The response region is right-padded with attention mask 0 and positions come from the mask's
-cumsum, so a row's forward pass is the one it would get alone: at temperature 0 with low-confidence remasking its
-tokens are those of its solo run. (Random remasking scores and sampling seeds are drawn per call, so those depend
-on the grouping, as they depend on the batch in any loop.) A call carries only the rows that can commit something
-at that step, trimmed to the columns they need, so rows that finish leave the batch.
+its stop test; a row with a tail context (`SeerConfig.tail_context`) carries its committed EOS slots after the kept
+ones. The response region is right-padded with attention mask 0 and positions come from the mask's cumsum, so a
+row's forward pass is the one it would get alone: at temperature 0 with low-confidence remasking its tokens are
+those of its solo run. (Random remasking scores and sampling seeds are drawn per call, so those depend on the
+grouping, as they depend on the batch in any loop.) A call carries only the rows that can commit something at that
+step, trimmed to the columns they need, so rows that finish leave the batch.
 """
 
 from __future__ import annotations
@@ -56,12 +57,12 @@ class RowWork:
     """What one row still has to run after step zero."""
 
     prompt_len: int
-    kept: int  # response slots kept
+    kept: int  # response slots in the later steps' input: the kept ones and any committed EOS context after them
     steps: int  # forward passes left (at most; steps that cannot commit are skipped)
 
     @classmethod
     def from_plan(cls, plan: TruncationPlan, prompt_len: int) -> RowWork:
-        return cls(prompt_len, plan.kept, plan.steps - 1)
+        return cls(prompt_len, plan.width, plan.steps - 1)
 
 
 def group_cost(rows: Sequence[RowWork], cost: StepCost) -> float:
@@ -234,7 +235,7 @@ def run_hybrid(
     hybrid = plan_hybrid(plans, [len(p) for p in prompts], cost or step_cost_of(ctx.backend))
     result = HybridResult(np.full((B, G), eos_id, dtype=np.int64), 0, 0, 0, hybrid)
     for rows in hybrid.groups:
-        _run_group(ctx, result, rows, prompts, responses, plans, pad_id)
+        _run_group(ctx, result, rows, prompts, responses, plans, pad_id, eos_id)
     return result
 
 
@@ -246,19 +247,23 @@ def _run_group(
     responses: np.ndarray,
     plans: Sequence[TruncationPlan],
     pad_id: int,
+    eos_id: int,
 ) -> None:
-    """One group: left-padded prompts, right-padded kept responses, each row on its own schedule."""
+    """One group: left-padded prompts, right-padded kept responses (each followed by its committed EOS context, if
+    any), each row on its own schedule."""
     core, mask_id = ctx.core, ctx.mask_id
     n = len(rows)
     plen = np.array([len(prompts[b]) for b in rows], dtype=np.int64)
     kept = np.array([plans[b].kept for b in rows], dtype=np.int64)
-    P, K = int(plen.max()), int(kept.max())
+    width = np.array([plans[b].width for b in rows], dtype=np.int64)
+    P, K = int(plen.max()), int(width.max())
     x = np.full((n, P + K), pad_id, dtype=np.int64)
     real = np.zeros((n, P + K), dtype=np.int64)
     for i, b in enumerate(rows):
         x[i, P - plen[i] : P] = prompts[b]
         x[i, P : P + kept[i]] = responses[b, : kept[i]]
-        real[i, P - plen[i] : P + kept[i]] = 1
+        x[i, P + kept[i] : P + width[i]] = eos_id  # the context: committed, past every block, never a candidate
+        real[i, P - plen[i] : P + width[i]] = 1
     slots = [step_slots(plans[b].blocks) for b in rows]
     schedules: list[np.ndarray] = [np.zeros(0, np.int64)] * n
     zeros = np.zeros(n, np.int64)
@@ -276,7 +281,7 @@ def _run_group(
         can = np.flatnonzero(np.minimum(k, core.masks_left(x, zeros, hi, mask_id)) > 0)
         if can.size == 0:
             continue
-        c0, c1 = P - int(plen[can].max()), P + int(kept[can].max())
+        c0, c1 = P - int(plen[can].max()), P + int(width[can].max())
         sub = np.ascontiguousarray(x[can, c0:c1])
         sub_real = real[can, c0:c1]
         mask = None if bool(sub_real.all()) else np.ascontiguousarray(sub_real)

@@ -18,6 +18,7 @@ from seer_deploy.models.llada import STAT_NAMES, StatsSpec
 
 Detector = Literal["sparsity", "eos", "fused"]
 Score = Literal["t", "snr"]
+TailContext = int | Literal["all"]
 DETECTORS: tuple[str, ...] = ("sparsity", "eos", "fused")
 CONFIG_VERSION = 1
 DEMO_CONFIG_FILE = Path(__file__).with_name("demo_seer.json")
@@ -64,6 +65,9 @@ class SeerConfig:
     detector: 'eos' (first step-zero EOS after which EOS keeps winning), 'sparsity' (SNR step in the pooled MLP
     sparsity profile) or 'fused' (both; never cuts before either confident boundary).
     kept length = boundary + margin, rounded up to the smallest of `buckets` that fits, never above gen_length.
+    tail_context: how many of the cut slots the later steps still see, as committed EOS that is never decoded: 0
+    (the paper's cut: later steps run on prompt + kept length only), a count, or 'all' (the whole tail: the steps
+    are still the cut's, but every step runs at full length; on the demo the answers then equal full length's).
     """
 
     detector: Detector = "eos"
@@ -81,6 +85,7 @@ class SeerConfig:
     min_tail: int = 2  # the sparsity detector never places a boundary fewer than this many positions from the end
     trends: tuple[Trend, ...] = ()
     buckets: tuple[int, ...] = ()  # allowed kept lengths (response slots), ascending; () = any length
+    tail_context: TailContext = 0  # cut slots kept in the later steps' input as committed EOS; 'all' = every one
     calibration: dict[str, Any] = field(default_factory=dict, compare=False)  # provenance and measured rates
 
     def __post_init__(self) -> None:
@@ -112,6 +117,11 @@ class SeerConfig:
                 raise ConfigError(f"seer trend for gen_length {trend.gen_length} is malformed; recalibrate")
         if list(self.buckets) != sorted(set(self.buckets)) or any(b < 1 for b in self.buckets):
             raise ConfigError(f"seer buckets {list(self.buckets)} must be positive and strictly ascending")
+        check_tail_context(self.tail_context)
+
+    def context_slots(self, kept: int, gen_length: int) -> int:
+        """The committed EOS slots after a cut at `kept` that the later steps still run (see tail_context)."""
+        return context_slots(self.tail_context, kept, gen_length)
 
     # -- what step zero has to report ------------------------------------------------------------------------
     def layers_for(self, n_layers: int) -> tuple[int, ...]:
@@ -170,6 +180,8 @@ class SeerConfig:
                 kwargs["trends"] = tuple(Trend.from_dict(t) for t in kwargs["trends"])
             if "buckets" in kwargs:
                 kwargs["buckets"] = tuple(int(v) for v in kwargs["buckets"])
+            if "tail_context" in kwargs:
+                kwargs["tail_context"] = parse_tail_context(kwargs["tail_context"])
             for key in ("margin", "eos_tolerance", "min_tail"):
                 if key in kwargs:
                     kwargs[key] = int(kwargs[key])
@@ -204,3 +216,31 @@ class SeerConfig:
             return cls.load(DEMO_CONFIG_FILE) if DEMO_CONFIG_FILE.is_file() else None
         candidate = Path(name_or_path).expanduser() / CHECKPOINT_CONFIG_NAME
         return cls.load(candidate) if candidate.is_file() else None
+
+
+def check_tail_context(value: object) -> None:
+    """ConfigError unless `value` is a tail_context: an int >= 0 or 'all'."""
+    if value == "all":
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"seer tail_context {value!r} is not a count of slots >= 0 or 'all'; use 0 (the paper's "
+                          f"cut), a count, or 'all' (the whole cut tail as committed EOS)")
+
+
+def parse_tail_context(value: object) -> TailContext:
+    """'all', or an int from an int or a numeric string ('32'); ConfigError otherwise."""
+    if isinstance(value, str) and value.strip().lower() == "all":
+        return "all"
+    try:
+        count = int(str(value).strip()) if isinstance(value, str) else value
+    except ValueError:
+        count = value
+    check_tail_context(count)
+    assert isinstance(count, int)
+    return count
+
+
+def context_slots(tail_context: TailContext, kept: int, gen_length: int) -> int:
+    """How many of the gen_length - kept cut slots a tail_context keeps in view."""
+    cut = gen_length - kept
+    return cut if tail_context == "all" else min(int(tail_context), cut)

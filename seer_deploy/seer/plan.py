@@ -5,6 +5,9 @@ the rest of the loop runs on prompt + kept length only. The step budget shrinks 
 committed per step: whole blocks keep their steps, blocks past the cut are dropped, and a partial block of r of
 its B slots gets ceil(steps_per_block * r / B) steps. The cut tail is EOS in the output.
 
+With `SeerConfig.tail_context`, the first `context` cut slots stay in the later steps' input as committed EOS (never
+decoded, past every block): the steps are still the cut's, each one runs on prompt + kept + context.
+
 Every loop (the torch reference, the numpy runtime) takes its decisions from here and only applies them.
 """
 
@@ -18,7 +21,7 @@ import numpy as np
 
 from seer_deploy.errors import ConfigError
 from seer_deploy.runtime.backend import Step0Output
-from seer_deploy.seer.config import SeerConfig
+from seer_deploy.seer.config import SeerConfig, TailContext, context_slots
 from seer_deploy.seer.detect import Boundary, detect
 from seer_deploy.seer.profile import ResponseProfile, Row, profiles_from_step0
 
@@ -41,6 +44,16 @@ class TruncationPlan:
     blocks: tuple[BlockPlan, ...]  # blocks[0].steps includes step zero
     full_steps: int  # the loop's steps at full length
     boundary: Boundary | None = None
+    context: int = 0  # cut slots the later steps still run, as committed EOS (SeerConfig.tail_context)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.context <= self.gen_length - self.kept:
+            raise ConfigError(f"tail context {self.context} does not fit the {self.gen_length - self.kept} cut slots")
+
+    @property
+    def width(self) -> int:
+        """Response slots in the later steps' input: the kept ones and the committed EOS context after them."""
+        return self.kept + self.context
 
     @property
     def steps(self) -> int:
@@ -52,8 +65,8 @@ class TruncationPlan:
         return self.kept < self.gen_length
 
     def tokens_processed(self, prompt_len: int, passes_per_step: int = 1) -> int:
-        """Real tokens run through the model: step zero at full length, the other steps at prompt + kept."""
-        rest = (self.steps - 1) * (prompt_len + self.kept)
+        """Real tokens run through the model: step zero at full length, the other steps at prompt + kept + context."""
+        rest = (self.steps - 1) * (prompt_len + self.width)
         return passes_per_step * (prompt_len + self.gen_length + rest)
 
     def full_tokens_processed(self, prompt_len: int, passes_per_step: int = 1) -> int:
@@ -105,8 +118,9 @@ def make_plan(
     *,
     still_masked: np.ndarray | None = None,
     boundary: Boundary | None = None,
+    context: int = 0,
 ) -> TruncationPlan:
-    """The plan for a request kept at `kept` slots.
+    """The plan for a request kept at `kept` slots (and `context` committed EOS slots in view after them).
 
     still_masked: bool [gen_length], the response positions still masked after step zero. If the proportional
     budget leaves step zero alone in a shortened first block while masks remain there, the block gets one more step
@@ -116,7 +130,9 @@ def make_plan(
     first = blocks[0]
     if still_masked is not None and bool(np.any(still_masked[first.start : first.end])) and first.steps < 2:
         blocks = (BlockPlan(first.start, first.end, 2), *blocks[1:])
-    return TruncationPlan(gen_length=gen_length, kept=kept, blocks=blocks, full_steps=steps, boundary=boundary)
+    return TruncationPlan(
+        gen_length=gen_length, kept=kept, blocks=blocks, full_steps=steps, boundary=boundary, context=context
+    )
 
 
 def plan_request(
@@ -132,7 +148,8 @@ def plan_request(
     """Detect the boundary of one response and plan its truncation: the one call a loop makes per request."""
     boundary = detect(profile, seer, eos_id)
     kept = kept_length(boundary.position, seer.margin, gen_length, seer.buckets)
-    return make_plan(gen_length, steps, block_length, kept, still_masked=still_masked, boundary=boundary)
+    return make_plan(gen_length, steps, block_length, kept, still_masked=still_masked, boundary=boundary,
+                     context=seer.context_slots(kept, gen_length))
 
 
 def plan_batch(
@@ -148,11 +165,13 @@ def plan_batch(
     steps: int,
     block_length: int | None,
     kept_lengths: Sequence[int] | None = None,
+    tail_context: TailContext | None = None,
 ) -> list[TruncationPlan]:
     """Plan every request of a batch from its step-zero output (left-padded to `prompt_width`).
 
     responses: int64 [B, gen_length], the response slots after step zero's commits. kept_lengths forces the kept
     length per request (oracle studies); the detector still runs when `seer` is given, for the report.
+    tail_context overrides the config's (default: the config's, or 0 without one).
     """
     B = responses.shape[0]
     if kept_lengths is not None and (len(kept_lengths) != B or any(not 1 <= k <= gen_length for k in kept_lengths)):
@@ -160,6 +179,8 @@ def plan_batch(
     if seer is None and kept_lengths is None:
         raise ConfigError("plan_batch needs a Seer config or forced kept lengths")
     profiles = profiles_from_step0(step0, rows, prompt_width, gen_length) if seer is not None else None
+    if tail_context is None:
+        tail_context = seer.tail_context if seer is not None else 0
     plans = []
     for b in range(B):
         boundary = detect(profiles[b], seer, eos_id) if profiles is not None and seer is not None else None
@@ -169,16 +190,19 @@ def plan_batch(
             assert seer is not None and boundary is not None
             kept = kept_length(boundary.position, seer.margin, gen_length, seer.buckets)
         still = responses[b] == mask_id
-        plans.append(make_plan(gen_length, steps, block_length, kept, still_masked=still, boundary=boundary))
+        plans.append(make_plan(gen_length, steps, block_length, kept, still_masked=still, boundary=boundary,
+                               context=context_slots(tail_context, kept, gen_length)))
     return plans
 
 
 def group_rows(plans: Sequence[TruncationPlan]) -> list[tuple[tuple[BlockPlan, ...], list[int]]]:
-    """Rows with the same blocks run together (shortest kept length first); each group pads only to its own length."""
-    groups: dict[tuple[BlockPlan, ...], list[int]] = {}
+    """Rows with the same blocks and context run together (shortest kept length first); each group pads only to its
+    own length."""
+    groups: dict[tuple[tuple[BlockPlan, ...], int], list[int]] = {}
     for b, plan in enumerate(plans):
-        groups.setdefault(plan.blocks, []).append(b)
-    return sorted(groups.items(), key=lambda item: (item[0][-1].end, item[1][0]))
+        groups.setdefault((plan.blocks, plan.context), []).append(b)
+    ordered = sorted(groups.items(), key=lambda item: (item[0][0][-1].end, item[0][1], item[1][0]))
+    return [(blocks, rows) for (blocks, _), rows in ordered]
 
 
 @dataclass(frozen=True)
@@ -194,6 +218,7 @@ class SeerReport:
     full_steps: int
     tokens_processed: int
     full_tokens_processed: int
+    context: int = 0  # cut slots the later steps ran as committed EOS (tail_context)
 
     @classmethod
     def from_plan(cls, plan: TruncationPlan, prompt_len: int, passes_per_step: int = 1, forced: bool = False) -> SeerReport:
@@ -208,4 +233,5 @@ class SeerReport:
             full_steps=plan.full_steps,
             tokens_processed=plan.tokens_processed(prompt_len, passes_per_step),
             full_tokens_processed=plan.full_tokens_processed(prompt_len, passes_per_step),
+            context=plan.context,
         )
