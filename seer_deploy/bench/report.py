@@ -25,7 +25,8 @@ FOOTNOTES = (
     "seconds); 1.0 would be a perfect detector with a free step zero."),
     ("**exact**: share of answers equal to the task's answer (`seer_deploy.models.demo_tasks`); **= full**: share of "
     "answers identical to the reference's full-length answer; **kept**: mean response slots the steps after step zero "
-    "ran on (Seer) or all steps ran on (oracle); **safe**: share kept at or past the full-length answer's end."),
+    "decoded (Seer; ort-seer-tail's steps also ran the cut slots after them, as committed EOS) or all steps ran on "
+    "(oracle); **safe**: share kept at or past the full-length answer's end."),
 )
 
 
