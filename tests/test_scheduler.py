@@ -40,7 +40,7 @@ APART = StepCost(a=0.0, b=1.0)  # padding is all that matters: every unit alone
 def test_group_cost_counts_the_rows_still_running_at_each_step() -> None:
     a, b = 3.0, 0.5
     cost = StepCost(a, b)
-    short, long = RowWork(prompt_len=4, kept=8, steps=8), RowWork(prompt_len=6, kept=16, steps=16)
+    short, long = RowWork(prompt_len=4, width=8, steps=8), RowWork(prompt_len=6, width=16, steps=16)
     # Together: 8 steps of both rows at width 6 + 16, then 8 steps of the long row alone at the same width.
     assert group_cost([short, long], cost) == pytest.approx(8 * (a + b * 2 * 22) + 8 * (a + b * 22))
     assert group_cost([short], cost) == pytest.approx(8 * (a + b * 12))

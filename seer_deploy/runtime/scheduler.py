@@ -57,7 +57,7 @@ class RowWork:
     """What one row still has to run after step zero."""
 
     prompt_len: int
-    kept: int  # response slots in the later steps' input: the kept ones and any committed EOS context after them
+    width: int  # response slots in the later steps' input: the kept ones and any committed EOS context after them
     steps: int  # forward passes left (at most; steps that cannot commit are skipped)
 
     @classmethod
@@ -67,13 +67,13 @@ class RowWork:
 
 def group_cost(rows: Sequence[RowWork], cost: StepCost) -> float:
     """Predicted seconds to run `rows` as one group: at step t the rows with more than t steps left run, padded to
-    their widest prompt plus their longest kept length."""
+    their widest prompt plus their widest response (kept slots and tail context)."""
     if not rows:
         return 0.0
     order = sorted(rows, key=lambda r: -r.steps)
     total, width_p, width_k = 0.0, 0, 0
     for n, row in enumerate(order, start=1):
-        width_p, width_k = max(width_p, row.prompt_len), max(width_k, row.kept)
+        width_p, width_k = max(width_p, row.prompt_len), max(width_k, row.width)
         below = order[n].steps if n < len(order) else 0
         total += (row.steps - below) * cost.call(n, width_p + width_k)  # steps where exactly the first n rows run
     return total
