@@ -24,8 +24,8 @@ from seer_deploy.runtime.backend import Backend, Step0Output, StepOutput
 from seer_deploy.runtime.loopcore import LoopCore, active_core
 from seer_deploy.runtime.reference import GenerationConfig
 from seer_deploy.runtime.scheduler import run_hybrid
-from seer_deploy.seer.config import SeerConfig, TailContext, check_tail_context
-from seer_deploy.seer.plan import SeerReport, plan_batch
+from seer_deploy.seer.config import SeerConfig, TailContext
+from seer_deploy.seer.plan import SeerReport, check_tail_override, plan_batch
 
 
 @dataclass
@@ -236,10 +236,7 @@ def run_generation(
         raise ConfigError("every prompt must have at least one token")
     config.validate(backend.max_seq_len, max(len(p) for p in prompts))
     check_supported(config, backend)
-    if tail_context is not None:
-        check_tail_context(tail_context)
-        if tail_context and seer is None and kept_lengths is None:
-            raise ConfigError("tail_context only applies to Seer runs: pass seer= or kept_lengths= as well")
+    check_tail_override(tail_context, seer is not None or kept_lengths is not None)
     if pad_id == mask_id:
         raise ConfigError(f"pad_id equals mask_id ({mask_id}): padding would be denoised; pad with EOS instead")
     ctx = LoopContext(

@@ -25,8 +25,8 @@ from seer_deploy.models.confidence import greedy_head, log_prob_of, token_log_pr
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.llada import MaskPredictor, StatsSpec
 from seer_deploy.runtime.backend import Step0Output
-from seer_deploy.seer.config import SeerConfig, TailContext, check_tail_context
-from seer_deploy.seer.plan import SeerReport, group_rows, plan_batch
+from seer_deploy.seer.config import SeerConfig, TailContext
+from seer_deploy.seer.plan import SeerReport, check_tail_override, group_rows, plan_batch
 from seer_deploy.seer.profile import Row, layer_major_rows
 
 Remasking = Literal["low_confidence", "random"]
@@ -210,12 +210,9 @@ def generate(
     """
     cfg = model.cfg
     config.validate(cfg.max_seq_len, max(len(p) for p in prompts))
-    if tail_context is not None:
-        check_tail_context(tail_context)
+    check_tail_override(tail_context, seer is not None or kept_lengths is not None)
     if seer is not None or kept_lengths is not None:
         return _generate_seer(model, prompts, config, generator, seer, kept_lengths, tail_context)
-    if tail_context:
-        raise ConfigError("tail_context only applies to Seer runs: pass seer= or kept_lengths= as well")
     device = next(model.parameters()).device
     G, block = config.gen_length, config.block
     batch = _start(prompts, torch.full((len(prompts), G), cfg.mask_id, dtype=torch.long), cfg, device)

@@ -21,7 +21,7 @@ import numpy as np
 
 from seer_deploy.errors import ConfigError
 from seer_deploy.runtime.backend import Step0Output
-from seer_deploy.seer.config import SeerConfig, TailContext, context_slots
+from seer_deploy.seer.config import SeerConfig, TailContext, check_tail_context, context_slots
 from seer_deploy.seer.detect import Boundary, detect
 from seer_deploy.seer.profile import ResponseProfile, Row, profiles_from_step0
 
@@ -150,6 +150,16 @@ def plan_request(
     kept = kept_length(boundary.position, seer.margin, gen_length, seer.buckets)
     return make_plan(gen_length, steps, block_length, kept, still_masked=still_masked, boundary=boundary,
                      context=seer.context_slots(kept, gen_length))
+
+
+def check_tail_override(tail_context: TailContext | None, truncating: bool) -> None:
+    """ConfigError for a bad tail_context override, or one given to a run that does not truncate (no Seer config and
+    no forced kept lengths). None (take the config's) always passes."""
+    if tail_context is None:
+        return
+    check_tail_context(tail_context)
+    if tail_context and not truncating:
+        raise ConfigError("tail_context only applies to Seer runs: pass seer= or kept_lengths= as well")
 
 
 def plan_batch(
