@@ -228,16 +228,12 @@ def check_tail_context(value: object) -> None:
 
 
 def parse_tail_context(value: object) -> TailContext:
-    """'all', or an int from an int or a numeric string ('32'); ConfigError otherwise."""
-    if isinstance(value, str) and value.strip().lower() == "all":
-        return "all"
-    try:
-        count = int(str(value).strip()) if isinstance(value, str) else value
-    except ValueError:
-        count = value
-    check_tail_context(count)
-    assert isinstance(count, int)
-    return count
+    """'all' or a count, from a JSON value or a command-line string ('all', '32'); ConfigError otherwise."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        value = int(text) if text.isdigit() else text
+    check_tail_context(value)
+    return "all" if value == "all" else int(value)  # type: ignore[call-overload]
 
 
 def context_slots(tail_context: TailContext, kept: int, gen_length: int) -> int:
