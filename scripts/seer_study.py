@@ -42,10 +42,11 @@ from seer_deploy.seer.calibrate import (
     choose_floor_margin,
     evaluate,
     fit_identity_margin,
+    identity_margins,
     sparsity_config,
 )
 from seer_deploy.seer.collect import StepZeroSet, step_zero_set
-from seer_deploy.seer.config import DEMO_CONFIG_FILE, SeerConfig, Trend
+from seer_deploy.seer.config import DEMO_CONFIG_FILE, SeerConfig, Trend, parse_tail_context
 from seer_deploy.seer.metrics import identical_share, mixed_auc, position_matched_auc, true_lengths
 
 CAL_SEED = HELDOUT_SEED + 1
@@ -234,7 +235,10 @@ def study_length(model: MaskPredictor, tok: Tokenizer, G: int, args: argparse.Na
     runs = {f"seer {name} (margin {c.margin})": c for name, c in detectors.items()}
     if args.shipped_config is not None and args.shipped_config.is_file():  # the config `generate --seer` uses
         shipped = SeerConfig.load(args.shipped_config)
-        runs[f"**shipped {args.shipped_config.name}: {shipped.detector}, margin {shipped.margin}**"] = shipped
+        label = f"shipped {args.shipped_config.name}: {shipped.detector}, margin {shipped.margin}"
+        runs[f"**{label}, tail context {shipped.tail_context}**"] = shipped
+        if shipped.tail_context != 0:  # and as the paper cuts: the later steps on prompt + kept length only
+            runs[f"{label}, tail context 0 (the paper's cut)"] = shipped.with_(tail_context=0)
     for label, c in runs.items():
         run = run_batched(model, ev_prompts, config, args.batch, seer=c)
         e2e.append(end_to_end(label, run, full_ev, tev, ev_examples, tok, full_processed, oracle_processed))
@@ -300,7 +304,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
 def fit_margin_end_to_end(model: MaskPredictor, prompts: list[list[int]], config: SeerConfig,
                           args: argparse.Namespace) -> dict[str, Any]:
     """`calibrate.fit_identity_margin` on the calibration prompts at gen_length --identity-gen-length with one token
-    a step, for margins from the safe-rate calibration's up to 16 more in steps of 2."""
+    a step, for margins from the safe-rate calibration's up to 16 more in steps of 2, then (if no margin reaches
+    the target) the --identity-tail-contexts at the knee margin."""
     G = args.identity_gen_length
     gen = generation(G, 1.0, args)
     full, _ = cached_full(model, prompts, gen, args.cache, "cal", args.batch)
@@ -310,7 +315,8 @@ def fit_margin_end_to_end(model: MaskPredictor, prompts: list[list[int]], config
         run = run_batched(model, prompts, gen, args.batch, seer=seer)
         return run["tokens"], np.array([r.kept for r in run["reports"]])
 
-    fit = fit_identity_margin(run_seer, config, full, true_len, range(config.margin, min(config.margin + 16, G) + 1, 2),
+    fit = fit_identity_margin(run_seer, config, full, true_len, identity_margins(config, G),
+                              tail_contexts=args.identity_tail_contexts,
                               target_identical=args.target_identical, slack=args.identity_slack,
                               log=lambda line: print(line, flush=True))
     return {**fit.to_dict(), "gen_length": G, "mean_true_length": round(float(true_len.mean()), 2)}
@@ -339,11 +345,13 @@ def write_demo_config(model: MaskPredictor, tok: Tokenizer, args: argparse.Names
         trends.append(Trend(G, refit.trends[0].mean, refit.trends[0].scale))
     config = config.with_(trends=tuple(trends))
     margin_fit = fit_margin_end_to_end(model, cal_prompts, config, args)
-    config = config.with_(margin=margin_fit["margin"], calibration=result.report | {
+    config = config.with_(margin=margin_fit["margin"], tail_context=margin_fit["tail_context"],
+                          calibration=result.report | {
         "prompts": f"{args.n_cal} demo-task prompts, seed HELDOUT_SEED + 1 (not the held-out evaluation prompts)",
         "trend_lengths": [t.gen_length for t in trends], "identity_margin": margin_fit})
     config.save(args.write_demo_config)
-    print(f"wrote {args.write_demo_config}: {config.detector}, margin {config.margin}", flush=True)
+    print(f"wrote {args.write_demo_config}: {config.detector}, margin {config.margin}, "
+          f"tail context {config.tail_context}", flush=True)
 
 
 def main() -> None:
@@ -363,6 +371,9 @@ def main() -> None:
     ap.add_argument("--identity-slack", type=float, default=0.01,
                     help="if the target is not reached: accept the smallest margin within this of the best rate")
     ap.add_argument("--identity-gen-length", type=int, default=64, help="gen_length of the margin fit")
+    ap.add_argument("--identity-tail-contexts", type=parse_tail_context, nargs="*", default=[],
+                    help="tail contexts (N or 'all', cheapest first) tried at the knee margin when no margin reaches "
+                         "--target-identical (see SeerConfig.tail_context)")
     ap.add_argument("--shipped-config", type=Path, default=DEMO_CONFIG_FILE,
                     help="also run this Seer config end to end (default: the demo's shipped calibration)")
     ap.add_argument("--batch", type=int, default=64)

@@ -79,6 +79,52 @@ def test_calibrate_writes_a_config_that_generate_uses(make_checkpoint, tmp_path:
         assert code == 2 and message in err, err
 
 
+def test_calibrate_fits_margin_and_tail_context_end_to_end(make_checkpoint, tmp_path: Path, capsys) -> None:
+    from seer_deploy.models import Tokenizer, load_checkpoint
+    from seer_deploy.runtime.reference import GenerationConfig
+    from seer_deploy.seer.calibrate import split_indices
+    from seer_deploy.seer.collect import batched_generation
+    from seer_deploy.seer.metrics import identical_share, true_lengths
+
+    ckpt = make_checkpoint("llada")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    out = tmp_path / "seer.json"
+    code, stdout, err = run(["calibrate", str(ckpt), "--prompts", str(prompts), "--gen-length", "8", "--out", str(out),
+                             "--target-safe", "0.9", "--batch-size", "5", "--target-identical", "1.0",
+                             "--identity-tail-contexts", "2,all", "--identity-margin-span", "0"], capsys)
+    assert code == 0, err
+    cfg = SeerConfig.load(out)
+    fit = cfg.calibration["identity"]
+    assert (cfg.margin, cfg.tail_context) == (fit["margin"], fit["tail_context"]) and "end to end" in stdout
+    tried = [(t["margin"], t["tail_context"]) for t in fit["tried"]]
+    safe_margin = cfg.calibration["detectors"]["fused"]["margin"]
+    assert tried[0] == (safe_margin, 0)  # a span of 0: the safe margin only, then the contexts, cheapest first
+    assert tried[1:] == [(safe_margin, c) for c in (2, "all")][: len(tried) - 1]
+    assert (fit["identical"] >= 1.0) != fit["rule"].startswith("target not reached")
+
+    # The reported shares are what the reference loop gives with the written config on each half of the prompts.
+    model = load_checkpoint(str(ckpt))
+    tok = Tokenizer.from_checkpoint(model.path, model.config.eos_id, model.config.eot_id)
+    ids = [tok.encode_prompt(t) for t in PROMPTS]
+    gen = GenerationConfig(gen_length=8, steps=8)
+    full, _ = batched_generation(model.model, ids, gen)
+    true_len = true_lengths(full, {model.config.eos_id})
+    cal, val = split_indices(len(ids), 0.5, 0)
+    for rows, share in ((cal, fit["identical"]), (val, fit["validation_identical"])):
+        tokens, _ = batched_generation(model.model, [ids[i] for i in rows], gen, seer=cfg)
+        assert identical_share(tokens, full[rows], true_len[rows]) == pytest.approx(share, abs=1e-4)
+
+    for bad, message in ((["--identity-tail-contexts", "all"], "needs --target-identical"),
+                         (["--target-identical", "2"], "must lie in"),
+                         (["--target-identical", "0.9", "--identity-margin-span", "-1"], "must be >= 0"),
+                         (["--target-identical", "0.9", "--identity-tail-contexts", "x"], "not a count")):
+        code, _, err = run(["calibrate", str(ckpt), "--prompts", str(prompts), "--gen-length", "8", "--out",
+                            str(tmp_path / "bad.json"), *bad], capsys)
+        assert code == 2 and message in err, err
+    assert not (tmp_path / "bad.json").exists()
+
+
 def test_generate_seer_without_a_calibration_warns(make_checkpoint, capsys) -> None:
     ckpt = make_checkpoint("llada")
     code, out, err = run(["generate", str(ckpt), "-p", "sort 987", "--gen-length", "8", "--seer"], capsys)

@@ -184,3 +184,44 @@ def test_identity_fit_takes_the_knee_when_the_target_is_out_of_reach() -> None:
                               range(6), target_identical=0.95, slack=0.1)
     assert [t["identical"] for t in fit.tried] == [0.7, 0.8, 0.8, 0.9, 0.9, 0.9]
     assert fit.margin == 1 and "not reached" in fit.rule  # 0.8 is within 0.1 of the best, 0.9
+
+
+def test_identity_fit_tries_tail_contexts_at_the_knee_margin_when_margins_fall_short() -> None:
+    from seer_deploy.seer.calibrate import fit_identity_margin
+
+    full = np.zeros((10, 16), dtype=np.int64)
+    margin_runner = _identity_runner(full, {0: 1, 1: 99, 2: 99})  # rows 1 and 2 need the tail, not a margin
+
+    def run(seer: SeerConfig) -> tuple[np.ndarray, np.ndarray]:
+        tokens, kept = margin_runner(seer)
+        slots = seer.context_slots(int(kept[0]), full.shape[1])
+        tokens[1:3, 0] = full[1:3, 0] + (slots < 8)  # both are right once 8 cut slots stay in view
+        return tokens, kept
+
+    fit = fit_identity_margin(run, SeerConfig(), full, np.full(10, 2), range(4), tail_contexts=(4, 8, "all"),
+                              target_identical=0.95, slack=0.0)
+    assert (fit.margin, fit.tail_context) == (1, 8) and "tail context" in fit.rule
+    assert [(t["margin"], t["tail_context"], t["identical"]) for t in fit.tried] == [
+        (0, 0, 0.7), (1, 0, 0.8), (2, 0, 0.8), (3, 0, 0.8), (1, 4, 0.8), (1, 8, 1.0)]
+    assert fit.tried[-1]["mean_width"] == 4 + 8  # kept 3 + margin 1, plus the 8 context slots
+    assert fit.to_dict()["tail_context"] == 8
+
+
+def test_identity_fit_keeps_tail_context_zero_when_a_margin_suffices() -> None:
+    from seer_deploy.seer.calibrate import fit_identity_margin
+
+    full = np.zeros((10, 8), dtype=np.int64)
+    fit = fit_identity_margin(_identity_runner(full, {0: 2}), SeerConfig(), full, np.full(10, 2), range(4),
+                              tail_contexts=(8, "all"), target_identical=1.0)
+    assert (fit.margin, fit.tail_context) == (2, 0)
+    assert all(t["tail_context"] == 0 for t in fit.tried)
+
+
+def test_identity_fit_rejects_a_bad_tail_context() -> None:
+    from seer_deploy.errors import ConfigError
+    from seer_deploy.seer.calibrate import fit_identity_margin
+
+    full = np.zeros((2, 8), dtype=np.int64)
+    with pytest.raises(ConfigError, match="tail_context"):
+        fit_identity_margin(_identity_runner(full, {}), SeerConfig(), full, np.full(2, 2), range(2),
+                            tail_contexts=(-1,))

@@ -42,21 +42,43 @@ def parse_buckets(text: str | None) -> tuple[int, ...]:
 @click.option("--buckets", default=None, help="Allowed kept lengths, e.g. 16,32,64,128 [default: any].")
 @click.option("--tail-context", default="0", show_default=True, metavar="N|all",
               help="Written to the config: cut slots the later steps still run as committed EOS (0: the paper's cut; "
-                   "'all': the whole tail, slower, answers closer to full length's). Margins are fitted the same.")
+                   "'all': the whole tail, slower, answers closer to full length's); --target-identical starts there.")
+@click.option("--target-identical", type=float, default=None,
+              help="Also fit the margin end to end: the first whose answers equal full length's on this share of "
+                   "the calibration prompts (validated on the rest). A few more Seer runs. [default: off]")
+@click.option("--identity-tail-contexts", default="", metavar="N,..|all",
+              help="With --target-identical: if no margin reaches it, try these tail contexts at the knee margin, "
+                   "cheapest first (e.g. 32,all); the first reaching it is written.")
+@click.option("--identity-margin-span", type=int, default=16, show_default=True,
+              help="With --target-identical: margins tried, from the safe-rate one up to this many more in steps of 2.")
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the calibration/validation split.")
 def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_length: int, steps: int | None,
             block_length: int | None, detector: str, holdout: float, min_margin: int, buckets: str | None,
-            tail_context: str, batch_size: int, seed: int) -> None:
+            tail_context: str, target_identical: float | None, identity_tail_contexts: str,
+            identity_margin_span: int, batch_size: int, seed: int) -> None:
     """Calibrate Seer for TARGET (a checkpoint directory or 'demo') and write the config to --out."""
     from seer_deploy.models import Tokenizer, load_checkpoint
     from seer_deploy.runtime.reference import GenerationConfig
-    from seer_deploy.seer.calibrate import CalibrationOptions, calibrate_model
+    from seer_deploy.seer.calibrate import (
+        CalibrationOptions,
+        calibrate_model,
+        check_target_identical,
+        fit_identity_on_split,
+    )
+    from seer_deploy.seer.collect import full_generation
 
     options = CalibrationOptions(target_safe=target_safe, holdout=holdout, seed=seed, detector=detector,
                                  min_margin=min_margin, buckets=parse_buckets(buckets))
     options.validate()
     context = parse_tail_context(tail_context)
+    try_contexts = [parse_tail_context(v.strip()) for v in identity_tail_contexts.split(",") if v.strip()]
+    if target_identical is not None:
+        check_target_identical(target_identical)
+    if identity_margin_span < 0:
+        raise ConfigError(f"--identity-margin-span {identity_margin_span} must be >= 0")
+    if try_contexts and target_identical is None:
+        raise ConfigError("--identity-tail-contexts needs --target-identical (the share they are tried to reach)")
     config = GenerationConfig(gen_length=gen_length, steps=steps or gen_length, block_length=block_length)
     config.validate()
     if batch_size < 1:
@@ -65,12 +87,20 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
     ckpt = load_checkpoint(target)
     tok = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id, ckpt.config.eot_id)
     ids = [tok.encode_prompt(t) for t in texts]
-    result = calibrate_model(
-        ckpt.model, ids, config, options, batch_size=batch_size,
-        progress=lambda done, total: click.echo(f"full-length generation: {done}/{total}", err=True),
-    )
-    result.config.with_(tail_context=context).save(out)
+    full = full_generation(ckpt.model, ids, config, batch_size,
+                           lambda done, total: click.echo(f"full-length generation: {done}/{total}", err=True))
+    result = calibrate_model(ckpt.model, ids, config, options, full_tokens=full, batch_size=batch_size)
     report = result.report
+    seer = result.config.with_(tail_context=context)
+    if target_identical is not None:
+        fit, validation = fit_identity_on_split(
+            ckpt.model, ids, config, seer, full, options, tail_contexts=try_contexts,
+            target_identical=target_identical, margin_span=identity_margin_span, batch_size=batch_size,
+            log=lambda line: click.echo(line, err=True))
+        report = report | {"identity": fit.to_dict() | {"identical": fit.identical,
+                                                         "validation_identical": round(validation, 4)}}
+        seer = seer.with_(margin=fit.margin, tail_context=fit.tail_context, calibration=report)
+    seer.save(out)
     click.echo(f"{len(ids)} prompts ({report['n_calibration']} calibration / {report['n_validation']} validation), "
                f"gen_length {gen_length}, mean true length {report['mean_true_length']}")
     for name, entry in report["detectors"].items():
@@ -79,4 +109,9 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
         click.echo(f"  {name:9s} margin {entry['margin']:3d}  safe {cal['safe']:.3f} / {val['safe']:.3f}  "
                    f"mean kept {cal['mean_kept']:.1f} / {val['mean_kept']:.1f}  (calibration / validation){mark}")
     click.echo(f"  sparsity: {report['sparsity_choice']}")
+    if "identity" in report:
+        fit_report = report["identity"]
+        click.echo(f"  end to end: margin {fit_report['margin']}, tail context {fit_report['tail_context']} "
+                   f"({fit_report['rule']}); identical to full length {fit_report['identical']:.3f} / "
+                   f"{fit_report['validation_identical']:.3f} (calibration / validation)")
     click.echo(f"wrote {out}")

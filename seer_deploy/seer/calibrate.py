@@ -20,8 +20,8 @@ import numpy as np
 from seer_deploy.errors import ConfigError
 from seer_deploy.models.llada import STAT_NAMES, MaskPredictor
 from seer_deploy.runtime.reference import GenerationConfig
-from seer_deploy.seer.collect import StepZeroSet, Thresholds, full_generation, step_zero_set
-from seer_deploy.seer.config import DETECTORS, SeerConfig, Trend
+from seer_deploy.seer.collect import StepZeroSet, Thresholds, batched_generation, full_generation, step_zero_set
+from seer_deploy.seer.config import DETECTORS, SeerConfig, TailContext, Trend, check_tail_context
 from seer_deploy.seer.detect import Boundary, detect_eos, detect_sparsity, fuse
 from seer_deploy.seer.metrics import cut_metrics, identical_share, padding_mask, position_matched_auc, true_lengths
 from seer_deploy.seer.plan import kept_length
@@ -301,16 +301,24 @@ def calibrate(
 
 @dataclass(frozen=True)
 class IdentityFit:
-    """The margin fitted end to end, and every margin tried on the way ({margin, identical, mean_kept} each)."""
+    """The margin and tail context fitted end to end, and every run on the way
+    ({margin, tail_context, identical, mean_kept, mean_width} each; width = kept + tail-context slots)."""
 
     margin: int
+    tail_context: TailContext
     rule: str
     target_identical: float
-    tried: list[dict[str, float]]
+    tried: list[dict[str, Any]]
+
+    @property
+    def identical(self) -> float:
+        """The identical share of the chosen run."""
+        return next(float(t["identical"]) for t in self.tried
+                    if (t["margin"], t["tail_context"]) == (self.margin, self.tail_context))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"margin": self.margin, "rule": self.rule, "target_identical": self.target_identical,
-                "tried": self.tried}
+        return {"margin": self.margin, "tail_context": self.tail_context, "rule": self.rule,
+                "target_identical": self.target_identical, "tried": self.tried}
 
 
 def fit_identity_margin(
@@ -320,31 +328,100 @@ def fit_identity_margin(
     true_len: np.ndarray,
     margins: Sequence[int],
     *,
+    tail_contexts: Sequence[TailContext] = (),
     target_identical: float = 0.995,
     slack: float = 0.01,
     log: Callable[[str], None] = lambda _: None,
 ) -> IdentityFit:
-    """The smallest margin whose answers equal full length's on a target share of prompts.
+    """The cheapest margin, then tail context, whose answers equal full length's on a target share of prompts.
 
     A safe cut (kept >= true length) is not enough: with few EOS slots left after the answer, a model trained on long
-    padding sometimes answers differently. `run_seer(config)` generates with Seer and returns (tokens, kept); margins
-    are tried in order and the first reaching the target wins; if none does, the smallest margin within `slack` of
-    the best rate seen (past that knee more margin buys little identity for many more slots).
+    padding sometimes answers differently. `run_seer(config)` generates with Seer and returns (tokens, kept).
+    Margins are tried first, at `seer.tail_context`, in order, and the first reaching the target wins. If none
+    does, the margin is the knee (the smallest within `slack` of the best rate: past it more margin buys little
+    identity for many more slots) and `tail_contexts` are tried at that margin, in order (cheapest first: each keeps
+    more of the cut tail in view as committed EOS, see SeerConfig.tail_context); the first reaching the target wins.
+    If still none does, the first run tried within `slack` of the best rate seen.
     """
     if not margins:
         raise ConfigError("give at least one margin to try")
-    tried: list[dict[str, float]] = []
-    for margin in margins:
-        tokens, kept = run_seer(seer.with_(margin=margin))
+    for context in tail_contexts:
+        check_tail_context(context)
+    gen_length = full_tokens.shape[1]
+    tried: list[dict[str, Any]] = []
+
+    def attempt(margin: int, context: TailContext) -> bool:
+        config = seer.with_(margin=margin, tail_context=context)
+        tokens, kept = run_seer(config)
         identical = identical_share(tokens, full_tokens, true_len)
-        tried.append({"margin": margin, "identical": round(identical, 4), "mean_kept": round(float(np.mean(kept)), 2)})
-        log(f"  identity margin {margin}: identical {identical:.3f}, mean kept {float(np.mean(kept)):.1f}")
-        if identical >= target_identical:
-            return IdentityFit(margin, "first margin reaching the target", target_identical, tried)
+        width = [k + config.context_slots(int(k), gen_length) for k in kept]
+        tried.append({"margin": margin, "tail_context": context, "identical": round(identical, 4),
+                      "mean_kept": round(float(np.mean(kept)), 2), "mean_width": round(float(np.mean(width)), 2)})
+        log(f"  identity margin {margin}, tail context {context}: identical {identical:.3f}, "
+            f"mean kept {float(np.mean(kept)):.1f}, with context {float(np.mean(width)):.1f}")
+        return identical >= target_identical
+
+    def fit(run: dict[str, Any], rule: str) -> IdentityFit:
+        return IdentityFit(int(run["margin"]), run["tail_context"], rule, target_identical, tried)
+
+    for margin in margins:
+        if attempt(margin, seer.tail_context):
+            return fit(tried[-1], "first margin reaching the target")
     best = max(t["identical"] for t in tried)
-    chosen = next(t for t in tried if t["identical"] >= best - slack)
-    rule = f"target not reached; smallest margin within {slack} of the best rate {best}"
-    return IdentityFit(int(chosen["margin"]), rule, target_identical, tried)
+    knee = next(t for t in tried if t["identical"] >= best - slack)
+    for context in tail_contexts:
+        if context != seer.tail_context and attempt(int(knee["margin"]), context):
+            return fit(tried[-1], f"no margin reached the target; margin {knee['margin']} (the knee, within {slack} "
+                                  f"of the best rate {best}), then the first tail context reaching it")
+    best = max(t["identical"] for t in tried)
+    return fit(next(t for t in tried if t["identical"] >= best - slack),
+               f"target not reached; the first run within {slack} of the best rate {best}")
+
+
+def identity_margins(seer: SeerConfig, gen_length: int, span: int = 16, stride: int = 2) -> range:
+    """The margins an end-to-end fit tries: from the safe-rate calibration's up to `span` more, in steps of `stride`."""
+    return range(seer.margin, min(seer.margin + span, gen_length) + 1, stride)
+
+
+def check_target_identical(target: float) -> None:
+    """ConfigError unless `target` is a share of answers an end-to-end fit can aim at."""
+    if not 0.5 <= target <= 1.0:
+        raise ConfigError(f"target identical share {target} must lie in [0.5, 1]")
+
+
+def fit_identity_on_split(
+    model: MaskPredictor,
+    prompts: Sequence[list[int]],
+    config: GenerationConfig,
+    seer: SeerConfig,
+    full_tokens: np.ndarray,
+    options: CalibrationOptions,
+    *,
+    tail_contexts: Sequence[TailContext] = (),
+    target_identical: float = 0.99,
+    margin_span: int = 16,
+    batch_size: int = 64,
+    log: Callable[[str], None] = lambda _: None,
+) -> tuple[IdentityFit, float]:
+    """`fit_identity_margin` on the calibration split of `prompts` (the split `calibrate` uses), then the share of
+    the validation split's answers that equal full length's under the fitted margin and tail context."""
+    check_target_identical(target_identical)
+    if margin_span < 0:
+        raise ConfigError(f"margin span {margin_span} must be >= 0")
+    cfg = model.cfg
+    stops = {cfg.eos_id} | ({cfg.eot_id} if cfg.eot_id is not None else set())
+    true_len = true_lengths(full_tokens, stops)
+    cal, val = split_indices(len(prompts), options.holdout, options.seed)
+
+    def runner(rows: np.ndarray) -> Callable[[SeerConfig], tuple[np.ndarray, np.ndarray]]:
+        subset = [prompts[i] for i in rows]
+        return lambda s: batched_generation(model, subset, config, seer=s, batch_size=batch_size)
+
+    margins = identity_margins(seer, config.gen_length, margin_span)
+    fit = fit_identity_margin(runner(cal), seer, full_tokens[cal], true_len[cal], margins,
+                              tail_contexts=tail_contexts, target_identical=target_identical, log=log)
+    tokens, _ = runner(val)(seer.with_(margin=fit.margin, tail_context=fit.tail_context))
+    return fit, identical_share(tokens, full_tokens[val], true_len[val])
 
 
 def calibrate_model(

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from seer_deploy.models.llada import MaskPredictor, StatsSpec
 from seer_deploy.runtime.reference import GenerationConfig, generate, left_pad
+from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.profile import ResponseProfile, Row, layer_major_rows
 
 Thresholds = tuple[float, float]  # (abs_threshold, rel_threshold)
@@ -90,12 +91,28 @@ def full_generation(
     progress: Callable[[int, int], None] | None = None,
 ) -> np.ndarray:
     """Full-length answers [N, gen_length] from the reference loop, in batches of similar prompt length."""
+    return batched_generation(model, prompts, config, batch_size=batch_size, progress=progress)[0]
+
+
+def batched_generation(
+    model: MaskPredictor,
+    prompts: Sequence[list[int]],
+    config: GenerationConfig,
+    seer: SeerConfig | None = None,
+    batch_size: int = 64,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Answers [N, gen_length] and kept lengths [N] (gen_length without Seer) from the reference loop, in batches
+    of similar prompt length, in prompt order."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     tokens = np.zeros((len(prompts), config.gen_length), dtype=np.int64)
+    kept = np.full(len(prompts), config.gen_length, dtype=np.int64)
     for lo in range(0, len(order), batch_size):
         idx = order[lo : lo + batch_size]
-        tokens[idx] = generate(model, [prompts[i] for i in idx], config).tokens.numpy()
+        out = generate(model, [prompts[i] for i in idx], config, seer=seer)
+        tokens[idx] = out.tokens.numpy()
+        if out.seer is not None:
+            kept[idx] = [r.kept for r in out.seer]
         if progress is not None:
             progress(min(lo + batch_size, len(order)), len(order))
-    return tokens
-
+    return tokens, kept

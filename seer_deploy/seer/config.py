@@ -68,6 +68,7 @@ class SeerConfig:
     tail_context: how many of the cut slots the later steps still see, as committed EOS that is never decoded: 0
     (the paper's cut: later steps run on prompt + kept length only), a count, or 'all' (the whole tail: the steps
     are still the cut's, but every step runs at full length; on the demo the answers then equal full length's).
+    `calibrate --target-identical` chooses it, after the margin (seer.calibrate.fit_identity_margin).
     """
 
     detector: Detector = "eos"
