@@ -84,7 +84,8 @@ def run_demo(work_dir: Path, gen_length: int, repeats: int, threads: int, say: S
     stage(f"load: {built.out}")
     backend, info = open_target(str(built.out))
     seer = info.seer_config()
-    seer_note = f"calibrated {seer.detector} detector, margin {seer.margin}" if seer is not None else ""
+    seer_note = "" if seer is None else (f"calibrated {seer.detector} detector, margin {seer.margin}, tail context "
+                                         f"{seer.tail_context} (cut slots the later steps still run as committed EOS)")
     if seer is None:
         seer = SeerConfig()
         seer_note = f"built-in defaults ({seer.detector} detector, margin {seer.margin}; no calibrated config yet)"
