@@ -110,7 +110,9 @@ def main() -> None:
             session = OrtSessionOptions(providers=("CPUExecutionProvider",), intra_op_threads=args.threads)
             target = str(build_engines(export, export / "engine", BuildOptions(backend="ort", ort_session=session)).out)
         backend, info = open_target(target, options=TargetOptions(threads=args.threads or None))
-        seer = info.seer_config() or SeerConfig()
+        # The paper's cut: rows differ in width only without a tail context (with the whole tail in view every row
+        # runs prompt + gen_length slots, and there is no width to schedule).
+        seer = (info.seer_config() or SeerConfig()).with_(tail_context=0)
         tok = info.tokenizer()
         prompts = [tok.encode_prompt(ex.prompt) for ex in heldout_examples(args.prompts)]
         config = GenerationConfig(args.gen_length, args.steps or args.gen_length)

@@ -1,8 +1,7 @@
 """Render BENCHMARKS.md from the committed benchmark results (no measuring here).
 
-    seer-deploy bench --out benchmarks/results                                    # bench.json, bench.md, bench.png
+    seer-deploy bench --tail-context 0 --out benchmarks/results                   # bench.json, bench.md, bench.png
     seer-deploy bench demo-vl --no-scaling --out benchmarks/results-vl            # the multimodal workload
-    seer-deploy bench --gen-lengths 256 --no-scaling --tail-context all --out benchmarks/results-tail
     python benchmarks/bench_loopcore.py > benchmarks/results/loopcore.md
     python benchmarks/bench_step_latency.py --threads 2 > benchmarks/results/step_latency.md
     python benchmarks/bench_hybrid.py --threads 2 > benchmarks/results/hybrid.md
@@ -24,8 +23,6 @@ from seer_deploy.bench.report import render_markdown
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 RESULTS_VL = ROOT / "benchmarks" / "results-vl"
-RESULTS_TAIL = ROOT / "benchmarks" / "results-tail"  # Seer with the cut tail in view (bench --tail-context)
-TAIL_TITLE = "# seer-deploy bench: demo, with Seer's cut tail in view (ort-seer-tail)"
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
      "python benchmarks/bench_loopcore.py"),
@@ -44,14 +41,6 @@ def main() -> None:
     vl = RESULTS_VL / "bench.json"
     parts += [render_markdown(json.loads(vl.read_text()), "benchmarks/results-vl/bench.png") if vl.is_file()
               else "# seer-deploy bench: demo-vl\n\n(not measured: benchmarks/results-vl/bench.json is missing)", ""]
-    tail = RESULTS_TAIL / "bench.json"
-    if tail.is_file():
-        text = render_markdown(json.loads(tail.read_text()), "benchmarks/results-tail/bench.png")
-        tail_notes = RESULTS_TAIL / "notes.md"
-        parts += [TAIL_TITLE + text[text.index("\n"):], tail_notes.read_text().strip() if tail_notes.is_file() else "",
-                  ""]
-    else:
-        parts += [f"{TAIL_TITLE}\n\n(not measured: benchmarks/results-tail/bench.json is missing)", ""]
     parts += ["# Component benchmarks", "",
               "Run on the same machine as the bench above, one at a time (the notes above say which were rerun with it).",
               ""]

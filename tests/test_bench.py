@@ -61,6 +61,7 @@ def test_writes_json_markdown_and_png(bench_run: tuple[Path, Path]) -> None:
     assert "--tail-context all" in data["command"] and data["settings"]["tail_context"] == "all"
     assert {s["row"] for s in data["skipped"]} == {"trt-full", "trt-seer"}
     assert data["seer"]["source"] == "defaults" and data["notes"]  # the tiny checkpoint has no calibration
+    assert data["seer"]["tail_context"] == 0 and "tail context 0 (ort-seer-tail: all)" in (out / "bench.md").read_text()
     # The markdown is a rendering of the JSON alone.
     assert (out / "bench.md").read_text() == render_markdown(json.loads((out / "bench.json").read_text()), "bench.png")
 

@@ -245,6 +245,7 @@ def run_bench(p: Prepared, command: str, progress: Progress = lambda _: None) ->
                "max_seq_len": cfg.max_seq_len, "export_seconds": round(p.export_seconds, 2),
                "ort_providers": list(getattr(p.backends["ort"][0], "providers", [])), **p.model_facts},
         seer={"source": p.seer_source, "detector": p.seer.detector, "margin": p.seer.margin,
+              "tail_context": p.seer.tail_context,
               "buckets": list(p.seer.buckets), "calibration": dict(p.seer.calibration)},
         rows=rows,
         row_descriptions={name: ROW_DESCRIPTIONS[name] for name in p.rows()},

@@ -25,7 +25,7 @@ FOOTNOTES = (
     "seconds); 1.0 would be a perfect detector with a free step zero."),
     ("**exact**: share of answers equal to the task's answer (`seer_deploy.models.demo_tasks`); **= full**: share of "
     "answers identical to the reference's full-length answer; **kept**: mean response slots the steps after step zero "
-    "decoded (Seer; ort-seer-tail's steps also ran the cut slots after them, as committed EOS) or all steps ran on "
+    "decoded (Seer; with a tail context the steps also ran cut slots after them, as committed EOS) or all steps ran on "
     "(oracle); **safe**: share kept at or past the full-length answer's end."),
 )
 
@@ -134,6 +134,14 @@ def _vision(model: dict[str, Any]) -> str:
             f"tokens per {model['image_size']} px picture)")
 
 
+def _tail_contexts(seer: dict[str, Any], settings: dict[str, Any]) -> str:
+    """', tail context X' for the config (0, the paper's cut, unless set), and the ort-seer-tail row's override."""
+    text = f", tail context {seer.get('tail_context', 0)}"
+    if settings.get("tail_context") is not None:
+        text += f" (ort-seer-tail: {settings['tail_context']})"
+    return text
+
+
 def render_markdown(data: dict[str, Any], plot_file: str | None = "bench.png") -> str:
     m, s = data["machine"], data["settings"]
     seer = data["seer"]
@@ -148,7 +156,7 @@ def render_markdown(data: dict[str, Any], plot_file: str | None = "bench.png") -
         (f"Model: {data['model']['parameters'] / 1e6:.2f}M parameters ({data['model']['n_layers']} layers, d_model "
         f"{data['model']['d_model']}){_vision(data['model'])}, exported to ONNX once in {data['model']['export_seconds']:.1f} s; ONNX Runtime "
         f"providers {', '.join(data['model']['ort_providers'])}. Seer: {seer['source']} config, {seer['detector']} "
-        f"detector, margin {seer['margin']}."),
+        f"detector, margin {seer['margin']}{_tail_contexts(seer, s)}."),
         "",
         (f"Workload: {s['prompts']} {s.get('workload', DEFAULT_WORKLOAD)} per setting, greedy, steps = gen_length, "
         f"one block; one warm-up batch per row and setting, then the median of {s['repeats']} timed passes."),

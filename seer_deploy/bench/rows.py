@@ -8,8 +8,8 @@ response ids with what they cost, so the harness can time, score and compare the
   ort-seer    the runtime loop on ONNX Runtime with Seer (step zero at full length, then each row cut)
   ort-oracle  ONNX Runtime told each answer's true length before it starts: every step, the first included, runs on
               prompt + that length (no detector can beat it)
-  ort-seer-tail  ONNX Runtime with Seer and a tail context (`bench --tail-context`): the same cut and steps, the
-              cut slots still in view as committed EOS
+  ort-seer-tail  ONNX Runtime with Seer and the tail context of `bench --tail-context` in place of the config's:
+              the same cut and steps, that many cut slots in view as committed EOS
   torch-seer  the runtime loop on torch eager with Seer
   trt-full / trt-seer  the same on a TensorRT engine, when a GPU and TensorRT are present
 """
@@ -38,10 +38,12 @@ ROW_NAMES: tuple[str, ...] = (
 ROW_DESCRIPTIONS: dict[str, str] = {
     "reference": "the LLaDA-style loop (`reference.generate`) in torch eager at full gen_length: what users run today",
     "ort-full": "the runtime loop (`run_generation`) on ONNX Runtime at full gen_length, no Seer",
-    "ort-seer": "ONNX Runtime with Seer: step zero at full length, then each answer cut to its detected end + margin "
-    "and the rows scheduled by the batch scheduler",
-    "ort-seer-tail": "ONNX Runtime with Seer's cut and step budget, the cut slots kept in every later step's input "
-    "as committed EOS (`--tail-context`; 'all' runs every step at full length): answers closer to full length's",
+    "ort-seer": "ONNX Runtime with Seer as configured: step zero at full length, then each answer cut to its "
+    "detected end + margin (the config's tail context, if any, kept in view as committed EOS) and the rows scheduled "
+    "by the batch scheduler",
+    "ort-seer-tail": "ONNX Runtime with Seer's cut and step budget and the tail context of `--tail-context` in place "
+    "of the config's (the cut slots kept in every later step's input as committed EOS; 0: none, the paper's cut; "
+    "'all': every step at full length, answers closer to full length's)",
     "ort-oracle": "ONNX Runtime told each answer's true length (from ort-full) before it starts: every step, the "
     "first included, runs on prompt + that length; the limit no detector can beat",
     "torch-seer": "the same runtime loop with Seer on torch eager (`TorchBackend`): Seer without the exported graphs",
