@@ -53,7 +53,9 @@ def prompts(engine: tuple[Backend, TargetInfo]) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def seer(engine: tuple[Backend, TargetInfo]) -> SeerConfig:
-    return engine[1].seer_config() or SeerConfig()
+    """The shipped config with the paper's cut (tail context 0): rows of a batch keep different widths, which is what
+    the scheduler must get right. The shipped tail context ('all') is checked on its own below."""
+    return (engine[1].seer_config() or SeerConfig()).with_(tail_context=0)
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +103,23 @@ def test_onnx_runtime_tokens_equal_the_torch_reference(
         if batch > 1:  # batches really mixed kept lengths
             assert max(len(set(kept[lo : lo + batch])) for lo in range(0, N, batch)) >= 3
     print(f"batch {batch}, seer {use_seer}: {time.perf_counter() - start:.1f}s")
+
+
+def test_the_shipped_tail_context_gives_the_torch_reference_tokens(
+    engine: tuple[Backend, TargetInfo], prompts: list[list[int]]
+) -> None:
+    """The shipped config as the engine reads it (the cut tail in view as committed EOS): batches of 8 through ONNX
+    Runtime give each prompt's solo torch tokens, on the first 64 prompts."""
+    backend, info = engine
+    shipped = info.seer_config()
+    assert shipped is not None and shipped.tail_context == "all"
+    model = load_checkpoint("demo").model
+    n = 64
+    want = np.stack([generate(model, [p], CONFIG, seer=shipped).tokens[0].numpy() for p in prompts[:n]])
+    got, kept = run_all(backend, info, prompts[:n], 8, shipped)
+    bad = [i for i in range(n) if not np.array_equal(got[i], want[i])]
+    assert not bad, f"{len(bad)} of {n} prompts differ, first {bad[:5]}"
+    assert min(kept) < CONFIG.gen_length  # answers were cut, and their tails ran as context
 
 
 def test_step_zero_statistics_agree_with_torch(engine: tuple[Backend, TargetInfo], prompts: list[list[int]]) -> None:

@@ -225,3 +225,40 @@ def test_identity_fit_rejects_a_bad_tail_context() -> None:
     with pytest.raises(ConfigError, match="tail_context"):
         fit_identity_margin(_identity_runner(full, {}), SeerConfig(), full, np.full(2, 2), range(2),
                             tail_contexts=(-1,))
+
+
+def _context_runner(full: np.ndarray, needs: dict[int, int]):
+    """A fake Seer run, identical to full length except row i while fewer than needs[i] cut slots stay in view."""
+
+    def run(seer: SeerConfig) -> tuple[np.ndarray, np.ndarray]:
+        tokens, kept = full.copy(), np.full(len(full), 3 + seer.margin)
+        slots = seer.context_slots(int(kept[0]), full.shape[1])
+        for row, need in needs.items():
+            tokens[row, 0] += slots < need
+        return tokens, kept
+
+    return run
+
+
+def test_identity_fit_tries_contexts_cheapest_first_and_falls_back_to_the_best() -> None:
+    from seer_deploy.seer.calibrate import fit_identity_margin
+
+    full = np.zeros((10, 16), dtype=np.int64)
+    # Rows 0-1 need 4 slots in view, row 2 never matches: 0.9 is the best any run reaches.
+    fit = fit_identity_margin(_context_runner(full, {0: 4, 1: 4, 2: 99}), SeerConfig(), full, np.full(10, 2),
+                              range(2), tail_contexts=("all", 8, 0, 4, 8), target_identical=1.0, slack=0.0)
+    assert [(t["margin"], t["tail_context"]) for t in fit.tried] == [(0, 0), (1, 0), (0, 4), (0, 8), (0, "all")]
+    assert (fit.margin, fit.tail_context, fit.identical) == (0, 4, 0.9)  # the first run at the best rate
+    assert fit.rule.startswith("target not reached")
+
+
+def test_identity_fit_slack_is_inclusive_and_must_not_be_negative() -> None:
+    from seer_deploy.errors import ConfigError
+    from seer_deploy.seer.calibrate import fit_identity_margin
+
+    full = np.zeros((10, 8), dtype=np.int64)
+    runner = _identity_runner(full, {0: 1, 1: 2, 2: 99})  # 0.7 at margin 0, 0.8 at 1, 0.9 from 2 on
+    fit = fit_identity_margin(runner, SeerConfig(), full, np.full(10, 2), range(4), target_identical=1.0, slack=0.2)
+    assert fit.margin == 0  # 0.7 lies exactly 0.2 below the best, 0.9: within the slack
+    with pytest.raises(ConfigError, match="slack"):
+        fit_identity_margin(runner, SeerConfig(), full, np.full(10, 2), range(4), slack=-0.1)

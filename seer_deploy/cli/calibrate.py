@@ -1,4 +1,5 @@
-"""`seer-deploy calibrate`: choose Seer's detector settings and margin for a checkpoint on a prompt set."""
+"""`seer-deploy calibrate`: choose Seer's detector settings and margin for a checkpoint on a prompt set, and
+optionally (`--target-identical`) the margin and tail context end to end against full-length answers."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def parse_buckets(text: str | None) -> tuple[int, ...]:
                    "the calibration prompts (validated on the rest). A few more Seer runs. [default: off]")
 @click.option("--identity-tail-contexts", default="", metavar="N,..|all",
               help="With --target-identical: if no margin reaches it, try these tail contexts at the knee margin, "
-                   "cheapest first (e.g. 32,all); the first reaching it is written.")
+                   "cheapest first (fewest slots, 'all' last; e.g. 32,all); the first reaching it is written.")
 @click.option("--identity-margin-span", type=int, default=16, show_default=True,
               help="With --target-identical: margins tried, from the safe-rate one up to this many more in steps of 2.")
 @click.option("--batch-size", type=int, default=64, show_default=True)
@@ -65,6 +66,7 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
         calibrate_model,
         check_target_identical,
         fit_identity_on_split,
+        split_indices,
     )
     from seer_deploy.seer.collect import full_generation
 
@@ -87,6 +89,8 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
     ckpt = load_checkpoint(target)
     tok = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id, ckpt.config.eot_id)
     ids = [tok.encode_prompt(t) for t in texts]
+    config.validate(ckpt.model.cfg.max_seq_len, max((len(p) for p in ids), default=0))  # fail before generating
+    split_indices(len(ids), holdout, seed)  # enough prompts to split
     full = full_generation(ckpt.model, ids, config, batch_size,
                            lambda done, total: click.echo(f"full-length generation: {done}/{total}", err=True))
     result = calibrate_model(ckpt.model, ids, config, options, full_tokens=full, batch_size=batch_size)
@@ -97,8 +101,8 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
             ckpt.model, ids, config, seer, full, options, tail_contexts=try_contexts,
             target_identical=target_identical, margin_span=identity_margin_span, batch_size=batch_size,
             log=lambda line: click.echo(line, err=True))
-        report = report | {"identity": fit.to_dict() | {"identical": fit.identical,
-                                                         "validation_identical": round(validation, 4)}}
+        report = report | {"identity_margin": fit.to_dict() | {"identical": fit.identical,
+                                                                "validation_identical": round(validation, 4)}}
         seer = seer.with_(margin=fit.margin, tail_context=fit.tail_context, calibration=report)
     seer.save(out)
     click.echo(f"{len(ids)} prompts ({report['n_calibration']} calibration / {report['n_validation']} validation), "
@@ -109,8 +113,8 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
         click.echo(f"  {name:9s} margin {entry['margin']:3d}  safe {cal['safe']:.3f} / {val['safe']:.3f}  "
                    f"mean kept {cal['mean_kept']:.1f} / {val['mean_kept']:.1f}  (calibration / validation){mark}")
     click.echo(f"  sparsity: {report['sparsity_choice']}")
-    if "identity" in report:
-        fit_report = report["identity"]
+    if "identity_margin" in report:
+        fit_report = report["identity_margin"]
         click.echo(f"  end to end: margin {fit_report['margin']}, tail context {fit_report['tail_context']} "
                    f"({fit_report['rule']}); identical to full length {fit_report['identical']:.3f} / "
                    f"{fit_report['validation_identical']:.3f} (calibration / validation)")

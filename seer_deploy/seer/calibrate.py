@@ -7,6 +7,9 @@ which rows to pool (the best single row, the best layer, the last layer, every l
 in-response drift term; the positional trend of each row and its step (its pooling weight) are fitted on the
 calibration half. For every candidate the floor and the margin are the pair that meets the target safe share with
 the smallest mean kept length.
+
+A safe cut does not guarantee the same answer, so `fit_identity_margin` can then fit the margin, and if no margin is
+enough the tail context, end to end against the full-length answers (`calibrate --target-identical`).
 """
 
 from __future__ import annotations
@@ -339,14 +342,17 @@ def fit_identity_margin(
     padding sometimes answers differently. `run_seer(config)` generates with Seer and returns (tokens, kept).
     Margins are tried first, at `seer.tail_context`, in order, and the first reaching the target wins. If none
     does, the margin is the knee (the smallest within `slack` of the best rate: past it more margin buys little
-    identity for many more slots) and `tail_contexts` are tried at that margin, in order (cheapest first: each keeps
-    more of the cut tail in view as committed EOS, see SeerConfig.tail_context); the first reaching the target wins.
-    If still none does, the first run tried within `slack` of the best rate seen.
+    identity for many more slots) and `tail_contexts` are tried at that margin, cheapest first (fewest slots, 'all'
+    last: each keeps more of the cut tail in view as committed EOS, see SeerConfig.tail_context); the first reaching
+    the target wins. If still none does, the first run tried within `slack` of the best rate seen.
     """
     if not margins:
         raise ConfigError("give at least one margin to try")
+    if slack < 0:
+        raise ConfigError(f"identity slack {slack} must be >= 0")
     for context in tail_contexts:
         check_tail_context(context)
+    contexts = sorted(set(tail_contexts), key=lambda c: (c == "all", 0 if c == "all" else int(c)))
     gen_length = full_tokens.shape[1]
     tried: list[dict[str, Any]] = []
 
@@ -367,15 +373,17 @@ def fit_identity_margin(
     for margin in margins:
         if attempt(margin, seer.tail_context):
             return fit(tried[-1], "first margin reaching the target")
-    best = max(t["identical"] for t in tried)
-    knee = next(t for t in tried if t["identical"] >= best - slack)
-    for context in tail_contexts:
+    def near_best() -> tuple[float, dict[str, Any]]:  # the best rate, and the first run within slack of it
+        best = max(t["identical"] for t in tried)
+        return best, next(t for t in tried if t["identical"] >= best - slack - 1e-9)
+
+    best, knee = near_best()
+    for context in contexts:
         if context != seer.tail_context and attempt(int(knee["margin"]), context):
             return fit(tried[-1], f"no margin reached the target; margin {knee['margin']} (the knee, within {slack} "
                                   f"of the best rate {best}), then the first tail context reaching it")
-    best = max(t["identical"] for t in tried)
-    return fit(next(t for t in tried if t["identical"] >= best - slack),
-               f"target not reached; the first run within {slack} of the best rate {best}")
+    best, chosen = near_best()
+    return fit(chosen, f"target not reached; the first run within {slack} of the best rate {best}")
 
 
 def identity_margins(seer: SeerConfig, gen_length: int, span: int = 16, stride: int = 2) -> range:
