@@ -373,6 +373,7 @@ def fit_identity_margin(
     for margin in margins:
         if attempt(margin, seer.tail_context):
             return fit(tried[-1], "first margin reaching the target")
+
     def near_best() -> tuple[float, dict[str, Any]]:  # the best rate, and the first run within slack of it
         best = max(t["identical"] for t in tried)
         return best, next(t for t in tried if t["identical"] >= best - slack - 1e-9)
