@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
+from seer_deploy.core.backend import Backend, Step0Output, StepOutput
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.models.demo_tasks import heldout_examples
-from seer_deploy.runtime.backend import Backend, Step0Output, StepOutput
 from seer_deploy.runtime.loop import run_generation
-from seer_deploy.runtime.reference import GenerationConfig
 from seer_deploy.runtime.scheduler import CostedBackend, StepCost, measure_step_cost
 from seer_deploy.runtime.targets import TargetInfo, TargetOptions, open_target
 from seer_deploy.seer.config import SeerConfig

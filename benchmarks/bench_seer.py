@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models import Tokenizer, load_checkpoint
 from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.runtime.loop import run_generation
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.metrics import true_lengths

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from seer_deploy.atomic import write_atomic
 from seer_deploy.bench.report import render_markdown
+from seer_deploy.core.atomic import write_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

@@ -29,12 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from seer_deploy.models import Tokenizer, load_checkpoint
-from seer_deploy.models.checkpoint import checkpoint_fingerprint
-from seer_deploy.models.demo_tasks import HELDOUT_SEED, Example, heldout_examples
-from seer_deploy.models.llada import STAT_NAMES, MaskPredictor
-from seer_deploy.runtime.reference import GenerationConfig, generate
-from seer_deploy.seer.calibrate import (
+from seer_deploy.calibration.calibrate import (
     CalibrationOptions,
     boundaries,
     calibrate,
@@ -45,7 +40,14 @@ from seer_deploy.seer.calibrate import (
     identity_margins,
     sparsity_config,
 )
-from seer_deploy.seer.collect import StepZeroSet, step_zero_set
+from seer_deploy.calibration.collect import StepZeroSet, step_zero_set
+from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.sparsity import STAT_NAMES
+from seer_deploy.models import Tokenizer, load_checkpoint
+from seer_deploy.models.checkpoint import checkpoint_fingerprint
+from seer_deploy.models.demo_tasks import HELDOUT_SEED, Example, heldout_examples
+from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import DEMO_CONFIG_FILE, SeerConfig, Trend, parse_tail_context
 from seer_deploy.seer.metrics import identical_share, mixed_auc, position_matched_auc, true_lengths
 

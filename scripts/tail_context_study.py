@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from seer_study import cached_full, end_to_end, run_batched
 
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models import Tokenizer, load_checkpoint
 from seer_deploy.models.checkpoint import checkpoint_fingerprint
 from seer_deploy.models.demo_tasks import heldout_examples
-from seer_deploy.runtime.reference import GenerationConfig
 from seer_deploy.seer.config import DEMO_CONFIG_FILE, SeerConfig, parse_tail_context
 from seer_deploy.seer.metrics import true_lengths
 

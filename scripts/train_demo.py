@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.checkpoint import load_checkpoint, save_checkpoint
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.demo_tasks import (
@@ -36,7 +37,7 @@ from seer_deploy.models.demo_tasks import (
 )
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.tokenizer import Tokenizer
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.reference import generate
 
 MAX_GEN_LENGTH = 256
 # Slot counts per batch (and their weights): mostly short batches, enough long ones to learn long EOS tails.

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from seer_deploy.calibration.calibrate import CalibrationOptions, calibrate_model, fit_identity_margin
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.demo_vl_tasks import (
     HELDOUT_SEED,
@@ -57,8 +59,7 @@ from seer_deploy.models.multimodal import (
     save_multimodal_checkpoint,
 )
 from seer_deploy.models.vision import VisionConfig, VisionEncoder
-from seer_deploy.runtime.reference import GenerationConfig, generate
-from seer_deploy.seer.calibrate import CalibrationOptions, calibrate_model, fit_identity_margin
+from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
 from seer_deploy.seer.metrics import true_lengths
 

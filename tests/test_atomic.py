@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from seer_deploy.atomic import install_dir, write_atomic, write_text_atomic
+from seer_deploy.core.atomic import install_dir, write_atomic, write_text_atomic
 
 
 def test_write_replaces_the_file_and_honours_the_umask(tmp_path: Path) -> None:

@@ -15,9 +15,9 @@ from seer_deploy.bench.report import render_markdown
 from seer_deploy.bench.results import load_json
 from seer_deploy.bench.rows import run_oracle
 from seer_deploy.cli import main
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.runtime.loop import run_generation
-from seer_deploy.runtime.reference import GenerationConfig
 from seer_deploy.runtime.targets import open_target
 
 ROWS = ("reference", "ort-full", "ort-seer", "ort-oracle", "torch-seer")

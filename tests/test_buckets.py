@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.buckets import (
     ProfileLayout,
     bucket_index,
@@ -20,7 +21,6 @@ from seer_deploy.engines.buckets import (
     power_of_two_buckets,
     profile_shapes,
 )
-from seer_deploy.errors import ArtifactError, ConfigError
 
 STEP_INPUTS = {
     "input_ids": ["batch", "seq"],

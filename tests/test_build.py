@@ -14,14 +14,14 @@ from conftest import tiny_config
 from onnx import TensorProto, helper
 
 from seer_deploy.cli import main
+from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines import tensorrt_engine
 from seer_deploy.engines.buckets import power_of_two_buckets
 from seer_deploy.engines.build import BuildOptions, build_engines, file_sha256, parse_size
 from seer_deploy.engines.manifest import MANIFEST_FILE, EngineManifest, RuntimeFacts, check_engine_compatible
 from seer_deploy.engines.ort import OrtBackend
-from seer_deploy.errors import ArtifactError, ConfigError
-from seer_deploy.export import sampling
-from seer_deploy.export.manifest import ExportManifest, GraphSpec, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
+from seer_deploy.spec import sampling
+from seer_deploy.spec.export_manifest import ExportManifest, GraphSpec, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
 
 MAX_SEQ_LEN = 96
 BS = ["batch", "seq"]

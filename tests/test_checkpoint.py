@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_model
 from safetensors.torch import load_file, save_file
 
-from seer_deploy.errors import CheckpointError
+from seer_deploy.core.errors import CheckpointError
 from seer_deploy.models.checkpoint import detect_layout, load_checkpoint, save_checkpoint, weight_files
 from seer_deploy.models.config import config_from_dict
 

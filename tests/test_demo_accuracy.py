@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 from conftest import requires_demo
 
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models import Tokenizer, load_checkpoint
 from seer_deploy.models.demo_tasks import TASKS, heldout_examples
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import DEMO_CONFIG_FILE, SeerConfig
 from seer_deploy.seer.metrics import identical_share, true_lengths
 

@@ -15,20 +15,21 @@ import pytest
 from conftest import requires_demo
 
 from seer_deploy.cli.demo import export_options
+from seer_deploy.core.backend import Backend
+from seer_deploy.core.generation import GenerationConfig, left_pad
+from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.export.manifest import ExportManifest
 from seer_deploy.models.checkpoint import load_checkpoint
 from seer_deploy.models.demo_tasks import heldout_examples
-from seer_deploy.models.llada import StatsSpec
-from seer_deploy.runtime.backend import Backend
 from seer_deploy.runtime.loop import run_generation
-from seer_deploy.runtime.reference import GenerationConfig, generate, left_pad
+from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.scheduler import CostedBackend, StepCost
 from seer_deploy.runtime.targets import TargetInfo, open_target
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
+from seer_deploy.spec.export_manifest import ExportManifest
 
 pytestmark = [pytest.mark.slow, requires_demo]
 CONFIG = GenerationConfig(gen_length=64, steps=32)
@@ -133,8 +134,8 @@ def test_step_zero_statistics_agree_with_torch(engine: tuple[Backend, TargetInfo
     bad = total = 0
     for lo in range(0, N, 8):
         ids, mask = left_pad(prompts[lo : lo + 8], info.pad_id)
-        x = np.concatenate([ids.numpy(), np.full((ids.shape[0], CONFIG.gen_length), info.mask_id)], axis=1)
-        m = np.concatenate([mask.numpy().astype(np.int64), np.ones((ids.shape[0], CONFIG.gen_length), np.int64)], 1)
+        x = np.concatenate([ids, np.full((ids.shape[0], CONFIG.gen_length), info.mask_id)], axis=1)
+        m = np.concatenate([mask, np.ones((ids.shape[0], CONFIG.gen_length), np.int64)], 1)
         got, want = backend.step0(x, m), torch_backend.step0(x, m)
         real = m.astype(bool)
         assert np.array_equal(got.token_ids[real], want.token_ids[real])

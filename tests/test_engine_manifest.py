@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from seer_deploy.core.errors import ArtifactError
 from seer_deploy.engines.manifest import (
     ENGINE_FORMAT_VERSION,
     MANIFEST_FILE,
@@ -18,7 +19,6 @@ from seer_deploy.engines.manifest import (
     TensorRTFacts,
     check_engine_compatible,
 )
-from seer_deploy.errors import ArtifactError
 
 FP = "f" * 64
 HASHES = {"step0": "a" * 64, "step": "b" * 64}

@@ -15,18 +15,18 @@ import torch
 from conftest import tiny_model
 
 from seer_deploy.cli import main
+from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.engines.ort import OrtBackend
-from seer_deploy.errors import ArtifactError, ConfigError
 from seer_deploy.export import exporter as exporter_module
 from seer_deploy.export import validate as validate_module
 from seer_deploy.export.exporter import ExportResult, check_destination, export_checkpoint
 from seer_deploy.export.graphs import Step0Graph
-from seer_deploy.export.manifest import ExportManifest
 from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
 from seer_deploy.export.validate import ExportValidationError
 from seer_deploy.models.checkpoint import Layout, checkpoint_fingerprint, load_checkpoint, save_checkpoint
 from seer_deploy.models.demo_tasks import write_tokenizer
-from seer_deploy.models.llada import STAT_NAMES, StatsSpec
+from seer_deploy.spec.export_manifest import ExportManifest
 
 EXPORT_FILES = {"manifest.json", "step0.onnx", "step.onnx", "weights.bin"}
 

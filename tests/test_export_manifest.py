@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from conftest import tiny_config
 
-from seer_deploy.errors import ArtifactError
-from seer_deploy.export import sampling
-from seer_deploy.export.manifest import (
+from seer_deploy.core.errors import ArtifactError
+from seer_deploy.core.sparsity import STAT_NAMES
+from seer_deploy.spec import sampling
+from seer_deploy.spec.export_manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     ExportManifest,
@@ -22,7 +23,6 @@ from seer_deploy.export.manifest import (
     TensorSpec,
     WeightsSpec,
 )
-from seer_deploy.models.llada import STAT_NAMES
 
 BS: list[int | str] = ["batch", "seq"]
 

@@ -13,10 +13,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seer_deploy.errors import ConfigError
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.generation import transfer_schedule
 from seer_deploy.runtime import loopcore
 from seer_deploy.runtime.loopcore import active_core, c_core, core_name, python_core
-from seer_deploy.runtime.reference import select_transfer, transfer_schedule
+from seer_deploy.runtime.reference import select_transfer
 
 TWIN = python_core()
 NAN, INF = float("nan"), float("inf")

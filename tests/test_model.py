@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model
 
-from seer_deploy.models.llada import STAT_NAMES, StatsSpec
+from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 
 
 def test_attention_is_bidirectional() -> None:
@@ -41,8 +41,8 @@ def test_stats_match_a_manual_computation() -> None:
     from seer_deploy.models.llada import rope_tables
 
     cos, sin = rope_tables(torch.arange(8).expand(2, 8), model.cfg.head_dim, model.cfg.rope_theta)
-    x, _ = model.blocks[0](x, cos, sin, None, None)
-    block = model.blocks[1]
+    x, _ = model.layers[0](x, cos, sin, None, None)
+    block = model.layers[1]
     x = x + block.attn(block.attn_norm(x), cos, sin, None)
     hin = block.mlp_norm(x)
     a = F.silu(block.mlp.gate(hin))

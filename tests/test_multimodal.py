@@ -11,7 +11,8 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from seer_deploy.errors import CheckpointError, ConfigError
+from seer_deploy.core.errors import CheckpointError, ConfigError
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.checkpoint import load_checkpoint
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.demo_vl_tasks import VOCAB, heldout_examples, write_tokenizer
@@ -30,7 +31,7 @@ from seer_deploy.models.multimodal import (
     vision_config_from_dict,
 )
 from seer_deploy.models.vision import VisionConfig, VisionEncoder, projector_depth
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.reference import generate
 
 IMAGE = 16  # pixels; patch 4 -> 16 patches
 

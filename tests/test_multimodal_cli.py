@@ -10,8 +10,9 @@ import torch
 from test_multimodal import pictures, write_tiny_vl
 
 from seer_deploy.cli.vl import assign_images, echo_generate_vl, generate_vl
-from seer_deploy.errors import ConfigError
-from seer_deploy.export.vision import export_multimodal
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.models.image import pixel_batch
 from seer_deploy.models.multimodal import (
     ImageConditionedModel,
@@ -19,7 +20,7 @@ from seer_deploy.models.multimodal import (
     expand_placeholders,
     load_multimodal,
 )
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.reference import generate
 
 CONFIG = GenerationConfig(gen_length=8, steps=8)
 

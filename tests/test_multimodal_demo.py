@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from seer_deploy.cli.vl import checkpoint_seer, run_demo_vl
-from seer_deploy.export.vision import MultimodalOrtBackend, export_multimodal
+from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
+from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.models.demo_vl_tasks import VlExample, heldout_examples
 from seer_deploy.models.image import pixel_batch
 from seer_deploy.models.multimodal import (
@@ -25,7 +27,7 @@ from seer_deploy.models.multimodal import (
     load_multimodal,
 )
 from seer_deploy.runtime.loop import run_generation
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.metrics import true_lengths
 
 pytestmark = [

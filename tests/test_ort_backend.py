@@ -13,17 +13,18 @@ import pytest
 import torch
 from conftest import requires_demo, tiny_model
 
+from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
-from seer_deploy.errors import ArtifactError, ConfigError
 from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.export.sampling import draw_uniform
 from seer_deploy.models.checkpoint import load_checkpoint, save_checkpoint
 from seer_deploy.models.demo_tasks import heldout_examples, write_tokenizer
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.tokenizer import Tokenizer
 from seer_deploy.runtime.loop import run_generation
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
+from seer_deploy.spec.sampling import draw_uniform
 
 CPU = OrtSessionOptions(providers=("CPUExecutionProvider",))
 

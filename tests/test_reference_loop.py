@@ -6,8 +6,9 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from seer_deploy.errors import ConfigError
-from seer_deploy.runtime.reference import GenerationConfig, generate, select_transfer, transfer_schedule
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.generation import GenerationConfig, transfer_schedule
+from seer_deploy.runtime.reference import generate, select_transfer
 
 MASK = 12
 

@@ -11,9 +11,11 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model
 
-from seer_deploy.errors import ConfigError
-from seer_deploy.models.llada import STAT_NAMES, MaskPredictor, StatsSpec
-from seer_deploy.runtime.backend import Step0Output, StepOutput
+from seer_deploy.core.backend import Step0Output, StepOutput
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
+from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.runtime.loop import (
     Block,
     LoopContext,
@@ -23,7 +25,7 @@ from seer_deploy.runtime.loop import (
     step_zero,
 )
 from seer_deploy.runtime.loopcore import c_core, core_name, python_core
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
 
 CORES = [python_core()] + ([c_core()] if c_core() is not None else [])

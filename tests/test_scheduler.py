@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from conftest import tiny_model
 
-from seer_deploy.errors import ConfigError
-from seer_deploy.runtime.backend import Backend, Step0Output, StepOutput
+from seer_deploy.core.backend import Backend, Step0Output, StepOutput
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.loopcore import c_core, core_name, python_core
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.scheduler import (
     CostedBackend,
     RowWork,

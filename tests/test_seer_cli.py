@@ -10,7 +10,7 @@ import pytest
 from matplotlib.image import imread
 
 from seer_deploy.cli import main
-from seer_deploy.models.llada import STAT_NAMES
+from seer_deploy.core.sparsity import STAT_NAMES
 from seer_deploy.seer.config import SeerConfig
 
 PROMPTS = ["reverse 12", "sort 987", "count 4444", "filter 1928", "double 31", "reverse 5", "sort 21", "count 7",
@@ -80,10 +80,10 @@ def test_calibrate_writes_a_config_that_generate_uses(make_checkpoint, tmp_path:
 
 
 def test_calibrate_fits_margin_and_tail_context_end_to_end(make_checkpoint, tmp_path: Path, capsys) -> None:
+    from seer_deploy.calibration.calibrate import split_indices
+    from seer_deploy.calibration.collect import batched_generation
+    from seer_deploy.core.generation import GenerationConfig
     from seer_deploy.models import Tokenizer, load_checkpoint
-    from seer_deploy.runtime.reference import GenerationConfig
-    from seer_deploy.seer.calibrate import split_indices
-    from seer_deploy.seer.collect import batched_generation
     from seer_deploy.seer.metrics import identical_share, true_lengths
 
     ckpt = make_checkpoint("llada")

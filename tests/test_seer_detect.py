@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seer_deploy.models.llada import STAT_NAMES
+from seer_deploy.core.sparsity import STAT_NAMES
 from seer_deploy.seer.config import SeerConfig, Trend
 from seer_deploy.seer.detect import detect, detect_eos, detect_sparsity, fuse, split_scores
-from seer_deploy.seer.profile import ResponseProfile
+from seer_deploy.seer.response_profile import ResponseProfile
 
 EOS, DIGIT = 11, 3
 ROWS = tuple((3, s) for s in STAT_NAMES)
@@ -165,7 +165,7 @@ def _identity_runner(full: np.ndarray, wrong_until: dict[int, int]):
 
 
 def test_identity_fit_takes_the_first_margin_reaching_the_target() -> None:
-    from seer_deploy.seer.calibrate import fit_identity_margin
+    from seer_deploy.calibration.calibrate import fit_identity_margin
 
     full = np.zeros((10, 8), dtype=np.int64)
     true_len = np.full(10, 2)
@@ -177,7 +177,7 @@ def test_identity_fit_takes_the_first_margin_reaching_the_target() -> None:
 
 
 def test_identity_fit_takes_the_knee_when_the_target_is_out_of_reach() -> None:
-    from seer_deploy.seer.calibrate import fit_identity_margin
+    from seer_deploy.calibration.calibrate import fit_identity_margin
 
     full = np.zeros((10, 8), dtype=np.int64)
     fit = fit_identity_margin(_identity_runner(full, {0: 1, 1: 3, 2: 99}), SeerConfig(), full, np.full(10, 2),
@@ -187,7 +187,7 @@ def test_identity_fit_takes_the_knee_when_the_target_is_out_of_reach() -> None:
 
 
 def test_identity_fit_tries_tail_contexts_at_the_knee_margin_when_margins_fall_short() -> None:
-    from seer_deploy.seer.calibrate import fit_identity_margin
+    from seer_deploy.calibration.calibrate import fit_identity_margin
 
     full = np.zeros((10, 16), dtype=np.int64)
     margin_runner = _identity_runner(full, {0: 1, 1: 99, 2: 99})  # rows 1 and 2 need the tail, not a margin
@@ -208,7 +208,7 @@ def test_identity_fit_tries_tail_contexts_at_the_knee_margin_when_margins_fall_s
 
 
 def test_identity_fit_keeps_tail_context_zero_when_a_margin_suffices() -> None:
-    from seer_deploy.seer.calibrate import fit_identity_margin
+    from seer_deploy.calibration.calibrate import fit_identity_margin
 
     full = np.zeros((10, 8), dtype=np.int64)
     fit = fit_identity_margin(_identity_runner(full, {0: 2}), SeerConfig(), full, np.full(10, 2), range(4),
@@ -218,8 +218,8 @@ def test_identity_fit_keeps_tail_context_zero_when_a_margin_suffices() -> None:
 
 
 def test_identity_fit_rejects_a_bad_tail_context() -> None:
-    from seer_deploy.errors import ConfigError
-    from seer_deploy.seer.calibrate import fit_identity_margin
+    from seer_deploy.calibration.calibrate import fit_identity_margin
+    from seer_deploy.core.errors import ConfigError
 
     full = np.zeros((2, 8), dtype=np.int64)
     with pytest.raises(ConfigError, match="tail_context"):
@@ -241,7 +241,7 @@ def _context_runner(full: np.ndarray, needs: dict[int, int]):
 
 
 def test_identity_fit_tries_contexts_cheapest_first_and_falls_back_to_the_best() -> None:
-    from seer_deploy.seer.calibrate import fit_identity_margin
+    from seer_deploy.calibration.calibrate import fit_identity_margin
 
     full = np.zeros((10, 16), dtype=np.int64)
     # Rows 0-1 need 4 slots in view, row 2 never matches: 0.9 is the best any run reaches.
@@ -253,8 +253,8 @@ def test_identity_fit_tries_contexts_cheapest_first_and_falls_back_to_the_best()
 
 
 def test_identity_fit_slack_is_inclusive_and_must_not_be_negative() -> None:
-    from seer_deploy.errors import ConfigError
-    from seer_deploy.seer.calibrate import fit_identity_margin
+    from seer_deploy.calibration.calibrate import fit_identity_margin
+    from seer_deploy.core.errors import ConfigError
 
     full = np.zeros((10, 8), dtype=np.int64)
     runner = _identity_runner(full, {0: 1, 1: 2, 2: 99})  # 0.7 at margin 0, 0.8 at 1, 0.9 from 2 on

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from conftest import tiny_model
 
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.loopcore import c_core, core_name, python_core
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seer_deploy.errors import ConfigError
+from seer_deploy.core.errors import ConfigError
 from seer_deploy.seer.config import SeerConfig, Trend
 from seer_deploy.seer.plan import block_plan, kept_length, make_plan
 

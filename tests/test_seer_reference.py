@@ -6,8 +6,9 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from seer_deploy.errors import ConfigError
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import SeerConfig
 
 PROMPTS = [[10, 14, 1, 2, 3, 13], [10, 15, 4, 13], [10, 16, 5, 6, 7, 8, 9, 1, 2, 13]]

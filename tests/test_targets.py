@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 from conftest import tiny_model
 
+from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.engines.tensorrt_engine import tensorrt_available
-from seer_deploy.errors import ArtifactError, ConfigError
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.models.checkpoint import save_checkpoint
 from seer_deploy.models.demo_tasks import write_tokenizer
 from seer_deploy.runtime.loop import run_generation
-from seer_deploy.runtime.reference import GenerationConfig
 from seer_deploy.runtime.targets import TargetOptions, calibrated_seer, open_target, target_kind
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig

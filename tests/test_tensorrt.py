@@ -16,13 +16,13 @@ import pytest
 import torch
 from test_build import cpu_options, make_export
 
+from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines import tensorrt_engine
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.manifest import MANIFEST_FILE, EngineManifest, RuntimeFacts
 from seer_deploy.engines.ort import OrtBackend
 from seer_deploy.engines.tensorrt_engine import TensorRTBackend
-from seer_deploy.errors import ArtifactError, ConfigError
-from seer_deploy.export.manifest import ExportManifest
+from seer_deploy.spec.export_manifest import ExportManifest
 
 
 def test_availability_needs_the_real_bindings() -> None:

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
-from seer_deploy.errors import CheckpointError
+from seer_deploy.core.errors import CheckpointError
 from seer_deploy.models.demo_tasks import VOCAB, write_tokenizer
 from seer_deploy.models.tokenizer import Tokenizer, special_ids_from_tokenizer_file
 

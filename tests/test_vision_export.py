@@ -10,9 +10,11 @@ import pytest
 import torch
 from test_multimodal import pictures, write_tiny_vl
 
-from seer_deploy.errors import ArtifactError, ConfigError
+from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
+from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.export.vision import MULTIMODAL_KEY, MultimodalOrtBackend, export_multimodal
 from seer_deploy.models.image import pixel_batch
 from seer_deploy.models.multimodal import (
     ImageConditionedModel,
@@ -22,8 +24,9 @@ from seer_deploy.models.multimodal import (
     load_multimodal,
 )
 from seer_deploy.runtime.loop import run_generation
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
+from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from seer_deploy.errors import ConfigError
+from seer_deploy.core.errors import ConfigError
 from seer_deploy.models.image import ImageConfig, expand_to_square, load_image, preprocess
 
 

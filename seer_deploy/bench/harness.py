@@ -25,13 +25,13 @@ from seer_deploy.bench.measure import RowTiming, measure_row
 from seer_deploy.bench.results import BenchResult, RowResult
 from seer_deploy.bench.rows import ROW_DESCRIPTIONS, Runner, loop_row, oracle_row, reference_row
 from seer_deploy.bench.scaling import SCALING_BACKENDS, ScalingSettings, run_scaling
-from seer_deploy.errors import ConfigError
+from seer_deploy.core.backend import Backend
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.demo_tasks import Example, heldout_examples
 from seer_deploy.models.demo_vl_tasks import VlExample
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.tokenizer import Tokenizer
-from seer_deploy.runtime.backend import Backend
-from seer_deploy.runtime.reference import GenerationConfig
 from seer_deploy.runtime.targets import TargetInfo, TargetOptions, open_target, target_kind
 from seer_deploy.seer.config import SeerConfig, TailContext, check_tail_context
 from seer_deploy.seer.metrics import true_lengths
@@ -127,7 +127,7 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
 
     settings.validate()
     if is_multimodal_checkpoint(settings.target):  # 'demo-vl' or a LLaDA-V-layout checkpoint directory
-        from seer_deploy.bench.vl import prepare_vl_bench
+        from seer_deploy.bench.multimodal import prepare_vl_bench
 
         return prepare_vl_bench(settings, work_dir, say)
     if target_kind(settings.target) != "checkpoint":

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seer_deploy.bench.rows import BatchOutput, Runner
-from seer_deploy.errors import ConfigError
+from seer_deploy.core.errors import ConfigError
 
 
 @dataclass

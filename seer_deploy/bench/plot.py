@@ -13,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from seer_deploy.atomic import write_atomic
+from seer_deploy.core.atomic import write_atomic
 
 _STYLE = {
     "reference": {"color": "black", "marker": "o"},

@@ -11,10 +11,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seer_deploy.atomic import write_atomic
 from seer_deploy.bench.machine import Machine
 from seer_deploy.bench.scaling import ScalingResult
-from seer_deploy.errors import ConfigError
+from seer_deploy.core.atomic import write_atomic
+from seer_deploy.core.errors import ConfigError
 
 SCHEMA_VERSION = 1
 JSON_FILE, MARKDOWN_FILE, PLOT_FILE = "bench.json", "bench.md", "bench.png"

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from seer_deploy.core.backend import Backend
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.runtime.backend import Backend
 from seer_deploy.runtime.loop import LoopContext, run_generation
 from seer_deploy.runtime.loopcore import active_core
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.scheduler import run_hybrid
 from seer_deploy.runtime.targets import TargetInfo
 from seer_deploy.seer.config import SeerConfig

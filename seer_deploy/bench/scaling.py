@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from seer_deploy.errors import ConfigError
+from seer_deploy.core.backend import Backend
+from seer_deploy.core.errors import ConfigError
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.runtime.backend import Backend
 
 SCALING_BACKENDS: tuple[str, ...] = ("torch", "ort")
 PROMPT_TOKENS = 16  # real tokens in front of the masked response at every length

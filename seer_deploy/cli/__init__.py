@@ -12,7 +12,7 @@ import sys
 import click
 
 from seer_deploy import __version__
-from seer_deploy.errors import SeerDeployError
+from seer_deploy.core.errors import SeerDeployError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -31,23 +31,10 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from seer_deploy.cli import demo, doctor, generate
+    from seer_deploy.cli import bench, build, calibrate, demo, doctor, export, generate, inspection
 
-    for module in (generate, demo, doctor):
+    for module in (generate, demo, doctor, calibrate, inspection, build, export, bench):
         cli.add_command(module.command)
-    from seer_deploy.cli import calibrate, inspect
-
-    cli.add_command(calibrate.command)
-    cli.add_command(inspect.command)
-    from seer_deploy.cli import build
-
-    cli.add_command(build.command)
-    from seer_deploy.cli import export
-
-    cli.add_command(export.command)
-    from seer_deploy.cli import bench
-
-    cli.add_command(bench.command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from seer_deploy.errors import ConfigError
+from seer_deploy.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from seer_deploy.bench.harness import BenchSettings
@@ -82,12 +82,12 @@ def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int
     Seer / oracle, torch with Seer, and step time against length on a large random model.
 
     A multimodal TARGET ('demo-vl' or a LLaDA-V-layout checkpoint) is measured on held-out demo-vl pictures."""
-    from seer_deploy.atomic import write_atomic
     from seer_deploy.bench.harness import BenchSettings, prepare_bench, run_bench
     from seer_deploy.bench.plot import write_plot
     from seer_deploy.bench.report import headline, render_markdown
     from seer_deploy.bench.results import JSON_FILE, MARKDOWN_FILE, PLOT_FILE, write_json
     from seer_deploy.bench.scaling import ScalingSettings
+    from seer_deploy.core.atomic import write_atomic
     from seer_deploy.seer.config import parse_tail_context
 
     scaling_settings = None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from seer_deploy.errors import ConfigError
+from seer_deploy.core.errors import ConfigError
 
 
 def read_kept_lengths(path: Path) -> dict[int, float] | list[int]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from seer_deploy.cli.generate import read_prompts
-from seer_deploy.errors import ConfigError
+from seer_deploy.core.errors import ConfigError
 from seer_deploy.seer.config import parse_tail_context
 
 
@@ -59,16 +59,16 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
             tail_context: str, target_identical: float | None, identity_tail_contexts: str,
             identity_margin_span: int, batch_size: int, seed: int) -> None:
     """Calibrate Seer for TARGET (a checkpoint directory or 'demo') and write the config to --out."""
-    from seer_deploy.models import Tokenizer, load_checkpoint
-    from seer_deploy.runtime.reference import GenerationConfig
-    from seer_deploy.seer.calibrate import (
+    from seer_deploy.calibration.calibrate import (
         CalibrationOptions,
         calibrate_model,
         check_target_identical,
         fit_identity_on_split,
         split_indices,
     )
-    from seer_deploy.seer.collect import full_generation
+    from seer_deploy.calibration.collect import full_generation
+    from seer_deploy.core.generation import GenerationConfig
+    from seer_deploy.models import Tokenizer, load_checkpoint
 
     options = CalibrationOptions(target_safe=target_safe, holdout=holdout, seed=seed, detector=detector,
                                  min_margin=min_margin, buckets=parse_buckets(buckets))

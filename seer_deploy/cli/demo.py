@@ -63,11 +63,11 @@ def export_options() -> ExportOptions:
 
 def run_demo(work_dir: Path, gen_length: int, repeats: int, threads: int, say: Say, stage: Say) -> DemoResult:
     """Export, build (ONNX Runtime), generate with Seer and at full length; see the module docstring."""
+    from seer_deploy.core.generation import GenerationConfig
     from seer_deploy.engines.build import BuildOptions, build_engines
     from seer_deploy.engines.ort import OrtSessionOptions
     from seer_deploy.export.exporter import export_checkpoint
     from seer_deploy.models.demo_tasks import solve
-    from seer_deploy.runtime.reference import GenerationConfig
     from seer_deploy.runtime.targets import open_target
     from seer_deploy.seer.config import SeerConfig
 
@@ -135,7 +135,7 @@ def report(result: DemoResult, gen_length: int, say: Say, kept_dir: bool) -> Non
 def command(gen_length: int, work_dir: Path | None, repeats: int, threads: int, vl: bool) -> None:
     """Export the bundled demo model, build an ONNX Runtime engine, answer prompts with Seer and compare with full
     length."""
-    from seer_deploy.errors import ConfigError
+    from seer_deploy.core.errors import ConfigError
 
     if vl:
         from seer_deploy.cli.vl import run_demo_vl

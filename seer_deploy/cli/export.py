@@ -1,7 +1,7 @@
 """`seer-deploy export`: a checkpoint -> step0.onnx, step.onnx, weights.bin and manifest.json, validated.
 
 A multimodal checkpoint ('demo-vl' or LLaDA-V's layout) also gets vision.onnx, and its step graphs take the image
-embeddings (seer_deploy.export.vision)."""
+embeddings (seer_deploy.export.multimodal)."""
 
 from __future__ import annotations
 
@@ -46,11 +46,12 @@ def command(
     """Export CHECKPOINT (a local directory, 'demo' or 'demo-vl') to ONNX graphs in --out, checked against torch.
 
     A multimodal CHECKPOINT (LLaDA-V's layout) also gets vision.onnx: pixels -> image embeddings."""
-    from seer_deploy.errors import ConfigError
+    from seer_deploy.core.errors import ConfigError
     from seer_deploy.export.exporter import STAGES, export_checkpoint
+    from seer_deploy.export.multimodal import export_multimodal
     from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
-    from seer_deploy.export.vision import VISION_FILE, export_multimodal
     from seer_deploy.models.multimodal import is_multimodal_checkpoint
+    from seer_deploy.spec.multimodal import VISION_FILE
 
     options = ExportOptions(
         dtype=dtype,

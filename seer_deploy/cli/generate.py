@@ -19,9 +19,9 @@ import click
 import torch
 
 from seer_deploy.cli.options import generation_config, generation_options
-from seer_deploy.errors import ConfigError
-from seer_deploy.runtime.backend import Backend
-from seer_deploy.runtime.reference import GenerationConfig
+from seer_deploy.core.backend import Backend
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.runtime.targets import BACKEND_CHOICES, BackendChoice, TargetInfo, TargetOptions, calibrated_seer
 from seer_deploy.seer.config import SeerConfig, TailContext, parse_tail_context
 from seer_deploy.seer.plan import SeerReport

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from seer_deploy.runtime.reference import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig
 
 
 def generation_options(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 from PIL import Image
 
-from seer_deploy.errors import ConfigError, SeerDeployError
-from seer_deploy.export.manifest import MANIFEST_FILE
+from seer_deploy.core.errors import ConfigError, SeerDeployError
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.image import load_image, pixel_batch
 from seer_deploy.models.multimodal import (
     DEMO_VL_NAME,
@@ -34,12 +34,13 @@ from seer_deploy.models.multimodal import (
     load_multimodal,
     resolve_multimodal,
 )
-from seer_deploy.runtime.reference import GenerationConfig, generate
+from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
 from seer_deploy.seer.plan import SeerReport
+from seer_deploy.spec.export_manifest import MANIFEST_FILE
 
 if TYPE_CHECKING:
-    from seer_deploy.export.vision import MultimodalOrtBackend
+    from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 
 
 @dataclass
@@ -105,7 +106,7 @@ def export_of(target: str) -> Path | None:
 
 
 def _is_multimodal_export(export_dir: Path) -> bool:
-    from seer_deploy.export.vision import MULTIMODAL_KEY
+    from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
     try:
         raw = json.loads((export_dir / MANIFEST_FILE).read_text())
@@ -197,7 +198,7 @@ def generate_vl(
 def _open_ort(target: str) -> MultimodalOrtBackend:
     """ONNX Runtime on a multimodal export dir, or on the export behind an ONNX Runtime engine dir with the engine's
     session settings, after the same compatibility check as text engines."""
-    from seer_deploy.export.vision import MultimodalOrtBackend
+    from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
     from seer_deploy.runtime.targets import TargetOptions, checked_engine, engine_session_options
 
     if not is_engine_dir(target):
@@ -266,8 +267,8 @@ def run_demo_vl(gen_length: int, n: int = 8, say: Callable[[str], None] = print,
 
     The export goes to `work_dir` when given (kept afterwards), else to a temporary directory. Returns the Seer run.
     """
+    from seer_deploy.export.multimodal import export_multimodal
     from seer_deploy.export.options import ExportOptions, SeerStats
-    from seer_deploy.export.vision import export_multimodal
 
     loaded = load_multimodal(DEMO_VL_NAME)
     seer = checkpoint_seer(DEMO_VL_NAME)

@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from seer_deploy.errors import ArtifactError, ConfigError
+from seer_deploy.core.errors import ArtifactError, ConfigError
 
 DEFAULT_MIN_BUCKET = 16
 

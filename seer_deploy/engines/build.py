@@ -9,7 +9,6 @@ manifest travels with it (`export.json`) so the engine dir says what it was buil
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,13 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import seer_deploy
-from seer_deploy.atomic import install_dir, temp_dir_beside
+from seer_deploy.core.atomic import install_dir, temp_dir_beside
+from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.core.files import file_sha256
 from seer_deploy.engines.buckets import ProfileLayout, input_axes, plan_buckets, profile_shapes
 from seer_deploy.engines.manifest import MANIFEST_FILE, BackendName, EngineManifest, TensorRTFacts
 from seer_deploy.engines.ort import OrtSessionOptions
-from seer_deploy.errors import ArtifactError, ConfigError
-from seer_deploy.export.manifest import MANIFEST_FILE as EXPORT_MANIFEST_FILE
-from seer_deploy.export.manifest import ExportManifest
+from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_MANIFEST_FILE
+from seer_deploy.spec.export_manifest import ExportManifest
+from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 Progress = Callable[[str], None]
 GRAPHS: tuple[str, ...] = ("step0", "step")
@@ -44,13 +45,6 @@ def parse_size(text: str) -> int:
         raise ConfigError(f"size '{text}' must be positive, e.g. 4G")
     return int(value * _UNITS[unit])
 
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 24), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -212,7 +206,7 @@ def build_engines(export_dir: Path, out: Path, options: BuildOptions, progress: 
         raise ConfigError("--workspace and --timing-cache apply to --backend tensorrt only; drop them for ort")
     progress(f"reading {export_dir / EXPORT_MANIFEST_FILE}")
     export = ExportManifest.load(export_dir)
-    if options.backend == "tensorrt" and "multimodal" in export.extra:  # export.vision.MULTIMODAL_KEY
+    if options.backend == "tensorrt" and MULTIMODAL_KEY in export.extra:
         raise ConfigError(
             f"{export_dir} is a multimodal export: TensorRT engines are built from text exports only (no profile plan "
             "covers the step graphs' image-table input yet); use --backend ort, or run the export directory itself"

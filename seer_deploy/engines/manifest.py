@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from seer_deploy.atomic import write_bytes_atomic
+from seer_deploy.core.atomic import write_bytes_atomic
+from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.buckets import ProfileLayout, check_buckets
-from seer_deploy.errors import ArtifactError, ConfigError
 
 ENGINE_FORMAT = "seer-deploy-engine"
 ENGINE_FORMAT_VERSION = 2  # 2: built from exports whose confidence is a log-probability (export format 2)

@@ -6,7 +6,6 @@ artifacts against it (graph hashes, weight file size), feeds the graphs and retu
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +14,11 @@ from typing import Literal
 import numpy as np
 import onnxruntime as ort
 
-from seer_deploy.errors import ArtifactError, ConfigError
-from seer_deploy.export.manifest import ExportManifest
-from seer_deploy.export.sampling import step_feed
-from seer_deploy.runtime.backend import Step0Output, StepOutput
+from seer_deploy.core.backend import Step0Output, StepOutput
+from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.core.files import file_sha256
+from seer_deploy.spec.export_manifest import ExportManifest
+from seer_deploy.spec.sampling import step_feed
 
 GraphOptimization = Literal["disable", "basic", "extended", "all"]
 _OPT_LEVELS: dict[str, ort.GraphOptimizationLevel] = {
@@ -72,13 +72,6 @@ class OrtSessionOptions:
         return so
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 24), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
 
 class OrtBackend:
     """`Backend` over an export directory (step0.onnx, step.onnx, weights.bin, manifest.json)."""
@@ -117,7 +110,7 @@ class OrtBackend:
             path = self.export_dir / graph.file
             if not path.is_file():
                 raise ArtifactError(f"{path} ({name} graph) is missing; the export is incomplete, re-run `seer-deploy export`")
-            if self.options.verify_hashes and _sha256(path) != graph.sha256:
+            if self.options.verify_hashes and file_sha256(path) != graph.sha256:
                 raise ArtifactError(
                     f"{path} does not match the sha256 in {self.export_dir / 'manifest.json'}: the graph was modified "
                     "after export; re-run `seer-deploy export`"

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from seer_deploy.atomic import write_bytes_atomic
+from seer_deploy.core.atomic import write_bytes_atomic
+from seer_deploy.core.backend import Step0Output, StepOutput
+from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.buckets import Profile, ProfileLayout, choose_profile_for_seq
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
-from seer_deploy.errors import ArtifactError, ConfigError
-from seer_deploy.export.sampling import step_feed
-from seer_deploy.runtime.backend import Step0Output, StepOutput
+from seer_deploy.spec.sampling import step_feed
 
 try:
     import tensorrt as trt
@@ -255,7 +255,7 @@ def _base_feeds(input_ids: np.ndarray, attention_mask: np.ndarray | None) -> dic
 
 
 class TensorRTBackend:
-    """`seer_deploy.runtime.backend.Backend` over TensorRT: step0.engine and step.engine, context per profile.
+    """`seer_deploy.core.backend.Backend` over TensorRT: step0.engine and step.engine, context per profile.
 
     The profile is chosen from the call's sequence length (the Backend interface passes only input_ids [B, S]):
     the smallest bucket whose profile covers S, which always exists for S <= max_prompt + largest bucket.

@@ -8,7 +8,6 @@ other than an export is always refused (replacing it would delete the user's fil
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import time
@@ -20,11 +19,19 @@ import onnx_ir as ir
 import torch
 
 import seer_deploy
-from seer_deploy.atomic import install_dir, temp_dir_beside
-from seer_deploy.errors import ArtifactError, ConfigError
-from seer_deploy.export import sampling
+from seer_deploy.core.atomic import install_dir, temp_dir_beside
+from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.core.files import file_sha256
+from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.export.graphs import Step0Graph, StepGraph
-from seer_deploy.export.manifest import (
+from seer_deploy.export.options import ExportOptions
+from seer_deploy.export.trace import BATCH, SEQ, io_specs, trace_graph
+from seer_deploy.export.validate import check_graph_files, compare_with_torch, make_probes, torch_references
+from seer_deploy.export.weights import SharedWeightFile
+from seer_deploy.models.checkpoint import DEMO_NAMES, checkpoint_fingerprint, load_checkpoint, resolve_checkpoint
+from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.spec import sampling
+from seer_deploy.spec.export_manifest import (
     MANIFEST_FILE,
     ExportManifest,
     GraphSpec,
@@ -32,12 +39,6 @@ from seer_deploy.export.manifest import (
     SeerSpec,
     WeightsSpec,
 )
-from seer_deploy.export.options import ExportOptions
-from seer_deploy.export.trace import BATCH, SEQ, io_specs, trace_graph
-from seer_deploy.export.validate import check_graph_files, compare_with_torch, make_probes, torch_references
-from seer_deploy.export.weights import SharedWeightFile
-from seer_deploy.models.checkpoint import DEMO_NAMES, checkpoint_fingerprint, load_checkpoint, resolve_checkpoint
-from seer_deploy.models.llada import STAT_NAMES, MaskPredictor, StatsSpec
 
 STAGES: tuple[str, ...] = (
     "loading checkpoint",
@@ -88,13 +89,6 @@ def check_destination(out: Path, fingerprint: str, force: bool) -> None:
         )
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 24), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
 
 def export_versions() -> dict[str, str]:
     import onnx
@@ -136,7 +130,7 @@ def _trace_both(
             path = tmp / f"{name}.onnx"
             ir.save(onnx_model, path)
             graphs[name] = GraphSpec(
-                path.name, _sha256(path), io_specs(onnx_model.graph.inputs), io_specs(onnx_model.graph.outputs)
+                path.name, file_sha256(path), io_specs(onnx_model.graph.inputs), io_specs(onnx_model.graph.outputs)
             )
             del onnx_model
     return graphs, store

@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.confidence import greedy_head, log_prob_of
-from seer_deploy.models.llada import MaskPredictor, StatsSpec
+from seer_deploy.models.llada import MaskPredictor
 
 
 class Step0Graph(nn.Module):

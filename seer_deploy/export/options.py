@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from seer_deploy.errors import ConfigError
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.export.weights import INLINE_LIMIT_BYTES
-from seer_deploy.models.llada import StatsSpec
 
 if TYPE_CHECKING:
     from seer_deploy.seer.config import SeerConfig

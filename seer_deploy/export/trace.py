@@ -16,8 +16,8 @@ import onnx_ir as ir
 import torch
 from torch import nn
 
-from seer_deploy.errors import ConfigError
-from seer_deploy.export.manifest import TensorSpec
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.spec.export_manifest import TensorSpec
 
 MIN_OPSET = 18  # the dynamo exporter's floor
 BATCH, SEQ = "batch", "seq"

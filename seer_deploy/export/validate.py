@@ -18,11 +18,12 @@ import numpy as np
 import onnx
 import torch
 
-from seer_deploy.errors import ArtifactError
-from seer_deploy.export.sampling import draw_uniform
+from seer_deploy.core.backend import Backend
+from seer_deploy.core.errors import ArtifactError
+from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.llada import STAT_NAMES, MaskPredictor, StatsSpec
-from seer_deploy.runtime.backend import Backend
+from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.spec.sampling import draw_uniform
 
 
 class ExportValidationError(ArtifactError):

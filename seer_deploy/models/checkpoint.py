@@ -18,8 +18,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from seer_deploy.atomic import honour_umask, install_dir, temp_dir_beside
-from seer_deploy.errors import CheckpointError
+from seer_deploy.core.atomic import honour_umask, install_dir, temp_dir_beside
+from seer_deploy.core.errors import CheckpointError
+from seer_deploy.core.files import update_from_file
 from seer_deploy.models.config import ModelConfig, config_from_dict
 from seer_deploy.models.llada import MaskPredictor
 
@@ -28,8 +29,8 @@ DEMO_NAMES = ("demo",)
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
-# Internal parameter name -> per-layout name. "{i}" is the block index.
-_BLOCK_NAMES: dict[Layout, dict[str, str]] = {
+# Internal parameter name -> per-layout name. "{i}" is the transformer layer index.
+_LAYER_NAMES: dict[Layout, dict[str, str]] = {
     "llada": {
         "attn_norm.weight": "model.transformer.blocks.{i}.attn_norm.weight",
         "attn.q.weight": "model.transformer.blocks.{i}.q_proj.weight",
@@ -73,8 +74,8 @@ def weight_name_map(cfg: ModelConfig, layout: Layout) -> dict[str, str]:
     """Internal parameter name -> checkpoint weight name, for every weight the checkpoint must hold."""
     names = {k: v for k, v in _TOP_NAMES[layout].items() if not (cfg.tie_embeddings and k == "lm_head.weight")}
     for i in range(cfg.n_layers):
-        for internal, external in _BLOCK_NAMES[layout].items():
-            names[f"blocks.{i}.{internal}"] = external.format(i=i)
+        for internal, external in _LAYER_NAMES[layout].items():
+            names[f"layers.{i}.{internal}"] = external.format(i=i)
     return names
 
 
@@ -286,9 +287,7 @@ def checkpoint_fingerprint(path: str | os.PathLike[str]) -> str:
     files = sorted({p for p in weight_files(root).values()})
     for file in [root / "config.json", *files]:
         digest.update(file.name.encode())
-        with open(file, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 24), b""):
-                digest.update(chunk)
+        update_from_file(digest, file)
     return digest.hexdigest()
 
 

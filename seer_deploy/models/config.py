@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from seer_deploy.errors import CheckpointError
+from seer_deploy.core.errors import CheckpointError
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from seer_deploy.errors import CheckpointError, ConfigError
+from seer_deploy.core.errors import CheckpointError, ConfigError
 
 # Modes Pillow converts to RGB without guessing (palette, grey, alpha, CMYK, YCbCr). 16-bit, 32-bit integer and
 # float modes (I, I;16, F, ...) have no agreed 8-bit mapping, so they are rejected rather than silently rescaled.

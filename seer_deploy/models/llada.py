@@ -7,26 +7,14 @@ statistics, computed inside forward (torch.export rejects hooks), so the exporte
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.config import ModelConfig
-
-# The per-position statistics of the MLP hidden h = silu(gate(x)) * up(x), in this order.
-STAT_NAMES: tuple[str, ...] = ("frac_h_abs", "frac_gate_abs", "frac_h_rel", "mean_abs_h")
-
-
-@dataclass(frozen=True)
-class StatsSpec:
-    """Which layers report MLP statistics, and the thresholds that define 'near zero'."""
-
-    layers: tuple[int, ...]
-    abs_threshold: float = 0.05  # |h| below this counts as sparse
-    rel_threshold: float = 0.05  # |h| below this share of the position's max |h| counts as sparse
 
 
 class ModelOutput(NamedTuple):
@@ -107,7 +95,7 @@ def mlp_statistics(h: Tensor, a: Tensor, spec: StatsSpec) -> Tensor:
     return torch.stack([frac_h, frac_a, frac_rel, abs_h.mean(-1)], dim=1)
 
 
-class Block(nn.Module):
+class TransformerLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.rms_eps)
@@ -130,7 +118,7 @@ class MaskPredictor(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.n_embed_rows, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.n_layers))
         self.final_norm = RMSNorm(cfg.d_model, cfg.rms_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.n_embed_rows, bias=False)
         if cfg.tie_embeddings:
@@ -157,8 +145,8 @@ class MaskPredictor(nn.Module):
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
         wanted = set(stats.layers) if stats is not None else set()
         collected: list[Tensor] = []
-        for i, block in enumerate(self.blocks):
-            x, layer_stats = block(x, cos, sin, key_mask, stats if i in wanted else None)
+        for i, layer in enumerate(self.layers):
+            x, layer_stats = layer(x, cos, sin, key_mask, stats if i in wanted else None)
             if layer_stats is not None:
                 collected.append(layer_stats)
         logits = self.lm_head(self.final_norm(x))

@@ -29,8 +29,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
-from seer_deploy.atomic import install_dir, temp_dir_beside
-from seer_deploy.errors import CheckpointError, ConfigError
+from seer_deploy.core.atomic import install_dir, temp_dir_beside
+from seer_deploy.core.errors import CheckpointError, ConfigError
+from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.checkpoint import (
     SINGLE_FILE,
     LoadedCheckpoint,
@@ -43,7 +44,7 @@ from seer_deploy.models.checkpoint import (
 )
 from seer_deploy.models.config import ModelConfig, config_from_dict
 from seer_deploy.models.image import SIGLIP_MEAN, SIGLIP_STD, ImageConfig
-from seer_deploy.models.llada import MaskPredictor, ModelOutput, StatsSpec
+from seer_deploy.models.llada import MaskPredictor, ModelOutput
 from seer_deploy.models.tokenizer import Tokenizer
 from seer_deploy.models.vision import VisionConfig, VisionEncoder
 
@@ -469,7 +470,7 @@ class ImageConditionedModel(MaskPredictor):
         nn.Module.__init__(self)  # share the LM's modules rather than building new ones
         self.cfg = lm.cfg
         self.embed = lm.embed
-        self.blocks = lm.blocks
+        self.layers = lm.layers
         self.final_norm = lm.final_norm
         self.lm_head = lm.lm_head
         self.register_buffer("image_table", table.to(lm.embed.weight), persistent=False)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from seer_deploy.errors import CheckpointError
+from seer_deploy.core.errors import CheckpointError
 
 # LLaDA's special token strings (the demo's tokenizer uses the same ones).
 SPECIAL_TOKENS: dict[str, str] = {

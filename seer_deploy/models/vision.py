@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from seer_deploy.errors import CheckpointError
+from seer_deploy.core.errors import CheckpointError
 from seer_deploy.models.image import ImageConfig
 
 # SiglipVisionConfig fields read from a checkpoint's vision config (others, e.g. model_type, are ignored).

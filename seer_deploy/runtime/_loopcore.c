@@ -19,7 +19,7 @@
 typedef struct {
     PyObject *np_empty;     /* numpy.empty */
     PyObject *np_int64;     /* numpy.int64 */
-    PyObject *config_error; /* seer_deploy.errors.ConfigError */
+    PyObject *config_error; /* seer_deploy.core.errors.ConfigError */
 } core_state;
 
 static core_state *get_state(PyObject *module) { return (core_state *)PyModule_GetState(module); }
@@ -410,7 +410,7 @@ static int core_exec(PyObject *module) {
     st->np_int64 = PyObject_GetAttrString(numpy, "int64");
     Py_DECREF(numpy);
     if (st->np_empty == NULL || st->np_int64 == NULL) return -1;
-    PyObject *errors = PyImport_ImportModule("seer_deploy.errors");
+    PyObject *errors = PyImport_ImportModule("seer_deploy.core.errors");
     if (errors == NULL) return -1;
     st->config_error = PyObject_GetAttrString(errors, "ConfigError");
     Py_DECREF(errors);

@@ -19,10 +19,10 @@ from typing import Protocol
 
 import numpy as np
 
-from seer_deploy.errors import ConfigError
-from seer_deploy.runtime.backend import Backend, Step0Output, StepOutput
+from seer_deploy.core.backend import Backend, Step0Output, StepOutput
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.runtime.loopcore import LoopCore, active_core
-from seer_deploy.runtime.reference import GenerationConfig
 from seer_deploy.runtime.scheduler import run_hybrid
 from seer_deploy.seer.config import SeerConfig, TailContext
 from seer_deploy.seer.plan import SeerReport, check_tail_override, plan_batch

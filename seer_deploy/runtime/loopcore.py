@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from seer_deploy.errors import ConfigError
+from seer_deploy.core.errors import ConfigError
 
 CORE_NAME = "python"
 PURE_PYTHON_ENV = "SEER_DEPLOY_PURE_PYTHON"

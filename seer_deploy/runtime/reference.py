@@ -14,79 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from seer_deploy.errors import ConfigError
+from seer_deploy.core.backend import Step0Output
+from seer_deploy.core.generation import GenerationConfig, left_pad, transfer_schedule
+from seer_deploy.core.sparsity import SparsityRow, StatsSpec, layer_major_rows
 from seer_deploy.models.confidence import greedy_head, log_prob_of, token_log_prob
 from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.llada import MaskPredictor, StatsSpec
-from seer_deploy.runtime.backend import Step0Output
+from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.seer.config import SeerConfig, TailContext
 from seer_deploy.seer.plan import SeerReport, check_tail_override, group_rows, plan_batch
-from seer_deploy.seer.profile import Row, layer_major_rows
-
-Remasking = Literal["low_confidence", "random"]
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    gen_length: int = 128
-    steps: int = 128
-    block_length: int | None = None  # None: one block of gen_length
-    temperature: float = 0.0
-    remasking: Remasking = "low_confidence"
-    cfg_scale: float = 0.0
-
-    @property
-    def block(self) -> int:
-        return self.block_length or self.gen_length
-
-    def validate(self, max_seq_len: int | None = None, prompt_len: int = 0) -> None:
-        """Raise ConfigError naming the bad setting and a fix."""
-        if self.gen_length < 1 or self.steps < 1:
-            raise ConfigError(f"gen_length ({self.gen_length}) and steps ({self.steps}) must be positive")
-        if self.block < 1 or self.gen_length % self.block:
-            raise ConfigError(
-                f"gen_length {self.gen_length} is not a multiple of block_length {self.block}; "
-                f"choose a block_length that divides gen_length"
-            )
-        n_blocks = self.gen_length // self.block
-        if self.steps % n_blocks:
-            raise ConfigError(
-                f"steps {self.steps} cannot be split evenly across {n_blocks} blocks; use a multiple of {n_blocks}"
-            )
-        if self.remasking not in ("low_confidence", "random"):
-            raise ConfigError(f"remasking '{self.remasking}' is unknown; use 'low_confidence' or 'random'")
-        if self.temperature < 0 or self.cfg_scale < 0:
-            raise ConfigError("temperature and cfg_scale must be >= 0")
-        if max_seq_len is not None and prompt_len + self.gen_length > max_seq_len:
-            raise ConfigError(
-                f"prompt ({prompt_len} tokens) + gen_length ({self.gen_length}) = {prompt_len + self.gen_length} "
-                f"exceeds the model's {max_seq_len} positions; shorten the prompt or lower --gen-length"
-            )
-
-
-def transfer_schedule(n_masked: int, steps: int) -> list[int]:
-    """How many tokens each of `steps` steps commits: an even split of n_masked, the remainder to the first steps."""
-    base, rem = divmod(n_masked, steps)
-    return [base + (1 if i < rem else 0) for i in range(steps)]
-
-
-def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """Left-padded ids [B, P] and attention mask [B, P] (1 = real token)."""
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ConfigError("every prompt must have at least one token")
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p) :] = 1
-    return ids, mask
 
 
 def gumbel_argmax(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
@@ -129,7 +70,8 @@ class _Batch:
 def _start(prompts: list[list[int]], responses: Tensor, cfg: ModelConfig, device: torch.device) -> _Batch:
     """Left-pad the prompts and append the response slots (masks, or step zero's commits)."""
     pad_id = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
-    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    ids, mask = left_pad(prompts, pad_id)
+    prompt_ids, prompt_mask = torch.from_numpy(ids), torch.from_numpy(mask)
     B, P = prompt_ids.shape
     L = responses.shape[1]
     x = torch.cat([prompt_ids, responses.cpu()], dim=1).to(device)
@@ -217,7 +159,7 @@ def generate(
     G, block = config.gen_length, config.block
     batch = _start(prompts, torch.full((len(prompts), G), cfg.mask_id, dtype=torch.long), cfg, device)
     P = batch.prompt_width
-    steps_per_block = config.steps // (G // block)
+    steps_per_block = config.steps_per_block
     steps_run = 0
     for b in range(G // block):
         steps_run += _run_block(model, batch, P + b * block, P + (b + 1) * block, steps_per_block, config, generator)
@@ -243,7 +185,7 @@ def _generate_seer(
     B, G, block = len(prompts), config.gen_length, config.block
     batch = _start(prompts, torch.full((B, G), cfg.mask_id, dtype=torch.long), cfg, device)
     P = batch.prompt_width
-    steps_per_block = config.steps // (G // block)
+    steps_per_block = config.steps_per_block
     spec = seer.stats_spec(cfg.n_layers) if seer is not None and seer.needs_sparsity else None
     first = torch.tensor([transfer_schedule(block, steps_per_block)[0]] * B, device=device)
     zero = _step(model, batch, P + block, first, config, generator, spec)
@@ -278,7 +220,7 @@ def _generate_seer(
     return GenerationResult(tokens=tokens, steps_run=steps_run, tokens_processed=tokens_processed, seer=reports)
 
 
-def _step0_output(zero: _StepOut, eos_id: int, spec: StatsSpec | None) -> tuple[Step0Output, list[Row]]:
+def _step0_output(zero: _StepOut, eos_id: int, spec: StatsSpec | None) -> tuple[Step0Output, list[SparsityRow]]:
     """Step zero in the backends' numpy form (sparsity rows layer-major) and the labels of its sparsity rows."""
     _, _, top, log_total = greedy_head(zero.logits)
     out = Step0Output(

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from seer_deploy.errors import ConfigError
-from seer_deploy.runtime.backend import Backend, Step0Output, StepOutput
+from seer_deploy.core.backend import Backend, Step0Output, StepOutput
+from seer_deploy.core.errors import ConfigError
 from seer_deploy.seer.plan import BlockPlan, TruncationPlan, group_rows
 
 if TYPE_CHECKING:

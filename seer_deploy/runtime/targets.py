@@ -13,16 +13,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from seer_deploy.core.backend import Backend
+from seer_deploy.core.errors import ArtifactError, CheckpointError, ConfigError
 from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
-from seer_deploy.errors import ArtifactError, CheckpointError, ConfigError
-from seer_deploy.export.manifest import MANIFEST_FILE as EXPORT_FILE
-from seer_deploy.export.manifest import ExportManifest
 from seer_deploy.models.checkpoint import DEMO_NAMES, resolve_checkpoint
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.tokenizer import Tokenizer
-from seer_deploy.runtime.backend import Backend
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
+from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_FILE
+from seer_deploy.spec.export_manifest import ExportManifest
 
 if TYPE_CHECKING:
     from seer_deploy.engines.ort import OrtSessionOptions

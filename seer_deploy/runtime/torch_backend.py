@@ -11,10 +11,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from seer_deploy.errors import ConfigError
+from seer_deploy.core.backend import Step0Output, StepOutput
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.models.confidence import greedy_head, token_log_prob
-from seer_deploy.models.llada import STAT_NAMES, MaskPredictor, StatsSpec
-from seer_deploy.runtime.backend import Step0Output, StepOutput
+from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.runtime.reference import gumbel_argmax
 
 

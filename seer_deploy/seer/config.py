@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from seer_deploy.atomic import write_text_atomic
-from seer_deploy.errors import ConfigError
-from seer_deploy.models.llada import STAT_NAMES, StatsSpec
+from seer_deploy.core.atomic import write_text_atomic
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 
 Detector = Literal["sparsity", "eos", "fused"]
 Score = Literal["t", "snr"]

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seer_deploy.errors import ArtifactError, ConfigError
+from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.seer.profile import ResponseProfile
+from seer_deploy.seer.response_profile import ResponseProfile
 
 EOS_WINS = 0.5  # an EOS probability at or above this beats every other token
 

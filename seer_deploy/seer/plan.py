@@ -19,11 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seer_deploy.errors import ConfigError
-from seer_deploy.runtime.backend import Step0Output
+from seer_deploy.core.backend import Step0Output
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.generation import steps_per_block
+from seer_deploy.core.sparsity import SparsityRow
 from seer_deploy.seer.config import SeerConfig, TailContext, check_tail_context, context_slots
 from seer_deploy.seer.detect import Boundary, detect
-from seer_deploy.seer.profile import ResponseProfile, Row, profiles_from_step0
+from seer_deploy.seer.response_profile import ResponseProfile, profiles_from_step0
 
 
 @dataclass(frozen=True)
@@ -86,16 +88,6 @@ def kept_length(boundary: int | None, margin: int, gen_length: int, buckets: tup
     fitting = [b for b in buckets if b >= kept]
     return min(gen_length, fitting[0]) if fitting else gen_length
 
-
-def steps_per_block(gen_length: int, steps: int, block_length: int | None) -> tuple[int, int]:
-    """(block length, steps per block) under LLaDA's even split; ConfigError if the split is not even."""
-    block = block_length or gen_length
-    if block < 1 or gen_length % block:
-        raise ConfigError(f"gen_length {gen_length} is not a multiple of block_length {block}")
-    n_blocks = gen_length // block
-    if steps < 1 or steps % n_blocks:
-        raise ConfigError(f"steps {steps} cannot be split evenly across {n_blocks} blocks; use a multiple of {n_blocks}")
-    return block, steps // n_blocks
 
 
 def block_plan(gen_length: int, steps: int, block_length: int | None, kept: int) -> tuple[BlockPlan, ...]:
@@ -164,7 +156,7 @@ def check_tail_override(tail_context: TailContext | None, truncating: bool) -> N
 
 def plan_batch(
     step0: Step0Output,
-    rows: list[Row],
+    rows: list[SparsityRow],
     prompt_width: int,
     responses: np.ndarray,
     *,

@@ -13,9 +13,9 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from seer_deploy.atomic import write_atomic
-from seer_deploy.models.llada import STAT_NAMES
-from seer_deploy.seer.inspect import Inspection
+from seer_deploy.calibration.inspection import Inspection
+from seer_deploy.core.atomic import write_atomic
+from seer_deploy.core.sparsity import STAT_NAMES
 
 _LINE_STYLES = {
     "true end": {"color": "black", "linestyle": "--", "linewidth": 1.6},

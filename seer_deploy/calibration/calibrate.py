@@ -20,15 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from seer_deploy.errors import ConfigError
-from seer_deploy.models.llada import STAT_NAMES, MaskPredictor
-from seer_deploy.runtime.reference import GenerationConfig
-from seer_deploy.seer.collect import StepZeroSet, Thresholds, batched_generation, full_generation, step_zero_set
+from seer_deploy.calibration.collect import StepZeroSet, Thresholds, batched_generation, full_generation, step_zero_set
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.sparsity import STAT_NAMES, SparsityRow
+from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.seer.config import DETECTORS, SeerConfig, TailContext, Trend, check_tail_context
 from seer_deploy.seer.detect import Boundary, detect_eos, detect_sparsity, fuse
 from seer_deploy.seer.metrics import cut_metrics, identical_share, padding_mask, position_matched_auc, true_lengths
 from seer_deploy.seer.plan import kept_length
-from seer_deploy.seer.profile import Row
 
 NEVER = 1e9  # a floor no score reaches: the detector never cuts
 DEFAULT_THRESHOLDS: tuple[Thresholds, ...] = ((0.01, 0.01), (0.02, 0.02), (0.05, 0.05), (0.1, 0.1))
@@ -107,7 +107,7 @@ def auc_table(data: StepZeroSet, true_len: np.ndarray) -> dict[Thresholds, np.nd
     }
 
 
-def row_sets(rows: tuple[Row, ...], aucs: np.ndarray, n_layers: int) -> dict[str, tuple[Row, ...]]:
+def row_sets(rows: tuple[SparsityRow, ...], aucs: np.ndarray, n_layers: int) -> dict[str, tuple[SparsityRow, ...]]:
     """Candidate rows to pool: the best single row, the best layer, the last layer, every layer."""
     sep = np.abs(aucs - 0.5)
     best = rows[int(np.argmax(sep))]
@@ -121,7 +121,7 @@ def row_sets(rows: tuple[Row, ...], aucs: np.ndarray, n_layers: int) -> dict[str
     }
 
 
-def sparsity_config(data: StepZeroSet, true_len: np.ndarray, thresholds: Thresholds, rows: tuple[Row, ...],
+def sparsity_config(data: StepZeroSet, true_len: np.ndarray, thresholds: Thresholds, rows: tuple[SparsityRow, ...],
                     base: SeerConfig) -> SeerConfig:
     """A sparsity config pooling `rows` at `thresholds`, with trend and weights fitted on (data, true_len)."""
     index = [data.rows.index(r) for r in rows]

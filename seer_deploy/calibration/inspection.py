@@ -7,9 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from seer_deploy.models.llada import STAT_NAMES, MaskPredictor
-from seer_deploy.runtime.reference import GenerationConfig, generate
-from seer_deploy.seer.collect import step_zero_set
+from seer_deploy.calibration.collect import step_zero_set
+from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.sparsity import STAT_NAMES
+from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.detect import Boundary, detect_eos, detect_sparsity, fuse, pooled_signal, split_scores
 from seer_deploy.seer.metrics import true_lengths

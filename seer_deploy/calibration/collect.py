@@ -9,10 +9,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from seer_deploy.models.llada import MaskPredictor, StatsSpec
-from seer_deploy.runtime.reference import GenerationConfig, generate, left_pad
+from seer_deploy.core.generation import GenerationConfig, left_pad
+from seer_deploy.core.sparsity import SparsityRow, StatsSpec, layer_major_rows
+from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.seer.profile import ResponseProfile, Row, layer_major_rows
+from seer_deploy.seer.response_profile import ResponseProfile
 
 Thresholds = tuple[float, float]  # (abs_threshold, rel_threshold)
 
@@ -24,7 +26,7 @@ class StepZeroSet:
     gen_length: int
     token_ids: np.ndarray  # int64 [N, G]
     eos_prob: np.ndarray  # float32 [N, G]
-    rows: tuple[Row, ...]  # every (layer, statistic), layer-major
+    rows: tuple[SparsityRow, ...]  # every (layer, statistic), layer-major
     sparsity: dict[Thresholds, np.ndarray]  # thresholds -> float32 [N, len(rows), G]
 
     @property
@@ -61,7 +63,7 @@ def step_zero_set(
     stats_out: dict[Thresholds, list[np.ndarray]] = {t: [] for t in thresholds}
     for lo in range(0, len(prompts), batch_size):
         chunk = list(prompts[lo : lo + batch_size])
-        ids, mask = left_pad(chunk, pad_id)
+        ids, mask = (torch.from_numpy(a) for a in left_pad(chunk, pad_id))
         B, P = ids.shape
         x = torch.cat([ids, torch.full((B, gen_length), cfg.mask_id, dtype=torch.long)], dim=1)
         attn = torch.cat([mask, torch.ones(B, gen_length, dtype=torch.long)], dim=1)

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from seer_deploy.bench.harness import BenchSettings, Prepared, Progress
-from seer_deploy.errors import ConfigError
-from seer_deploy.runtime.backend import Backend
+from seer_deploy.core.backend import Backend
+from seer_deploy.core.errors import ConfigError
 from seer_deploy.runtime.targets import TargetInfo
 
 
@@ -23,8 +23,9 @@ def prepare_vl_bench(settings: BenchSettings, work_dir: Path, say: Progress = la
     """Open a multimodal checkpoint, encode the bench's pictures, export once and open ONNX Runtime on the export."""
     from seer_deploy.cli.vl import checkpoint_seer
     from seer_deploy.engines.ort import OrtSessionOptions
+    from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
+    from seer_deploy.export.multimodal import export_multimodal
     from seer_deploy.export.options import ExportOptions, SeerStats
-    from seer_deploy.export.vision import MultimodalOrtBackend, export_multimodal
     from seer_deploy.models.demo_vl_tasks import heldout_examples
     from seer_deploy.models.image import pixel_batch
     from seer_deploy.models.multimodal import (

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seer_deploy.atomic import write_text_atomic
-from seer_deploy.errors import ArtifactError, CheckpointError
+from seer_deploy.core.atomic import write_text_atomic
+from seer_deploy.core.errors import ArtifactError, CheckpointError
 from seer_deploy.models.config import ModelConfig
 
 FORMAT = "seer-deploy-export"

@@ -24,10 +24,10 @@ from seer_deploy.cli.options import generation_config
 def command(target: str, prompt: str, out: Path, gen_length: int, steps: int | None, block_length: int | None,
             seer_config: Path | None, as_json: bool) -> None:
     """Plot per-position MLP statistics of every layer, the EOS probability, the detected boundaries and the true end."""
+    from seer_deploy.calibration.figure import save_figure
+    from seer_deploy.calibration.inspection import inspect_prompt
     from seer_deploy.models import Tokenizer, load_checkpoint
     from seer_deploy.seer.config import SeerConfig
-    from seer_deploy.seer.figure import save_figure
-    from seer_deploy.seer.inspect import inspect_prompt
 
     config = generation_config(gen_length, steps, block_length, 0.0, "low_confidence", 0.0)
     config.validate()

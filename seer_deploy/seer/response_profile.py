@@ -10,11 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seer_deploy.errors import ArtifactError, ConfigError
-from seer_deploy.models.llada import STAT_NAMES
-from seer_deploy.runtime.backend import Step0Output
-
-Row = tuple[int, str]
+from seer_deploy.core.backend import Step0Output
+from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.core.sparsity import SparsityRow
 
 
 @dataclass(frozen=True)
@@ -24,14 +22,14 @@ class ResponseProfile:
     token_ids: np.ndarray  # int64 [G]: step-zero argmax (or sample) per response position
     eos_prob: np.ndarray  # float32 [G]: step-zero softmax probability of EOS
     sparsity: np.ndarray  # float32 [K, G]: one row per entry of `rows`
-    rows: tuple[Row, ...]
+    rows: tuple[SparsityRow, ...]
     confidence: np.ndarray | None = None  # float32 [G]: log-probability of token_ids
 
     @property
     def gen_length(self) -> int:
         return int(self.token_ids.shape[0])
 
-    def select(self, wanted: tuple[Row, ...]) -> np.ndarray:
+    def select(self, wanted: tuple[SparsityRow, ...]) -> np.ndarray:
         """The sparsity rows in `wanted` order [len(wanted), G]; a missing row is an error that names the fix."""
         index = {row: i for i, row in enumerate(self.rows)}
         missing = [row for row in wanted if row not in index]
@@ -43,12 +41,8 @@ class ResponseProfile:
         return self.sparsity[[index[row] for row in wanted]]
 
 
-def layer_major_rows(layers: tuple[int, ...], stat_names: tuple[str, ...] = STAT_NAMES) -> list[Row]:
-    """Row labels of stats [L, F] flattened layer-major, as `Backend.sparsity_rows` describes them."""
-    return [(layer, s) for layer in layers for s in stat_names]
 
-
-def profiles_from_step0(out: Step0Output, rows: list[Row], prompt_width: int, gen_length: int) -> list[ResponseProfile]:
+def profiles_from_step0(out: Step0Output, rows: list[SparsityRow], prompt_width: int, gen_length: int) -> list[ResponseProfile]:
     """Split a batched step-zero output (left-padded prompts of `prompt_width`) into per-response profiles."""
     S = out.token_ids.shape[1]
     if prompt_width + gen_length != S:

@@ -1,4 +1,4 @@
-"""Multimodal export: vision.onnx (pixels -> image embeddings) and image-aware step0.onnx / step.onnx, plus their runner.
+"""Multimodal export: vision.onnx (pixels -> image embeddings) and image-aware step0.onnx / step.onnx.
 
 The step graphs take one extra input, `image_table` float32 [image_tokens, D]: the embeddings of every image of the
 batch, one row per image token. Prompt ids at and above the LM's embedding rows (`image_id_base`) select a row of
@@ -13,7 +13,6 @@ image settings under `extra["multimodal"]`; the weights of all three graphs shar
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import time
@@ -23,17 +22,17 @@ from typing import Any, cast
 
 import numpy as np
 import onnx_ir as ir
-import onnxruntime as ort
 import torch
 from torch import Tensor, nn
 
-from seer_deploy.atomic import install_dir, temp_dir_beside
-from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
-from seer_deploy.errors import ArtifactError, ConfigError
-from seer_deploy.export import sampling
+from seer_deploy.core.atomic import install_dir, temp_dir_beside
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.files import file_sha256
+from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
+from seer_deploy.engines.ort import OrtSessionOptions
+from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.exporter import Progress, check_destination, export_versions
 from seer_deploy.export.graphs import Step0Graph, StepGraph
-from seer_deploy.export.manifest import ExportManifest, GraphSpec, ModelSpec, SeerSpec, WeightsSpec
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.trace import check_opset, io_specs, quiet_exporter, strip_metadata
 from seer_deploy.export.validate import (
@@ -46,22 +45,19 @@ from seer_deploy.export.validate import (
 from seer_deploy.export.weights import SharedWeightFile
 from seer_deploy.models.checkpoint import checkpoint_fingerprint
 from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.llada import STAT_NAMES, MaskPredictor, ModelOutput, StatsSpec
+from seer_deploy.models.llada import MaskPredictor, ModelOutput
 from seer_deploy.models.multimodal import (
     DEMO_VL_NAME,
     ImageConditionedModel,
     embed_with_images,
-    image_table_np,
     load_multimodal,
     resolve_multimodal,
 )
 from seer_deploy.models.vision import VisionEncoder
+from seer_deploy.spec import sampling
+from seer_deploy.spec.export_manifest import ExportManifest, GraphSpec, ModelSpec, SeerSpec, WeightsSpec
+from seer_deploy.spec.multimodal import EMBEDS_OUTPUT, IMAGE_TABLE_INPUT, MULTIMODAL_KEY, PIXEL_INPUT, VISION_FILE
 
-VISION_FILE = "vision.onnx"
-IMAGE_TABLE_INPUT = "image_table"
-PIXEL_INPUT = "pixel_values"
-EMBEDS_OUTPUT = "image_embeds"
-MULTIMODAL_KEY = "multimodal"  # the manifest's extra[...] section
 STAGES: tuple[str, ...] = (
     "loading checkpoint",
     "torch reference",
@@ -152,13 +148,6 @@ def _trace(
     strip_metadata(model)
     return model
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 24), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -321,7 +310,7 @@ def _trace_all(
             store.externalize(model, options.inline_limit_bytes)
             file = tmp / f"{name}.onnx"
             ir.save(model, file)
-            specs[name] = GraphSpec(file.name, _sha256(file), io_specs(model.graph.inputs), io_specs(model.graph.outputs))
+            specs[name] = GraphSpec(file.name, file_sha256(file), io_specs(model.graph.inputs), io_specs(model.graph.outputs))
             del model
     vision_spec = specs.pop("vision")
     return specs, vision_spec, store
@@ -341,66 +330,3 @@ def _check_vision(backend: MultimodalOrtBackend, pixels: np.ndarray, want: np.nd
             f"{VISION_ATOL[dtype]:g} ({dtype} tolerance); nothing was written"
         )
     return worst
-
-
-class MultimodalOrtBackend(OrtBackend):
-    """OrtBackend over a multimodal export: `encode_images` runs vision.onnx, `set_image_table` feeds the step graphs.
-
-    The table holds the embeddings of every image whose ids the batch's prompts carry (multimodal.expand_placeholders
-    numbers them); it stays set for all steps of a generation, whichever rows a step runs.
-    """
-
-    def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None) -> None:
-        super().__init__(export_dir, options)
-        section = self.manifest.extra.get(MULTIMODAL_KEY)
-        if not isinstance(section, dict) or "vision" not in section:
-            raise ArtifactError(
-                f"{self.export_dir} is a text-only export (no vision graph in its manifest); export a multimodal "
-                "checkpoint, or run it without images"
-            )
-        self.multimodal: dict[str, Any] = section
-        vision = section["vision"]
-        file = self.export_dir / str(vision["file"])
-        if not file.is_file():
-            raise ArtifactError(f"{file} (vision graph) is missing; the export is incomplete, re-run the export")
-        if self.options.verify_hashes and _sha256(file) != vision["sha256"]:
-            raise ArtifactError(f"{file} does not match the sha256 in the manifest; re-run the export")
-        self._vision = ort.InferenceSession(
-            str(file), sess_options=self.options.session_options(), providers=self.options.resolved_providers()
-        )
-        cfg = self.manifest.model_config()
-        self.width = cfg.d_model
-        self.image_id_base = int(section["image_id_base"])
-        self.tokens_per_image = int(section["vision_config"]["tokens_per_image"])
-        self.image_token_index = int(section["vision_config"]["image_token_index"])
-        self.image_size = int(section["vision_config"]["image"]["image_size"])
-        self._table = np.zeros((1, self.width), dtype=np.float32)
-
-    def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
-        """float32 [N, 3, H, W] -> float32 [N, tokens_per_image, D] (N = 0 gives an empty array)."""
-        px = np.ascontiguousarray(pixel_values, dtype=np.float32)
-        want = (3, self.image_size, self.image_size)
-        if px.ndim != 4 or px.shape[1:] != want:
-            raise ConfigError(f"pixel_values must be [N, {', '.join(map(str, want))}], got {px.shape}")
-        if px.shape[0] == 0:
-            return np.zeros((0, self.tokens_per_image, self.width), dtype=np.float32)
-        (out,) = self._vision.run([EMBEDS_OUTPUT], {PIXEL_INPUT: px})
-        return np.asarray(out)
-
-    def set_image_table(self, table: np.ndarray | list[np.ndarray]) -> None:
-        """The batch's image embeddings (one row per image token, in id order); an empty list = no images."""
-        rows = image_table_np(table if isinstance(table, list) else [table], self.width)
-        if rows.ndim != 2 or rows.shape[1] != self.width:
-            raise ConfigError(f"the image table must be [tokens, {self.width}], got {rows.shape}")
-        self._table = rows
-
-    def _feed(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> dict[str, np.ndarray]:
-        feed = super()._feed(input_ids, attention_mask)
-        top = int(feed["input_ids"].max(initial=0))
-        if top >= self.image_id_base + self._table.shape[0]:
-            raise ConfigError(
-                f"a prompt refers to image token {top - self.image_id_base}, but the image table has "
-                f"{self._table.shape[0]} rows; call set_image_table with the batch's image embeddings first"
-            )
-        feed[IMAGE_TABLE_INPUT] = self._table
-        return feed

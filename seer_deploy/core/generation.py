@@ -1,0 +1,94 @@
+"""How a response is denoised, shared by every loop: the settings, LLaDA's block / step split and left padding.
+
+The response is `gen_length` masks split into denoising blocks of `block_length`; `steps` are split evenly across
+the blocks; inside a block its masked positions are committed over its steps by an even split, the remainder to
+the first steps (`transfer_schedule`). Prompts of different lengths are left-padded so that every response starts at
+the same column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from seer_deploy.core.errors import ConfigError
+
+Remasking = Literal["low_confidence", "random"]
+REMASKING_CHOICES: tuple[Remasking, ...] = ("low_confidence", "random")
+
+
+def steps_per_block(gen_length: int, steps: int, block_length: int | None) -> tuple[int, int]:
+    """(block length, steps per block) under LLaDA's even split; ConfigError if the split is not even."""
+    block = block_length or gen_length
+    if block < 1 or gen_length % block:
+        raise ConfigError(
+            f"gen_length {gen_length} is not a multiple of block_length {block}; "
+            f"choose a block_length that divides gen_length"
+        )
+    n_blocks = gen_length // block
+    if steps < 1 or steps % n_blocks:
+        raise ConfigError(f"steps {steps} cannot be split evenly across {n_blocks} blocks; use a multiple of {n_blocks}")
+    return block, steps // n_blocks
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    gen_length: int = 128
+    steps: int = 128
+    block_length: int | None = None  # None: one block of gen_length
+    temperature: float = 0.0
+    remasking: Remasking = "low_confidence"
+    cfg_scale: float = 0.0  # classifier-free guidance (torch backends only: it needs the full logits)
+
+    @property
+    def block(self) -> int:
+        return self.block_length or self.gen_length
+
+    @property
+    def n_blocks(self) -> int:
+        return self.gen_length // self.block
+
+    @property
+    def steps_per_block(self) -> int:
+        return steps_per_block(self.gen_length, self.steps, self.block_length)[1]
+
+    def validate(self, max_seq_len: int | None = None, prompt_len: int = 0) -> None:
+        """Raise ConfigError naming the bad setting and a fix."""
+        if self.gen_length < 1 or self.steps < 1:
+            raise ConfigError(f"gen_length ({self.gen_length}) and steps ({self.steps}) must be positive")
+        steps_per_block(self.gen_length, self.steps, self.block_length)
+        if self.remasking not in REMASKING_CHOICES:
+            raise ConfigError(f"remasking '{self.remasking}' is unknown; use 'low_confidence' or 'random'")
+        if self.temperature < 0 or self.cfg_scale < 0:
+            raise ConfigError("temperature and cfg_scale must be >= 0")
+        if max_seq_len is not None and prompt_len + self.gen_length > max_seq_len:
+            raise ConfigError(
+                f"prompt ({prompt_len} tokens) + gen_length ({self.gen_length}) = {prompt_len + self.gen_length} "
+                f"exceeds the model's {max_seq_len} positions; shorten the prompt or lower --gen-length"
+            )
+
+
+def transfer_schedule(n_masked: int, steps: int) -> list[int]:
+    """How many tokens each of `steps` steps commits: an even split of n_masked, the remainder to the first steps."""
+    base, rem = divmod(n_masked, steps)
+    return [base + (1 if i < rem else 0) for i in range(steps)]
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded ids int64 [B, width] and attention mask int64 [B, width] (1 = real token); width defaults to the
+    longest prompt."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ConfigError("every prompt must have at least one token")
+    longest = max(len(p) for p in prompts)
+    width = longest if width is None else width
+    if width < longest:
+        raise ConfigError(f"left_pad width {width} is shorter than the longest prompt ({longest} tokens)")
+    ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(prompts), width), dtype=np.int64)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = p
+        mask[i, width - len(p) :] = 1
+    return ids, mask

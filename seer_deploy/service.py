@@ -1,0 +1,1 @@
+"""The one generation service (being written)."""
