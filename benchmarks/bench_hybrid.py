@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seer_deploy.core.backend import Backend, Step0Output, StepOutput
+from seer_deploy.core.backend import Backend, Step0Output, StepInput, StepOutput
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtSessionOptions
@@ -49,14 +49,14 @@ class Counting:
     def step0(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> Step0Output:
         self.passes += 1
         self.positions += input_ids.size
-        return self.inner.step0(input_ids, attention_mask)
+        return self.inner.step0(StepInput(input_ids, attention_mask))
 
     def step(
         self, input_ids: np.ndarray, attention_mask: np.ndarray | None, temperature: float = 0.0, seed: int | None = None
     ) -> StepOutput:
         self.passes += 1
         self.positions += input_ids.size
-        return self.inner.step(input_ids, attention_mask, temperature, seed)
+        return self.inner.step(StepInput(input_ids, attention_mask, temperature, seed))
 
 
 @dataclass

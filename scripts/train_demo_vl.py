@@ -7,7 +7,7 @@ on the masked positions, and EOS tails of varying length (half the rows get a ra
 between the answer length and the batch's slot count; slots past it are padding, out of attention and loss).
 
 The image reaches the LM exactly as at inference: `<image>` expands to image ids that index the batch's image table
-(`seer_deploy.models.multimodal.embed_with_images`), so training and generation share one code path.
+(`seer_deploy.models.image_prompts.embed_with_images`), so training and generation share one code path.
 
 After training, Seer is calibrated for the model (seer.calibrate on pictures drawn from a calibration seed) and the
 config is stored as the checkpoint's seer.json; the card reports exact match and Seer's safe / identical rates on the
@@ -49,15 +49,14 @@ from seer_deploy.models.demo_vl_tasks import (
     write_tokenizer,
 )
 from seer_deploy.models.image import ImageConfig, pixel_batch
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.multimodal import (
+from seer_deploy.models.image_prompts import (
     ImageConditionedModel,
     MultimodalTokenizer,
     embed_with_images,
     expand_placeholders,
-    load_multimodal,
-    save_multimodal_checkpoint,
 )
+from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.multimodal import load_multimodal, save_multimodal_checkpoint
 from seer_deploy.models.vision import VisionConfig, VisionEncoder
 from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig

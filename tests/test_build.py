@@ -14,6 +14,7 @@ from conftest import tiny_config
 from onnx import TensorProto, helper
 
 from seer_deploy.cli import main
+from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines import tensorrt_engine
 from seer_deploy.engines.buckets import power_of_two_buckets
@@ -173,7 +174,7 @@ def test_saved_optimised_graphs_run_like_the_originals(export_dir: Path, tmp_pat
     ids = np.arange(12, dtype=np.int64).reshape(2, 6)
     mask = np.ones_like(ids)
     mask[0, :2] = 0
-    want = OrtBackend(export_dir).step0(ids, mask)
+    want = OrtBackend(export_dir).step0(StepInput(ids, mask))
     sess = ort.InferenceSession(str(out / m.files["step0"]), providers=["CPUExecutionProvider"])
     got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"input_ids": ids, "attention_mask": mask}),
                    strict=True))

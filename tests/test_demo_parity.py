@@ -15,7 +15,7 @@ import pytest
 from conftest import requires_demo
 
 from seer_deploy.cli.demo import export_options
-from seer_deploy.core.backend import Backend
+from seer_deploy.core.backend import Backend, StepInput
 from seer_deploy.core.generation import GenerationConfig, left_pad
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.engines.build import BuildOptions, build_engines
@@ -136,7 +136,7 @@ def test_step_zero_statistics_agree_with_torch(engine: tuple[Backend, TargetInfo
         ids, mask = left_pad(prompts[lo : lo + 8], info.pad_id)
         x = np.concatenate([ids, np.full((ids.shape[0], CONFIG.gen_length), info.mask_id)], axis=1)
         m = np.concatenate([mask, np.ones((ids.shape[0], CONFIG.gen_length), np.int64)], 1)
-        got, want = backend.step0(x, m), torch_backend.step0(x, m)
+        got, want = backend.step0(StepInput(x, m)), torch_backend.step0(StepInput(x, m))
         real = m.astype(bool)
         assert np.array_equal(got.token_ids[real], want.token_ids[real])
         np.testing.assert_allclose(got.eos_prob[real], want.eos_prob[real], atol=1e-4)

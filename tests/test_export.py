@@ -15,6 +15,7 @@ import torch
 from conftest import tiny_model
 
 from seer_deploy.cli import main
+from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.engines.ort import OrtBackend
@@ -214,7 +215,7 @@ def test_large_model_path_puts_every_tensor_outside_the_graph_and_checks_by_path
             assert (init.data_location == onnx.TensorProto.EXTERNAL) == is_float, init.name
     ids = np.array([[1, 2, 3, 4]])
     torch_logits = load_checkpoint(ckpt).model(torch.from_numpy(ids)).logits
-    assert np.array_equal(OrtBackend(result.out).step0(ids, None).token_ids, torch_logits.argmax(-1).numpy())
+    assert np.array_equal(OrtBackend(result.out).step0(StepInput(ids, None)).token_ids, torch_logits.argmax(-1).numpy())
 
 
 def test_bf16_is_a_config_error_that_names_the_cpu_provider(root: Path) -> None:
@@ -349,7 +350,7 @@ def test_cli_export_with_a_seer_config(root: Path, tmp_path: Path, cli_exit: Any
     assert m.graphs["step0"].outputs["sparsity"].shape == ["batch", len(STAT_NAMES), "seq"]
     # The sparsity rows follow the thresholds of the config, computed in the graph.
     ids = np.array([[10, 15, 3, 1, 4, 13, 12, 12, 12]])
-    got = OrtBackend(tmp_path / "x").step0(ids, None).sparsity
+    got = OrtBackend(tmp_path / "x").step0(StepInput(ids, None)).sparsity
     model = load_checkpoint(ckpt).model
     want = model(torch.from_numpy(ids), stats=StatsSpec((1,), 0.02, 0.1)).stats
     assert want is not None and np.allclose(got, want.reshape(1, 4, -1).numpy(), atol=1e-6)

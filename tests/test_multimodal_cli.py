@@ -14,12 +14,8 @@ from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.models.image import pixel_batch
-from seer_deploy.models.multimodal import (
-    ImageConditionedModel,
-    MultimodalTokenizer,
-    expand_placeholders,
-    load_multimodal,
-)
+from seer_deploy.models.image_prompts import ImageConditionedModel, MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.multimodal import load_multimodal
 from seer_deploy.runtime.reference import generate
 
 CONFIG = GenerationConfig(gen_length=8, steps=8)

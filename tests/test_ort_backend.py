@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import requires_demo, tiny_model
 
+from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
@@ -68,7 +69,7 @@ def test_step0_matches_torch(backends: tuple[OrtBackend, TorchBackend], exported
     cfg = exported[0].cfg
     for B, S, seed in ((2, 1, 3), (1, 5, 0), (3, 40, 1), (8, 128, 2)):
         ids, mask = batch(cfg.vocab_size, cfg.mask_id, B, S, seed)
-        got, want = ort_backend.step0(ids, mask), torch_backend.step0(ids, mask)
+        got, want = ort_backend.step0(StepInput(ids, mask)), torch_backend.step0(StepInput(ids, mask))
         assert got.token_ids.dtype == np.int64 and got.sparsity.dtype == np.float32
         assert np.array_equal(got.token_ids, want.token_ids)
         np.testing.assert_allclose(got.confidence, want.confidence, atol=1e-5)
@@ -83,11 +84,11 @@ def test_greedy_step_matches_torch(backends: tuple[OrtBackend, TorchBackend], ex
     ort_backend, torch_backend = backends
     cfg = exported[0].cfg
     ids, mask = batch(cfg.vocab_size, cfg.mask_id, 4, 33, 5)
-    got, want = ort_backend.step(ids, mask), torch_backend.step(ids, mask)
+    got, want = ort_backend.step(StepInput(ids, mask)), torch_backend.step(StepInput(ids, mask))
     assert np.array_equal(got.token_ids, want.token_ids)
     np.testing.assert_allclose(got.confidence, want.confidence, atol=1e-5)
     # Without an attention mask every position is real: the same as an all-ones mask.
-    assert np.array_equal(ort_backend.step(ids, None).token_ids, ort_backend.step(ids, np.ones_like(ids)).token_ids)
+    assert np.array_equal(ort_backend.step(StepInput(ids, None)).token_ids, ort_backend.step(StepInput(ids, np.ones_like(ids))).token_ids)
 
 
 def _exact_distribution(model: MaskPredictor, ids: np.ndarray, temperature: float) -> np.ndarray:
@@ -119,8 +120,8 @@ def test_sampling_draws_from_softmax_over_temperature(
     n = 3000
     exact = _exact_distribution(model, ids, temperature)
     rows = np.repeat(ids, n, axis=0)
-    got = ort_backend.step(rows, None, temperature=temperature, seed=1234).token_ids
-    ref = torch_backend.step(rows, None, temperature=temperature, seed=1234).token_ids
+    got = ort_backend.step(StepInput(rows, None, temperature=temperature, seed=1234)).token_ids
+    ref = torch_backend.step(StepInput(rows, None, temperature=temperature, seed=1234)).token_ids
     V = exact.shape[-1]
     for s in range(ids.shape[1]):
         ort_counts = np.bincount(got[:, s], minlength=V)
@@ -130,9 +131,9 @@ def test_sampling_draws_from_softmax_over_temperature(
         # Same distribution as LLaDA's Gumbel-max: total variation between the two samples is small.
         assert 0.5 * np.abs(ort_counts - ref_counts).sum() / n < 0.08
     # Different seeds give different samples; the same seed gives the same ones.
-    again = ort_backend.step(rows[:50], None, temperature=temperature, seed=1234).token_ids
-    other = ort_backend.step(rows[:50], None, temperature=temperature, seed=99).token_ids
-    assert np.array_equal(again, ort_backend.step(rows[:50], None, temperature=temperature, seed=1234).token_ids)
+    again = ort_backend.step(StepInput(rows[:50], None, temperature=temperature, seed=1234)).token_ids
+    other = ort_backend.step(StepInput(rows[:50], None, temperature=temperature, seed=99)).token_ids
+    assert np.array_equal(again, ort_backend.step(StepInput(rows[:50], None, temperature=temperature, seed=1234)).token_ids)
     assert not np.array_equal(again, other)
 
 
@@ -144,7 +145,7 @@ def test_sampled_tokens_are_the_inverse_cdf_of_the_uniforms(
     model = exported[0]
     ids, _ = batch(model.cfg.vocab_size, model.cfg.mask_id, 64, 20, 9)
     temps = np.linspace(0.3, 2.0, 64).astype(np.float32)
-    out = ort_backend.step(ids, None, temperature=temps, seed=77)  # type: ignore[arg-type]
+    out = ort_backend.step(StepInput(ids, None, temperature=temps, seed=77))  # type: ignore[arg-type]
     with torch.no_grad():
         logits = model(torch.from_numpy(ids)).logits.double().numpy()
     cdf = np.cumsum(torch.softmax(torch.from_numpy(logits / temps[:, None, None].astype(np.float64)), -1).numpy(), -1)
@@ -166,8 +167,8 @@ def test_temperature_zero_rows_stay_greedy_in_a_sampling_batch(
     cfg = exported[0].cfg
     ids, mask = batch(cfg.vocab_size, cfg.mask_id, 6, 16, 3)
     temps = np.array([0.0, 1.0, 0.0, 2.0, 0.0, 1.0], dtype=np.float32)
-    out = ort_backend.step(ids, mask, temperature=temps, seed=5)  # type: ignore[arg-type]
-    greedy = torch_backend.step(ids, mask).token_ids
+    out = ort_backend.step(StepInput(ids, mask, temperature=temps, seed=5))  # type: ignore[arg-type]
+    greedy = torch_backend.step(StepInput(ids, mask)).token_ids
     assert np.array_equal(out.token_ids[temps == 0], greedy[temps == 0])
     assert not np.array_equal(out.token_ids[temps > 0], greedy[temps > 0])
 
@@ -200,15 +201,15 @@ def test_too_long_or_malformed_inputs_are_config_errors(backends: tuple[OrtBacke
     ort_backend, _ = backends
     too_long = np.zeros((1, ort_backend.max_seq_len + 1), dtype=np.int64)
     with pytest.raises(ConfigError, match="max_seq_len 128.*--max-seq-len"):
-        ort_backend.step0(too_long, None)
+        ort_backend.step0(StepInput(too_long, None))
     with pytest.raises(ConfigError, match="max_seq_len"):
-        ort_backend.step(too_long, None)
+        ort_backend.step(StepInput(too_long, None))
     with pytest.raises(ConfigError, match="2-D integer"):
-        ort_backend.step(np.zeros((4,), dtype=np.int64), None)
+        ort_backend.step(StepInput(np.zeros((4,), dtype=np.int64), None))
     with pytest.raises(ConfigError, match="attention_mask has shape"):
-        ort_backend.step(np.zeros((2, 4), dtype=np.int64), np.ones((2, 5)))
+        ort_backend.step(StepInput(np.zeros((2, 4), dtype=np.int64), np.ones((2, 5))))
     with pytest.raises(ConfigError, match="temperature"):
-        ort_backend.step(np.zeros((1, 4), dtype=np.int64), None, temperature=-1.0)
+        ort_backend.step(StepInput(np.zeros((1, 4), dtype=np.int64), None, temperature=-1.0))
 
 
 def test_damaged_exports_are_refused(exported: tuple[MaskPredictor, Path], tmp_path: Path) -> None:
@@ -247,9 +248,9 @@ def test_shared_weights_give_the_same_outputs_from_one_copy(
     }
     assert len(shared._shared) == len(step0_refs) > 0
     ids, mask = batch(model.cfg.vocab_size, model.cfg.mask_id, 3, 30, 4)
-    for a, b in zip(shared.step0(ids, mask), ort_backend.step0(ids, mask), strict=True):
+    for a, b in zip(shared.step0(StepInput(ids, mask)), ort_backend.step0(StepInput(ids, mask)), strict=True):
         np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(shared.step(ids, mask, 1.0, 3).token_ids, ort_backend.step(ids, mask, 1.0, 3).token_ids)
+    np.testing.assert_array_equal(shared.step(StepInput(ids, mask, 1.0, 3)).token_ids, ort_backend.step(StepInput(ids, mask, 1.0, 3)).token_ids)
     with pytest.raises(ConfigError, match="share_weights needs the CPU provider"):
         OrtBackend(out, OrtSessionOptions(providers=("AzureExecutionProvider", "CPUExecutionProvider"), share_weights=True))
 

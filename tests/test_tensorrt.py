@@ -16,6 +16,7 @@ import pytest
 import torch
 from test_build import cpu_options, make_export
 
+from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines import tensorrt_engine
 from seer_deploy.engines.build import BuildOptions, build_engines
@@ -87,17 +88,17 @@ def test_tensorrt_engines_match_onnx_runtime(trt: ModuleType, tmp_path: Path) ->
             ids = rng.integers(0, 17, size=(batch, seq), dtype=np.int64)
             mask = np.ones_like(ids)
             mask[:, : rng.integers(0, 2)] = 0
-            got0, want0 = backend.step0(ids, mask), reference.step0(ids, mask)
+            got0, want0 = backend.step0(StepInput(ids, mask)), reference.step0(StepInput(ids, mask))
             for a, b in zip(got0, want0, strict=True):
                 np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
             for temperature, seed in ((0.0, None), (0.7, 123)):
-                got, want = backend.step(ids, mask, temperature, seed), reference.step(ids, mask, temperature, seed)
+                got, want = backend.step(StepInput(ids, mask, temperature, seed)), reference.step(StepInput(ids, mask, temperature, seed))
                 np.testing.assert_array_equal(got.token_ids, want.token_ids)
                 np.testing.assert_allclose(got.confidence, want.confidence, rtol=0, atol=1e-6)
     with pytest.raises(ConfigError, match="largest profile"):
-        backend.step0(np.zeros((1, 40 + 49), dtype=np.int64), None)
+        backend.step0(StepInput(np.zeros((1, 40 + 49), dtype=np.int64), None))
     with pytest.raises(ConfigError, match="batch 5"):
-        backend.step0(np.zeros((5, 20), dtype=np.int64), None)
+        backend.step0(StepInput(np.zeros((5, 20), dtype=np.int64), None))
 
     # A second build reads the timing cache it left; an engine is refused for another export.
     build_engines(export_dir, tmp_path / "engine2", options)

@@ -10,19 +10,20 @@ import pytest
 import torch
 from test_multimodal import pictures, write_tiny_vl
 
+from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.image import pixel_batch
-from seer_deploy.models.multimodal import (
+from seer_deploy.models.image_prompts import (
     ImageConditionedModel,
     MultimodalTokenizer,
     expand_placeholders,
     image_table,
-    load_multimodal,
 )
+from seer_deploy.models.multimodal import load_multimodal
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
@@ -86,7 +87,7 @@ def test_ort_backend_refuses_ids_past_its_table(exported) -> None:
     backend = MultimodalOrtBackend(out)
     base = backend.image_id_base
     with pytest.raises(ConfigError, match="image table has 1 rows; call set_image_table"):
-        backend.step0(np.array([[0, base + 3, 4]]), None)
+        backend.step0(StepInput(np.array([[0, base + 3, 4]]), None))
     with pytest.raises(ConfigError, match=r"pixel_values must be \[N, 3, 16, 16\]"):
         backend.encode_images(np.zeros((1, 3, 8, 8), np.float32))
 

@@ -28,13 +28,13 @@ def prepare_vl_bench(settings: BenchSettings, work_dir: Path, say: Progress = la
     from seer_deploy.export.options import ExportOptions, SeerStats
     from seer_deploy.models.demo_vl_tasks import heldout_examples
     from seer_deploy.models.image import pixel_batch
-    from seer_deploy.models.multimodal import (
+    from seer_deploy.models.image_prompts import (
         ImageConditionedModel,
         MultimodalTokenizer,
         expand_placeholders,
         image_table,
-        load_multimodal,
     )
+    from seer_deploy.models.multimodal import load_multimodal
     from seer_deploy.runtime.torch_backend import TorchBackend
     from seer_deploy.seer.config import SeerConfig
 

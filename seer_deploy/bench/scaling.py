@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from seer_deploy.core.backend import Backend
+from seer_deploy.core.backend import Backend, StepInput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.llada import MaskPredictor
@@ -92,11 +92,11 @@ def step_inputs(cfg: ModelConfig, batch: int, seq_len: int, rng: np.random.Gener
 
 def time_steps(backend: Backend, ids: np.ndarray, repeats: int) -> tuple[float, ...]:
     """Milliseconds of `repeats` step calls after one warm-up call (the first call at a shape allocates)."""
-    backend.step(ids, None)
+    backend.step(StepInput(ids, None))
     runs = []
     for _ in range(repeats):
         start = time.perf_counter()
-        backend.step(ids, None)
+        backend.step(StepInput(ids, None))
         runs.append(1e3 * (time.perf_counter() - start))
     return tuple(runs)
 

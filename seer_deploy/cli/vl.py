@@ -24,16 +24,13 @@ from PIL import Image
 from seer_deploy.core.errors import ConfigError, SeerDeployError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.image import load_image, pixel_batch
-from seer_deploy.models.multimodal import (
-    DEMO_VL_NAME,
-    IMAGE_TOKEN,
+from seer_deploy.models.image_prompts import (
     ImageConditionedModel,
     MultimodalTokenizer,
     expand_placeholders,
     image_table,
-    load_multimodal,
-    resolve_multimodal,
 )
+from seer_deploy.models.multimodal import DEMO_VL_NAME, IMAGE_TOKEN, load_multimodal, resolve_multimodal
 from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
 from seer_deploy.seer.plan import SeerReport

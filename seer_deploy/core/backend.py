@@ -1,4 +1,4 @@
-"""The one small interface every backend implements: run step zero, run a step, at a given length and batch.
+"""The one small interface every backend implements: run step zero, run a step, on a `StepInput`.
 
 Backends (torch eager = the reference, ONNX Runtime, TensorRT) return compact per-position outputs: the chosen token
 and its log-probability (the commit score, see `models.confidence`), so a step moves B x S numbers to the host
@@ -11,9 +11,52 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.sparsity import SparsityRow
+
+
+class StepInput(NamedTuple):
+    """One forward pass: the sequence, which of it is real, and how to pick tokens."""
+
+    input_ids: np.ndarray  # int64 [B, S]: left-padded prompts, then response slots
+    attention_mask: np.ndarray | None = None  # int64 [B, S], 1 = real token; None = every position is real
+    temperature: float = 0.0  # 0: argmax; > 0: a sample (step graphs only; step zero is greedy)
+    seed: int | None = None  # the sample's randomness at temperature > 0
+    prompt_width: int = 0  # columns [0, prompt_width) hold the prompts: what classifier-free guidance masks
+    guidance: float = 0.0  # classifier-free guidance scale; only backends with `supports_guidance` run it
+
+    def checked(self, max_seq_len: int) -> StepInput:
+        """The input as every engine wants it (int64, C-contiguous, a mask array), or ConfigError naming what is
+        wrong with it."""
+        ids = np.asarray(self.input_ids)
+        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+            raise ConfigError(f"input_ids must be a 2-D integer array [batch, seq], got {ids.dtype} {ids.shape}")
+        if ids.size == 0:
+            raise ConfigError(f"input_ids is empty ({ids.shape}); give at least one row with one token")
+        if ids.shape[1] > max_seq_len:
+            raise ConfigError(
+                f"the sequence has {ids.shape[1]} positions (prompt + response), more than the model's "
+                f"{max_seq_len}; shorten the prompt or gen_length (or re-export with a larger --max-seq-len)"
+            )
+        if self.attention_mask is None:
+            mask = np.ones(ids.shape, dtype=np.int64)
+        else:
+            mask = np.asarray(self.attention_mask)
+            if mask.shape != ids.shape:
+                raise ConfigError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}; they must match")
+        if not self.temperature >= 0:  # NaN fails too
+            raise ConfigError(f"temperature must be a number >= 0, got {self.temperature}")
+        if not self.guidance >= 0:
+            raise ConfigError(f"the guidance scale must be a number >= 0, got {self.guidance}")
+        if not 0 <= self.prompt_width <= ids.shape[1]:
+            raise ConfigError(f"prompt_width {self.prompt_width} lies outside the sequence [0, {ids.shape[1]}]")
+        return self._replace(
+            input_ids=np.ascontiguousarray(ids, dtype=np.int64), attention_mask=np.ascontiguousarray(mask, np.int64)
+        )
+
 
 class StepOutput(NamedTuple):
-    token_ids: np.ndarray  # int64 [B, S]: x0, the argmax (or Gumbel-max sample) per position
+    token_ids: np.ndarray  # int64 [B, S]: x0, the argmax (or sample) per position
     confidence: np.ndarray  # float32 [B, S]: log softmax probability of x0 (temperature-free logits)
 
 
@@ -25,18 +68,18 @@ class Step0Output(NamedTuple):
 
 
 class Backend(Protocol):
-    """What the runtime loop needs from an engine. input_ids / attention_mask are int64 [B, S] (mask 1 = real)."""
+    """What the runtime loop needs from an engine."""
 
     name: str
     max_seq_len: int
-    sparsity_rows: list[tuple[int, str]]  # (layer, statistic name) of each of the K sparsity rows
+    sparsity_rows: list[SparsityRow]  # (layer, statistic name) of each of the K sparsity rows
 
-    def step0(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> Step0Output: ...
+    def step0(self, inputs: StepInput) -> Step0Output: ...
 
-    def step(
-        self,
-        input_ids: np.ndarray,
-        attention_mask: np.ndarray | None,
-        temperature: float = 0.0,
-        seed: int | None = None,
-    ) -> StepOutput: ...
+    def step(self, inputs: StepInput) -> StepOutput: ...
+
+
+def supports_guidance(backend: Backend) -> bool:
+    """Whether a backend runs classifier-free guidance (it needs the full logits, which exported graphs never
+    return)."""
+    return bool(getattr(backend, "supports_guidance", False))

@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 import onnxruntime as ort
 
-from seer_deploy.core.backend import Step0Output, StepOutput
+from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import file_sha256
 from seer_deploy.spec.export_manifest import ExportManifest
@@ -149,43 +149,19 @@ class OrtBackend:
             so.add_initializer(init.name, self._shared[key])
         so.add_session_config_entry("session.disable_prepacking", "1")
 
-    def _feed(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> dict[str, np.ndarray]:
-        ids = np.asarray(input_ids)
-        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-            raise ConfigError(f"input_ids must be a 2-D integer array [batch, seq], got {ids.dtype} {ids.shape}")
-        B, S = ids.shape
-        if B == 0 or S == 0:
-            raise ConfigError(f"input_ids is empty ({ids.shape}); give at least one row with one token")
-        if S > self.max_seq_len:
-            raise ConfigError(
-                f"the sequence has {S} positions (prompt + response), more than this export's max_seq_len "
-                f"{self.max_seq_len}; shorten the prompt or gen_length, or re-export with a larger --max-seq-len"
-            )
-        if attention_mask is None:
-            mask = np.ones((B, S), dtype=np.int64)
-        else:
-            mask = np.asarray(attention_mask)
-            if mask.shape != ids.shape:
-                raise ConfigError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}; they must match")
-        return {"input_ids": ids.astype(np.int64, copy=False), "attention_mask": mask.astype(np.int64, copy=False)}
+    def _feed(self, inputs: StepInput) -> dict[str, np.ndarray]:
+        checked = inputs.checked(self.max_seq_len)
+        return {"input_ids": checked.input_ids, "attention_mask": checked.attention_mask}
 
-    def step0(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> Step0Output:
-        feed = self._feed(input_ids, attention_mask)
+    def step0(self, inputs: StepInput) -> Step0Output:
+        feed = self._feed(inputs)
         out = dict(zip(self._outputs["step0"], self._sessions["step0"].run(self._outputs["step0"], feed), strict=True))
         return Step0Output(out["token_ids"], out["confidence"], out["eos_prob"], out["sparsity"])
 
-    def step(
-        self,
-        input_ids: np.ndarray,
-        attention_mask: np.ndarray | None,
-        temperature: float = 0.0,
-        seed: int | None = None,
-    ) -> StepOutput:
+    def step(self, inputs: StepInput) -> StepOutput:
         """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see export.sampling)."""
-        if np.any(np.asarray(temperature) < 0):
-            raise ConfigError(f"temperature must be >= 0, got {temperature}")
-        feed = self._feed(input_ids, attention_mask)
+        feed = self._feed(inputs)
         B, S = feed["input_ids"].shape
-        feed.update(step_feed(B, S, temperature, seed))
+        feed.update(step_feed(B, S, inputs.temperature, inputs.seed))
         out = dict(zip(self._outputs["step"], self._sessions["step"].run(self._outputs["step"], feed), strict=True))
         return StepOutput(out["token_ids"], out["confidence"])

@@ -8,17 +8,18 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import file_sha256
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
-from seer_deploy.models.multimodal import image_table_np
+from seer_deploy.models.image_prompts import image_table_np
 from seer_deploy.spec.multimodal import EMBEDS_OUTPUT, IMAGE_TABLE_INPUT, MULTIMODAL_KEY, PIXEL_INPUT
 
 
 class MultimodalOrtBackend(OrtBackend):
     """OrtBackend over a multimodal export: `encode_images` runs vision.onnx, `set_image_table` feeds the step graphs.
 
-    The table holds the embeddings of every image whose ids the batch's prompts carry (multimodal.expand_placeholders
+    The table holds the embeddings of every image whose ids the batch's prompts carry (image_prompts.expand_placeholders
     numbers them); it stays set for all steps of a generation, whichever rows a step runs.
     """
 
@@ -66,8 +67,8 @@ class MultimodalOrtBackend(OrtBackend):
             raise ConfigError(f"the image table must be [tokens, {self.width}], got {rows.shape}")
         self._table = rows
 
-    def _feed(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> dict[str, np.ndarray]:
-        feed = super()._feed(input_ids, attention_mask)
+    def _feed(self, inputs: StepInput) -> dict[str, np.ndarray]:
+        feed = super()._feed(inputs)
         top = int(feed["input_ids"].max(initial=0))
         if top >= self.image_id_base + self._table.shape[0]:
             raise ConfigError(

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from seer_deploy.core.atomic import write_bytes_atomic
-from seer_deploy.core.backend import Step0Output, StepOutput
+from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.buckets import Profile, ProfileLayout, choose_profile_for_seq
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
@@ -244,15 +244,6 @@ class _Engine:
         return host
 
 
-def _base_feeds(input_ids: np.ndarray, attention_mask: np.ndarray | None) -> dict[str, np.ndarray]:
-    ids = np.asarray(input_ids, dtype=np.int64)
-    if ids.ndim != 2:
-        raise ConfigError(f"input_ids must be [batch, seq], got shape {ids.shape}")
-    mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
-    if mask.shape != ids.shape:
-        raise ConfigError(f"attention_mask shape {mask.shape} differs from input_ids shape {ids.shape}")
-    return {"input_ids": ids, "attention_mask": mask}
-
 
 class TensorRTBackend:
     """`seer_deploy.core.backend.Backend` over TensorRT: step0.engine and step.engine, context per profile.
@@ -315,13 +306,18 @@ class TensorRTBackend:
         check_engine_compatible(manifest, facts)
         return cls(engine_dir, manifest, sparsity_rows=sparsity_rows, max_seq_len=max_seq_len, device=device)
 
+    def _feeds(self, inputs: StepInput) -> dict[str, np.ndarray]:
+        checked = inputs.checked(self.max_seq_len)
+        assert checked.attention_mask is not None  # checked() always gives one
+        return {"input_ids": checked.input_ids, "attention_mask": checked.attention_mask}
+
     def _run(self, graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         batch, seq = feeds["input_ids"].shape
         profile = choose_profile_for_seq(seq, self.layout, batch=batch)
         return self._engines[graph].run(profile, feeds)
 
-    def step0(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> Step0Output:
-        out = self._run("step0", _base_feeds(input_ids, attention_mask))
+    def step0(self, inputs: StepInput) -> Step0Output:
+        out = self._run("step0", self._feeds(inputs))
         return Step0Output(
             token_ids=out["token_ids"].astype(np.int64, copy=False),
             confidence=out["confidence"].astype(np.float32, copy=False),
@@ -329,15 +325,10 @@ class TensorRTBackend:
             sparsity=out["sparsity"].astype(np.float32, copy=False),
         )
 
-    def step(
-        self,
-        input_ids: np.ndarray,
-        attention_mask: np.ndarray | None,
-        temperature: float = 0.0,
-        seed: int | None = None,
-    ) -> StepOutput:
-        feeds = _base_feeds(input_ids, attention_mask)
-        feeds.update(step_feed(input_ids.shape[0], input_ids.shape[1], temperature, seed))
+    def step(self, inputs: StepInput) -> StepOutput:
+        feeds = self._feeds(inputs)
+        B, S = feeds["input_ids"].shape
+        feeds.update(step_feed(B, S, inputs.temperature, inputs.seed))
         out = self._run("step", feeds)
         return StepOutput(
             token_ids=out["token_ids"].astype(np.int64, copy=False),

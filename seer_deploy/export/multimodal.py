@@ -2,7 +2,7 @@
 
 The step graphs take one extra input, `image_table` float32 [image_tokens, D]: the embeddings of every image of the
 batch, one row per image token. Prompt ids at and above the LM's embedding rows (`image_id_base`) select a row of
-it in-graph (seer_deploy.models.multimodal.embed_with_images); every other id is embedded as usual. So the runtime
+it in-graph (seer_deploy.models.image_prompts.embed_with_images); every other id is embedded as usual. So the runtime
 loop, Seer's truncation and regrouped batches work on plain ids, and the graphs' other inputs and outputs are those
 of a text-only export. The vision graph folds in the SigLIP tower, the selected layer, the projector and LLaVA's
 image_newline, and outputs float32 whatever the export dtype, so the table's type never depends on it.
@@ -45,14 +45,9 @@ from seer_deploy.export.validate import (
 from seer_deploy.export.weights import SharedWeightFile
 from seer_deploy.models.checkpoint import checkpoint_fingerprint
 from seer_deploy.models.config import ModelConfig
+from seer_deploy.models.image_prompts import ImageConditionedModel, embed_with_images
 from seer_deploy.models.llada import MaskPredictor, ModelOutput
-from seer_deploy.models.multimodal import (
-    DEMO_VL_NAME,
-    ImageConditionedModel,
-    embed_with_images,
-    load_multimodal,
-    resolve_multimodal,
-)
+from seer_deploy.models.multimodal import DEMO_VL_NAME, load_multimodal, resolve_multimodal
 from seer_deploy.models.vision import VisionEncoder
 from seer_deploy.spec import sampling
 from seer_deploy.spec.export_manifest import ExportManifest, GraphSpec, ModelSpec, SeerSpec, WeightsSpec

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import torch
 
-from seer_deploy.core.backend import Backend
+from seer_deploy.core.backend import Backend, StepInput
 from seer_deploy.core.errors import ArtifactError
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.models.config import ModelConfig
@@ -160,13 +160,13 @@ def compare_with_torch(backend: Backend, refs: list[ProbeReference], cfg: ModelC
         p = ref.probe
         probs = _softmax(ref.logits)
         best = probs.max(-1)
-        s0 = backend.step0(p.input_ids, p.attention_mask)
+        s0 = backend.step0(StepInput(p.input_ids, p.attention_mask))
         report.tokens("step0 token_ids", _pick(probs, s0.token_ids) >= best - tol.prob_atol, "not a near-tie")
         report.close("step0 confidence", np.exp(s0.confidence), _pick(probs, s0.token_ids), tol.prob_atol)
         report.close("step0 eos_prob", s0.eos_prob, probs[..., cfg.eos_id], tol.prob_atol)
         report.sparsity(s0.sparsity, ref.stats, cfg.mlp_hidden)
 
-        st = backend.step(p.input_ids, p.attention_mask, temperature=p.temperature, seed=p.seed)  # type: ignore[arg-type]
+        st = backend.step(StepInput(p.input_ids, p.attention_mask, temperature=p.temperature, seed=p.seed))  # type: ignore[arg-type]
         report.close("step confidence", np.exp(st.confidence), _pick(probs, st.token_ids), tol.prob_atol)
         greedy = p.temperature == 0
         if greedy.any():

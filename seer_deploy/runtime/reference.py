@@ -101,7 +101,7 @@ def _step(
     mask_id = model.cfg.mask_id
     x = batch.x
     is_masked = x == mask_id
-    logits, stats = _logits(model, x, batch.attention_mask, batch.is_prompt, config.cfg_scale, mask_id, spec)
+    logits, stats = guided_logits(model, x, batch.attention_mask, batch.is_prompt, config.cfg_scale, mask_id, spec)
     x0 = gumbel_argmax(logits, config.temperature, generator)
     if config.remasking == "low_confidence":
         score = token_log_prob(logits, x0)
@@ -240,7 +240,7 @@ def _flat_stats(stats: Tensor | None, shape: torch.Size) -> np.ndarray:
     return stats.reshape(B, L * Fn, S).float().cpu().numpy()
 
 
-def _logits(
+def guided_logits(
     model: MaskPredictor,
     x: Tensor,
     attention_mask: Tensor | None,
@@ -249,7 +249,8 @@ def _logits(
     mask_id: int,
     spec: StatsSpec | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Logits (with classifier-free guidance when cfg_scale > 0) and, with `spec`, the conditional pass's stats."""
+    """Logits (with classifier-free guidance when cfg_scale > 0: a second copy with the prompt masked gives the
+    unconditional logits) and, with `spec`, the conditional pass's stats."""
     if cfg_scale == 0:
         out = model(x, attention_mask, stats=spec)
         return out.logits, out.stats

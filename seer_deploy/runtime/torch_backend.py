@@ -11,18 +11,23 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from seer_deploy.core.backend import Step0Output, StepOutput
+from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
+from seer_deploy.core.sparsity import SparsityRow, StatsSpec
 from seer_deploy.models.confidence import greedy_head, token_log_prob
 from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.runtime.reference import gumbel_argmax
+from seer_deploy.runtime.reference import guided_logits, gumbel_argmax
 
 
 class TorchBackend:
-    """Runs a MaskPredictor in eager mode; step zero reports the MLP statistics of `stats` (default: all layers)."""
+    """Runs a MaskPredictor in eager mode; step zero reports the MLP statistics of `stats` (default: all layers).
+
+    It is the one backend with the full logits in hand, so it also runs classifier-free guidance
+    (`StepInput.guidance`), as the reference loop does: a second pass with the prompt masked.
+    """
 
     name = "torch"
+    supports_guidance = True
 
     def __init__(self, model: MaskPredictor, stats: StatsSpec | None = None) -> None:
         cfg = model.cfg
@@ -36,61 +41,49 @@ class TorchBackend:
         self.model = model.eval()
         self.max_seq_len = cfg.max_seq_len
         self.eos_id = cfg.eos_id
-        # Row l * len(STAT_NAMES) + f of the sparsity output is statistic f of the l-th requested layer.
-        self.sparsity_rows: list[tuple[int, str]] = [(layer, s) for layer in self.stats.layers for s in STAT_NAMES]
+        self.mask_id = cfg.mask_id
+        self.sparsity_rows: list[SparsityRow] = self.stats.sparsity_rows
         self._device = next(model.parameters()).device
 
-    def _inputs(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> tuple[Tensor, Tensor | None]:
-        ids = np.asarray(input_ids)
-        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-            raise ConfigError(f"input_ids must be an integer array [B, S], got {ids.dtype} with shape {ids.shape}")
-        if ids.shape[1] > self.max_seq_len:
-            raise ConfigError(
-                f"a step of {ids.shape[1]} positions exceeds the model's {self.max_seq_len}; shorten the prompt "
-                f"or lower gen_length"
-            )
-        mask = None
-        if attention_mask is not None:
-            if np.shape(attention_mask) != ids.shape:
-                raise ConfigError(f"attention_mask has shape {np.shape(attention_mask)} but input_ids {ids.shape}")
-            mask = torch.from_numpy(np.asarray(attention_mask, dtype=np.int64)).to(self._device)
-        return torch.from_numpy(ids.astype(np.int64, copy=False)).to(self._device), mask
+    def _forward(self, inputs: StepInput, stats: StatsSpec | None) -> tuple[Tensor, Tensor | None]:
+        """Logits (guided when inputs.guidance > 0) and, with `stats`, the statistics of the conditional pass."""
+        checked = inputs.checked(self.max_seq_len)
+        ids = torch.from_numpy(checked.input_ids).to(self._device)
+        assert checked.attention_mask is not None  # checked() always gives one
+        mask = None if bool(checked.attention_mask.all()) else torch.from_numpy(checked.attention_mask).to(self._device)
+        is_prompt = torch.zeros_like(ids, dtype=torch.bool)
+        is_prompt[:, : checked.prompt_width] = True
+        if mask is not None:
+            is_prompt &= mask.bool()
+        return guided_logits(self.model, ids, mask, is_prompt, checked.guidance, self.mask_id, stats)
 
     @torch.inference_mode()
-    def step0(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> Step0Output:
+    def step0(self, inputs: StepInput) -> Step0Output:
         """Greedy step zero at full length, with EOS probability and the sparsity rows [B, L*F, S] (layer-major)."""
-        ids, mask = self._inputs(input_ids, attention_mask)
-        out = self.model(ids, mask, stats=self.stats)
-        token, confidence, top, log_total = greedy_head(out.logits)
-        eos_prob = torch.exp(out.logits[..., self.eos_id].float() - top - log_total)
-        assert out.stats is not None  # requested with stats=self.stats
-        B, L, Fn, S = out.stats.shape
+        logits, stats = self._forward(inputs, self.stats)
+        token, confidence, top, log_total = greedy_head(logits)
+        eos_prob = torch.exp(logits[..., self.eos_id].float() - top - log_total)
+        assert stats is not None  # requested with self.stats
+        B, L, Fn, S = stats.shape
         return Step0Output(
             token_ids=_numpy(token, np.int64),
             confidence=_numpy(confidence, np.float32),
             eos_prob=_numpy(eos_prob, np.float32),
-            sparsity=_numpy(out.stats.reshape(B, L * Fn, S), np.float32),
+            sparsity=_numpy(stats.reshape(B, L * Fn, S), np.float32),
         )
 
     @torch.inference_mode()
-    def step(
-        self,
-        input_ids: np.ndarray,
-        attention_mask: np.ndarray | None,
-        temperature: float = 0.0,
-        seed: int | None = None,
-    ) -> StepOutput:
+    def step(self, inputs: StepInput) -> StepOutput:
         """x0 (argmax, or LLaDA's Gumbel-max sample seeded by `seed` at temperature > 0) and log softmax(logits)[x0]."""
-        ids, mask = self._inputs(input_ids, attention_mask)
-        logits = self.model(ids, mask).logits
+        logits, _ = self._forward(inputs, None)
         generator = None
-        if temperature > 0:
+        if inputs.temperature > 0:
             generator = torch.Generator(device=logits.device)
-            if seed is None:
+            if inputs.seed is None:
                 generator.seed()
             else:
-                generator.manual_seed(seed)
-        token = gumbel_argmax(logits, temperature, generator)
+                generator.manual_seed(inputs.seed)
+        token = gumbel_argmax(logits, inputs.temperature, generator)
         confidence = token_log_prob(logits, token)
         return StepOutput(token_ids=_numpy(token, np.int64), confidence=_numpy(confidence, np.float32))
 

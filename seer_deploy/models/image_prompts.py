@@ -1,0 +1,141 @@
+"""Prompts with pictures: `<image>` placeholders become image ids, image ids become image embeddings.
+
+Each `<image>` placeholder becomes `tokens_per_image` ids at and above the embedding table's size (`id_base` =
+ModelConfig.n_embed_rows); id `id_base + j` means row j of the image table (all images of the prompt set, in order,
+one row per image token). Such ids embed to their image-table row, every other id to its token embedding. Because
+the image ids travel inside the ids, any loop that regroups, pads or truncates rows (Seer's hybrid batching) keeps
+each row pointing at its own images; and the exported graphs do the same lookup in-graph.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.sparsity import StatsSpec
+from seer_deploy.models.llada import MaskPredictor, ModelOutput
+from seer_deploy.models.multimodal import IMAGE_TOKEN, LoadedMultimodal
+from seer_deploy.models.tokenizer import Tokenizer
+
+
+class MultimodalTokenizer(Tokenizer):
+    """A Tokenizer whose prompts may contain `<image>`: each becomes the placeholder id `image_token_index`."""
+
+    def __init__(self, file: str | os.PathLike[str], eos_id: int, eot_id: int | None, image_token_index: int) -> None:
+        super().__init__(file, eos_id, eot_id)
+        self.image_token_index = image_token_index
+        # Checkpoints whose tokenizer lacks '<image>' (LLaVA splits the text on it instead) get it as a special token
+        # here, so it is never split into pieces; its id is replaced by the placeholder below.
+        if self._tok.token_to_id(IMAGE_TOKEN) is None:
+            self._tok.add_special_tokens([IMAGE_TOKEN])
+        self._image_id = self._tok.token_to_id(IMAGE_TOKEN)
+
+    @classmethod
+    def for_checkpoint(cls, loaded: LoadedMultimodal) -> MultimodalTokenizer:
+        cfg = loaded.config
+        return cls(loaded.path / "tokenizer.json", cfg.eos_id, cfg.eot_id, loaded.vision_config.image_token_index)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return [self.image_token_index if t == self._image_id else t for t in super().encode_prompt(text)]
+
+
+def count_placeholders(ids: Sequence[int], image_token_index: int) -> int:
+    return sum(1 for t in ids if t == image_token_index)
+
+
+def check_image_counts(prompts: Sequence[Sequence[int]], n_images: Sequence[int], image_token_index: int) -> None:
+    """ConfigError when a prompt's `<image>` placeholders and its images differ in number."""
+    if len(prompts) != len(n_images):
+        raise ConfigError(f"{len(prompts)} prompts but image lists for {len(n_images)}; give one image list per prompt")
+    for i, (ids, n) in enumerate(zip(prompts, n_images, strict=True)):
+        k = count_placeholders(ids, image_token_index)
+        if k != n:
+            where = f"prompt {i + 1}" if len(prompts) > 1 else "the prompt"
+            fix = (
+                f"put '{IMAGE_TOKEN}' in the prompt once per image, where the image goes (e.g. '{IMAGE_TOKEN} what colours?')"
+                if k < n
+                else f"give one image per '{IMAGE_TOKEN}' (--image PATH, repeated) or remove the extra placeholders"
+            )
+            raise ConfigError(f"{where} has {k} {IMAGE_TOKEN} placeholder(s) but {n} image(s) were given; {fix}")
+
+
+def expand_placeholders(
+    prompts: Sequence[Sequence[int]], n_images: Sequence[int], tokens_per_image: int, image_token_index: int, id_base: int
+) -> list[list[int]]:
+    """Replace each placeholder by `tokens_per_image` image ids id_base + j (j counts the batch's image tokens)."""
+    check_image_counts(prompts, n_images, image_token_index)
+    out: list[list[int]] = []
+    j = 0
+    for ids in prompts:
+        row: list[int] = []
+        for t in ids:
+            if t == image_token_index:
+                row.extend(range(id_base + j, id_base + j + tokens_per_image))
+                j += tokens_per_image
+            else:
+                row.append(int(t))
+        out.append(row)
+    return out
+
+
+def image_table(embeds: Sequence[Tensor], width: int) -> Tensor:
+    """[max(1, n_tokens), width]: every image's embeddings in batch order (a zero row when there are none)."""
+    rows = [e.reshape(-1, width) for e in embeds if e.numel()]
+    if not rows:
+        return torch.zeros(1, width)
+    return torch.cat(rows)
+
+
+def image_table_np(embeds: Sequence[np.ndarray], width: int, dtype: np.dtype | type = np.float32) -> np.ndarray:
+    """The numpy twin of `image_table` (what an exported graph's image_table input takes)."""
+    rows = [np.asarray(e).reshape(-1, width) for e in embeds if np.asarray(e).size]
+    if not rows:
+        return np.zeros((1, width), dtype=dtype)
+    return np.ascontiguousarray(np.concatenate(rows).astype(dtype, copy=False))
+
+
+def embed_with_images(embed: nn.Embedding, ids: Tensor, table: Tensor) -> Tensor:
+    """Token embeddings, with ids >= embed.num_embeddings taken from the image table (row id - num_embeddings)."""
+    n = embed.num_embeddings
+    is_image = ids >= n
+    text = embed(torch.where(is_image, torch.zeros_like(ids), ids))
+    rows = table[(ids - n).clamp(min=0)]
+    return torch.where(is_image[..., None], rows.to(text.dtype), text)
+
+
+class ImageConditionedModel(MaskPredictor):
+    """A MaskPredictor whose prompts may hold image ids: it shares the LM's modules and holds the image table.
+
+    Every loop written for a MaskPredictor (the reference loop, Seer's truncated loop, a torch backend) runs on it
+    unchanged, since image ids are plain ints in the prompt.
+    """
+
+    image_table: Tensor
+
+    def __init__(self, lm: MaskPredictor, table: Tensor) -> None:
+        nn.Module.__init__(self)  # share the LM's modules rather than building new ones
+        self.cfg = lm.cfg
+        self.embed = lm.embed
+        self.layers = lm.layers
+        self.final_norm = lm.final_norm
+        self.lm_head = lm.lm_head
+        self.register_buffer("image_table", table.to(lm.embed.weight), persistent=False)
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        *,
+        inputs_embeds: Tensor | None = None,
+        stats: StatsSpec | None = None,
+    ) -> ModelOutput:
+        if inputs_embeds is None:
+            if input_ids is None:
+                raise ConfigError("give input_ids or inputs_embeds")
+            inputs_embeds = embed_with_images(self.embed, input_ids, self.image_table)
+        return super().forward(None, attention_mask, inputs_embeds=inputs_embeds, stats=stats)
