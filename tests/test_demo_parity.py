@@ -25,7 +25,7 @@ from seer_deploy.models.checkpoint import load_checkpoint
 from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
-from seer_deploy.runtime.scheduler import CostedBackend, StepCost
+from seer_deploy.runtime.scheduler import StepCost
 from seer_deploy.runtime.targets import TargetInfo, open_target
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
@@ -74,12 +74,12 @@ def reference(prompts: list[list[int]], seer: SeerConfig) -> dict[str, tuple[np.
     return out
 
 
-def run_all(backend: Backend, info: TargetInfo, prompts: list[list[int]], batch: int, seer: SeerConfig | None
-            ) -> tuple[np.ndarray, list[int]]:
+def run_all(backend: Backend, info: TargetInfo, prompts: list[list[int]], batch: int, seer: SeerConfig | None,
+            cost: StepCost | None = None) -> tuple[np.ndarray, list[int]]:
     rows, kept = [], []
     for lo in range(0, len(prompts), batch):
         out = run_generation(backend, prompts[lo : lo + batch], CONFIG, mask_id=info.mask_id, pad_id=info.pad_id,
-                             eos_id=info.eos_id, seer=seer)
+                             eos_id=info.eos_id, seer=seer, cost=cost)
         rows.append(out.tokens)
         kept.extend([r.kept for r in out.seer] if out.seer else [CONFIG.gen_length] * out.tokens.shape[0])
     return np.concatenate(rows), kept
@@ -164,8 +164,7 @@ def test_merging_every_row_keeps_the_tokens(
 ) -> None:
     """The cost model forced to merge: each batch of 8 runs as one group, padded to its longest kept length."""
     backend, info = engine
-    merged = CostedBackend(backend, StepCost(a=1.0, b=1e-9))
-    got, kept = run_all(merged, info, prompts, 8, seer)
+    got, kept = run_all(backend, info, prompts, 8, seer, cost=StepCost(a=1.0, b=1e-9))
     want, want_kept = reference["on"]
     bad = [i for i in range(N) if not np.array_equal(got[i], want[i])]
     assert not bad, f"{len(bad)} of {N} prompts differ, first {bad[:5]}"

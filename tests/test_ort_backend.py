@@ -25,6 +25,7 @@ from seer_deploy.models.tokenizer import Tokenizer
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
+from seer_deploy.seer.config import SeerConfig
 from seer_deploy.spec.sampling import draw_uniform
 
 CPU = OrtSessionOptions(providers=("CPUExecutionProvider",))
@@ -185,9 +186,10 @@ def test_whole_generations_equal_the_torch_reference(exported: tuple[MaskPredict
     # Seer's cut with the tail kept in view as committed EOS (tail_context): ONNX Runtime's tokens are torch's too.
     config, kept = GenerationConfig(gen_length=24, steps=24), [5, 9, 24]
     for context in (3, "all"):
-        want = generate(model, prompts, config, kept_lengths=kept, tail_context=context).tokens.numpy()
+        seer = SeerConfig(tail_context=context)
+        want = generate(model, prompts, config, kept_lengths=kept, seer=seer).tokens.numpy()
         got = run_generation(ort_backend, prompts, config, mask_id=cfg.mask_id, pad_id=cfg.eos_id, kept_lengths=kept,
-                             tail_context=context)
+                             seer=seer)
         assert np.array_equal(got.tokens, want) and got.seer is not None
         assert [r.context for r in got.seer] == ([3, 3, 0] if context == 3 else [19, 15, 0])
     # random remasking: the host draws the scores, so ORT and torch agree for the same loop seed.

@@ -11,19 +11,12 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model
 
-from seer_deploy.core.backend import Step0Output, StepOutput
+from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.runtime.loop import (
-    Block,
-    LoopContext,
-    run_blocks,
-    run_generation,
-    start_state,
-    step_zero,
-)
+from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.loopcore import c_core, core_name, python_core
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
@@ -103,21 +96,17 @@ class ScriptedBackend:
         tokens = np.broadcast_to(np.arange(S, dtype=np.int64) + 100, (B, S)).copy()
         return tokens, np.tile(np.linspace(0, 1, S, dtype=np.float32), (B, 1))
 
-    def step0(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> Step0Output:
-        self.calls.append({"kind": "step0", "x": input_ids.copy(), "mask": attention_mask})
-        tokens, conf = self._out(input_ids)
-        B, S = input_ids.shape
+    def step0(self, inputs: StepInput) -> Step0Output:
+        self.calls.append({"kind": "step0", "x": inputs.input_ids.copy(), "mask": inputs.attention_mask})
+        tokens, conf = self._out(inputs.input_ids)
+        B, S = inputs.input_ids.shape
         return Step0Output(tokens, conf, np.zeros((B, S), np.float32), np.zeros((B, 0, S), np.float32))
 
-    def step(
-        self,
-        input_ids: np.ndarray,
-        attention_mask: np.ndarray | None,
-        temperature: float = 0.0,
-        seed: int | None = None,
-    ) -> StepOutput:
-        self.calls.append({"kind": "step", "x": input_ids.copy(), "temperature": temperature, "seed": seed})
-        return StepOutput(*self._out(input_ids))
+    def step(self, inputs: StepInput) -> StepOutput:
+        self.calls.append(
+            {"kind": "step", "x": inputs.input_ids.copy(), "temperature": inputs.temperature, "seed": inputs.seed}
+        )
+        return StepOutput(*self._out(inputs.input_ids))
 
 
 MASK, PAD = 1, 0
@@ -202,7 +191,7 @@ def test_left_padding_is_masked_out_for_the_backend() -> None:
 
 def test_unsupported_settings_are_config_errors() -> None:
     backend = ScriptedBackend()
-    with pytest.raises(ConfigError, match="cfg_scale.*reference loop.*scripted"):
+    with pytest.raises(ConfigError, match="cfg_scale.*only the torch backend.*scripted"):
         run_generation(backend, [[5]], GenerationConfig(gen_length=4, steps=4, cfg_scale=1.0), mask_id=MASK, pad_id=PAD)
     with pytest.raises(ConfigError, match="pad_id equals mask_id"):
         run_generation(backend, [[5]], GenerationConfig(gen_length=4, steps=4), mask_id=MASK, pad_id=MASK)
@@ -212,18 +201,30 @@ def test_unsupported_settings_are_config_errors() -> None:
         run_generation(backend, [[5] * 250], GenerationConfig(gen_length=8, steps=8), mask_id=MASK, pad_id=PAD)
 
 
+@pytest.mark.parametrize("kept", [None, [5, 16, 9]], ids=["full-length", "cut"])
+def test_guidance_on_the_torch_backend_equals_the_reference(kept: list[int] | None) -> None:
+    """Classifier-free guidance runs in the one loop on the torch backend (batched, cut or not): the reference's
+    tokens, and every step costs two passes."""
+    model = tiny_model(seed=5)
+    config = GenerationConfig(gen_length=16, steps=8, cfg_scale=1.5)
+    prompts = [[10, 14, 1, 2, 3, 13], [10, 15, 4, 13], [10, 16, 5, 6, 7, 13]]
+    out = run_generation(TorchBackend(model), prompts, config, mask_id=model.cfg.mask_id, pad_id=model.cfg.eos_id,
+                         kept_lengths=kept)
+    ref = generate(model, prompts, config, kept_lengths=kept)
+    np.testing.assert_array_equal(out.tokens, ref.tokens.numpy())
+    assert out.tokens_processed == ref.tokens_processed
+    if kept is not None:
+        assert out.seer == ref.seer
+
+
 def test_remaining_steps_run_on_a_shorter_kept_length() -> None:
     """The seam Seer uses: step zero at full length, then the later steps on prompt + kept length only."""
     backend = ScriptedBackend()
     config = GenerationConfig(gen_length=8, steps=8, block_length=4)
-    ctx = LoopContext(backend, python_core(), config, MASK, np.random.default_rng(0))
-    full = start_state([[5, 6]], np.full((1, 8), MASK, np.int64), PAD)
-    step_zero(ctx, full, hi=2 + 4, k=np.array([1]))
-    kept = start_state([[5, 6]], full.responses[:, :5].copy(), PAD)
-    run_blocks(ctx, kept, [Block(0, 4, 4), Block(4, 5, 1)])
+    out = run_generation(backend, [[5, 6]], config, mask_id=MASK, pad_id=PAD, core=python_core(), kept_lengths=[5])
     assert [c["x"].shape[1] for c in backend.calls] == [10, 7, 7, 7, 7]
-    assert kept.steps_run == 4 and kept.tokens_processed == 4 * 7
-    assert kept.responses.tolist() == [[102, 103, 104, 105, 106]]
+    assert out.steps_run == 1 + 4 and out.tokens_processed == 10 + 4 * 7
+    assert out.tokens.tolist() == [[102, 103, 104, 105, 106, PAD, PAD, PAD]]
 
 
 # ---------------------------------------------------------------- the torch backend's outputs
@@ -233,7 +234,7 @@ def test_torch_backend_step0_outputs() -> None:
     model = tiny_model()
     x = np.array([[10, 14, 3, 13] + [model.cfg.mask_id] * 4, [0, 0, 10, 13] + [model.cfg.mask_id] * 4], np.int64)
     attn = np.array([[1] * 8, [0, 0] + [1] * 6], np.int64)
-    out = TorchBackend(model).step0(x, attn)
+    out = TorchBackend(model).step0(StepInput(x, attn))
     with torch.no_grad():
         ref = model(torch.from_numpy(x), torch.from_numpy(attn), stats=StatsSpec(layers=(0, 1)))
     probs = F.softmax(ref.logits.float(), dim=-1)
@@ -251,7 +252,7 @@ def test_torch_backend_reports_the_requested_layers() -> None:
     model = tiny_model()
     backend = TorchBackend(model, StatsSpec(layers=(1,)))
     assert backend.sparsity_rows == [(1, s) for s in STAT_NAMES]
-    out = backend.step0(np.array([[10, 3, 13, model.cfg.mask_id]], np.int64), None)
+    out = backend.step0(StepInput(np.array([[10, 3, 13, model.cfg.mask_id]], np.int64)))
     with torch.no_grad():
         ref = model(torch.tensor([[10, 3, 13, model.cfg.mask_id]]), stats=StatsSpec(layers=(1,))).stats
     np.testing.assert_array_equal(out.sparsity, ref[:, 0].numpy())
@@ -263,6 +264,6 @@ def test_torch_backend_step_matches_step0_at_temperature_zero() -> None:
     model = tiny_model()
     x = np.array([[10, 3, 13] + [model.cfg.mask_id] * 5], np.int64)
     backend = TorchBackend(model)
-    a, b = backend.step(x, None), backend.step0(x, None)
+    a, b = backend.step(StepInput(x)), backend.step0(StepInput(x))
     np.testing.assert_array_equal(a.token_ids, b.token_ids)
     np.testing.assert_array_equal(a.confidence, b.confidence)

@@ -8,23 +8,21 @@ import numpy as np
 import pytest
 from conftest import tiny_model
 
-from seer_deploy.core.backend import Backend, Step0Output, StepOutput
+from seer_deploy.core.backend import Backend, Step0Output, StepInput, StepOutput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.runtime.executor import StepSlot, step_slots
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.loopcore import c_core, core_name, python_core
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.scheduler import (
-    CostedBackend,
     RowWork,
     StepCost,
-    StepSlot,
     group_cost,
     measure_step_cost,
     plan_hybrid,
     split_units,
     step_cost_of,
-    step_slots,
 )
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.plan import BlockPlan, make_plan
@@ -84,7 +82,7 @@ def test_plan_hybrid_keeps_equal_plans_together_and_covers_every_row() -> None:
 def test_step_slots_follow_the_blocks_after_step_zero() -> None:
     slots = step_slots((BlockPlan(0, 4, 3), BlockPlan(4, 6, 2)))
     assert slots == (
-        StepSlot(0, 4, 0, 2), StepSlot(0, 4, 1, 2), StepSlot(4, 6, 0, 2), StepSlot(4, 6, 1, 2)
+        StepSlot(0, 4, 0, 2, True), StepSlot(0, 4, 1, 2, True), StepSlot(4, 6, 0, 2, False), StepSlot(4, 6, 1, 2, False)
     )
     assert step_slots((BlockPlan(0, 4, 1),)) == ()  # step zero was the block's only step
 
@@ -96,11 +94,8 @@ def test_step_cost_validation_and_the_backend_cost() -> None:
         StepCost(a=-1.0, b=1.0)
     backend = TorchBackend(tiny_model())
     assert step_cost_of(backend) == StepCost()
-    costed = CostedBackend(backend, StepCost(a=2.0, b=3.0))
-    assert step_cost_of(costed) == StepCost(a=2.0, b=3.0)
-    assert (costed.name, costed.max_seq_len, costed.sparsity_rows) == (
-        backend.name, backend.max_seq_len, backend.sparsity_rows
-    )
+    backend.step_cost = StepCost(a=2.0, b=3.0)  # type: ignore[attr-defined]  # a backend that carries its measured cost
+    assert step_cost_of(backend) == StepCost(a=2.0, b=3.0)
 
 
 class ClockedBackend:
@@ -115,14 +110,13 @@ class ClockedBackend:
     def clock(self) -> float:
         return self.now
 
-    def step0(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> Step0Output:
+    def step0(self, inputs: StepInput) -> Step0Output:
         raise AssertionError("not used")
 
-    def step(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray | None, temperature: float = 0.0, seed: int | None = None
-    ) -> StepOutput:
-        self.now += self.a + self.b * input_ids.size
-        return StepOutput(np.zeros(input_ids.shape, np.int64), np.zeros(input_ids.shape, np.float32))
+    def step(self, inputs: StepInput) -> StepOutput:
+        ids = inputs.input_ids
+        self.now += self.a + self.b * ids.size
+        return StepOutput(np.zeros(ids.shape, np.int64), np.zeros(ids.shape, np.float32))
 
 
 def test_measure_step_cost_fits_call_and_token_cost() -> None:
@@ -144,14 +138,13 @@ class Recorder:
         self.name, self.max_seq_len, self.sparsity_rows = inner.name, inner.max_seq_len, inner.sparsity_rows
         self.calls: list[tuple[np.ndarray, np.ndarray | None]] = []
 
-    def step0(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> Step0Output:
-        return self.inner.step0(input_ids, attention_mask)
+    def step0(self, inputs: StepInput) -> Step0Output:
+        return self.inner.step0(inputs)
 
-    def step(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray | None, temperature: float = 0.0, seed: int | None = None
-    ) -> StepOutput:
-        self.calls.append((input_ids.copy(), None if attention_mask is None else attention_mask.copy()))
-        return self.inner.step(input_ids, attention_mask, temperature, seed)
+    def step(self, inputs: StepInput) -> StepOutput:
+        mask = inputs.attention_mask
+        self.calls.append((inputs.input_ids.copy(), None if mask is None else mask.copy()))
+        return self.inner.step(inputs)
 
 
 def right_padded_calls(calls: list[tuple[np.ndarray, np.ndarray | None]]) -> int:
@@ -174,7 +167,7 @@ def test_every_row_gets_its_solo_tokens(core: Any, config: GenerationConfig, kep
     model = tiny_model(seed=3)
     ids = {"mask_id": model.cfg.mask_id, "pad_id": model.cfg.eos_id}
     backend = Recorder(TorchBackend(model))
-    batch = run_generation(CostedBackend(backend, cost), PROMPTS, config, core=core, kept_lengths=kept, **ids)  # type: ignore[arg-type]
+    batch = run_generation(backend, PROMPTS, config, core=core, kept_lengths=kept, cost=cost, **ids)  # type: ignore[arg-type]
     for b, (prompt, k) in enumerate(zip(PROMPTS, kept, strict=True)):
         solo = run_generation(TorchBackend(model), [prompt], config, core=core, kept_lengths=[k], **ids)  # type: ignore[arg-type]
         np.testing.assert_array_equal(batch.tokens[b], solo.tokens[0], err_msg=f"row {b} (kept {k})")
@@ -198,7 +191,7 @@ def test_merging_saves_calls_and_pads_only_inside_the_group(core: Any) -> None:
     runs = {}
     for name, cost in (("merged", MERGE_ALL), ("apart", APART)):
         backend = Recorder(TorchBackend(model))
-        runs[name] = (run_generation(CostedBackend(backend, cost), PROMPTS, config, core=core, kept_lengths=kept, **ids), backend)  # type: ignore[arg-type]
+        runs[name] = (run_generation(backend, PROMPTS, config, core=core, kept_lengths=kept, cost=cost, **ids), backend)  # type: ignore[arg-type]
     merged, apart = runs["merged"], runs["apart"]
     np.testing.assert_array_equal(merged[0].tokens, apart[0].tokens)
     assert merged[0].steps_run < apart[0].steps_run

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from conftest import tiny_model
 
+from seer_deploy.core.backend import StepInput, StepOutput
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.loopcore import c_core, core_name, python_core
@@ -49,16 +50,16 @@ def test_runtime_loop_runs_the_tail_context_as_committed_eos() -> None:
     seen: list[np.ndarray] = []
 
     class Recording(TorchBackend):
-        def step(self, input_ids, attention_mask, temperature=0.0, seed=None):  # type: ignore[no-untyped-def]
-            seen.append(input_ids.copy())
-            return super().step(input_ids, attention_mask, temperature, seed)
+        def step(self, inputs: StepInput) -> StepOutput:
+            seen.append(inputs.input_ids.copy())
+            return super().step(inputs)
 
-    out = run_generation(Recording(model), [PROMPTS[0]], config, mask_id=12, pad_id=11, kept_lengths=[5],
-                         tail_context=4)
+    seer = SeerConfig(tail_context=4)
+    out = run_generation(Recording(model), [PROMPTS[0]], config, mask_id=12, pad_id=11, kept_lengths=[5], seer=seer)
     assert out.seer is not None and (out.seer[0].kept, out.seer[0].context) == (5, 4)
     assert len(seen) == 4 and all(x.shape == (1, 6 + 5 + 4) and (x[0, 11:] == 11).all() for x in seen)
     assert not (out.tokens == 12).any() and (out.tokens[0, 5:] == 11).all()
-    ref = generate(model, [PROMPTS[0]], config, kept_lengths=[5], tail_context=4)
+    ref = generate(model, [PROMPTS[0]], config, kept_lengths=[5], seer=seer)
     np.testing.assert_array_equal(out.tokens, ref.tokens.numpy())
     assert out.seer == ref.seer
 

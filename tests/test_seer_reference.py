@@ -53,7 +53,7 @@ def test_tail_context_keeps_committed_eos_slots_after_the_cut() -> None:
     seen: list[torch.Tensor] = []
     model.register_forward_pre_hook(lambda _m, args: seen.append(args[0].clone()))
     config = GenerationConfig(gen_length=32, steps=32)
-    out = generate(model, [PROMPTS[0]], config, kept_lengths=[10], tail_context=4)
+    out = generate(model, [PROMPTS[0]], config, kept_lengths=[10], seer=SeerConfig(tail_context=4))
     assert [int(x.shape[1]) for x in seen] == [6 + 32] + [6 + 10 + 4] * 9
     assert all((x[0, 16:] == EOS).all() for x in seen[1:])  # the context slots, at every later step
     assert (out.tokens[0, 10:] == EOS).all() and not (out.tokens[0, :10] == MASK).any()
@@ -61,7 +61,7 @@ def test_tail_context_keeps_committed_eos_slots_after_the_cut() -> None:
     assert report is not None and (report.kept, report.steps) == (10, 10)
     assert report.tokens_processed == 38 + 9 * (16 + 4) == out.tokens_processed
     # The context never runs past gen_length, and a request kept whole has none.
-    wide = generate(model, PROMPTS, config, kept_lengths=[30, 32, 5], tail_context=8)
+    wide = generate(model, PROMPTS, config, kept_lengths=[30, 32, 5], seer=SeerConfig(tail_context=8))
     assert wide.seer is not None
     no_context = generate(model, PROMPTS, config, kept_lengths=[30, 32, 5])
     assert no_context.seer is not None
@@ -69,9 +69,7 @@ def test_tail_context_keeps_committed_eos_slots_after_the_cut() -> None:
     assert extra == [29 * 2, 0, 4 * 8]  # (steps - 1) * min(8, 32 - kept)
     assert wide.tokens_processed == sum(r.tokens_processed for r in wide.seer)
     with pytest.raises(ConfigError, match="tail_context"):
-        generate(model, PROMPTS, config, kept_lengths=[5, 5, 5], tail_context=-1)
-    with pytest.raises(ConfigError, match="only applies to Seer"):
-        generate(model, PROMPTS, config, tail_context=4)
+        generate(model, PROMPTS, config, kept_lengths=[5, 5, 5], seer=SeerConfig(tail_context=-1))
 
 
 def test_rows_with_different_kept_lengths_equal_their_solo_runs() -> None:

@@ -26,8 +26,8 @@ from seer_deploy.core.sparsity import SparsityRow, StatsSpec, layer_major_rows
 from seer_deploy.models.confidence import greedy_head, log_prob_of, token_log_prob
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.seer.config import SeerConfig, TailContext
-from seer_deploy.seer.plan import SeerReport, check_tail_override, group_rows, plan_batch
+from seer_deploy.seer.config import SeerConfig
+from seer_deploy.seer.plan import SeerReport, group_rows, plan_batch
 
 
 def gumbel_argmax(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
@@ -141,20 +141,18 @@ def generate(
     generator: torch.Generator | None = None,
     seer: SeerConfig | None = None,
     kept_lengths: Sequence[int] | None = None,
-    tail_context: TailContext | None = None,
 ) -> GenerationResult:
     """Fill `gen_length` masked positions after each prompt; prompts of different length are left-padded.
 
-    seer: detect each answer's end at step zero and run the later steps on prompt + kept length only (see
-    `seer_deploy.seer.plan`). kept_lengths: force the kept length per request instead (oracle studies).
-    tail_context: overrides `seer.tail_context` (the cut slots the later steps still see as committed EOS; 0 is the
-    paper's cut, 'all' the whole tail); None takes the config's.
+    seer: detect each answer's end at step zero and run the later steps on prompt + kept length only, plus the
+    config's tail context (the cut slots the later steps still see as committed EOS; 0 is the paper's cut, 'all' the
+    whole tail; see `seer_deploy.seer.plan`). kept_lengths: force the kept length per request instead (oracle
+    studies; the tail context is still the seer config's, 0 without one).
     """
     cfg = model.cfg
     config.validate(cfg.max_seq_len, max(len(p) for p in prompts))
-    check_tail_override(tail_context, seer is not None or kept_lengths is not None)
     if seer is not None or kept_lengths is not None:
-        return _generate_seer(model, prompts, config, generator, seer, kept_lengths, tail_context)
+        return _generate_seer(model, prompts, config, generator, seer, kept_lengths)
     device = next(model.parameters()).device
     G, block = config.gen_length, config.block
     batch = _start(prompts, torch.full((len(prompts), G), cfg.mask_id, dtype=torch.long), cfg, device)
@@ -176,7 +174,6 @@ def _generate_seer(
     generator: torch.Generator | None,
     seer: SeerConfig | None,
     kept_lengths: Sequence[int] | None,
-    tail_context: TailContext | None = None,
 ) -> GenerationResult:
     """Step zero at full length for the whole batch, then each group of equal plans on its own kept length (plus
     `tail_context` committed EOS slots)."""
@@ -192,10 +189,12 @@ def _generate_seer(
     passes = 2 if config.cfg_scale > 0 else 1
     tokens_processed = batch.real_tokens * passes
     responses = zero.x[:, P:].cpu()
+    # The prompts as step zero left them: masks inside a prompt are candidates too, and its commits stand.
+    after_zero = [zero.x[b, P - len(p) : P].tolist() for b, p in enumerate(prompts)]
     step0, rows = _step0_output(zero, cfg.eos_id, spec)
     plans = plan_batch(
         step0, rows, P, responses.numpy(), seer=seer, eos_id=cfg.eos_id, mask_id=cfg.mask_id, gen_length=G,
-        steps=config.steps, block_length=config.block_length, kept_lengths=kept_lengths, tail_context=tail_context,
+        steps=config.steps, block_length=config.block_length, kept_lengths=kept_lengths,
     )
     # Rows with the same plan run together: padded to the group's longest prompt, the padding masked out.
     tokens = torch.full((B, G), cfg.eos_id, dtype=torch.long)
@@ -205,7 +204,7 @@ def _generate_seer(
         context = plans[rows_of_group[0]].context
         slots = responses[rows_of_group, : kept + context].clone()
         slots[:, kept:] = cfg.eos_id  # the context: committed EOS, past every block, so never scored or changed
-        sub = _start([prompts[b] for b in rows_of_group], slots, cfg, device)
+        sub = _start([after_zero[b] for b in rows_of_group], slots, cfg, device)
         Pg = sub.prompt_width
         for j, bp in enumerate(blocks):
             n_steps = bp.steps - 1 if j == 0 else bp.steps  # step zero was the first block's first step

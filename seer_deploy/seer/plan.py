@@ -23,7 +23,7 @@ from seer_deploy.core.backend import Step0Output
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import steps_per_block
 from seer_deploy.core.sparsity import SparsityRow
-from seer_deploy.seer.config import SeerConfig, TailContext, check_tail_context, context_slots
+from seer_deploy.seer.config import SeerConfig, context_slots
 from seer_deploy.seer.detect import Boundary, detect
 from seer_deploy.seer.response_profile import ResponseProfile, profiles_from_step0
 
@@ -102,6 +102,12 @@ def block_plan(gen_length: int, steps: int, block_length: int | None, kept: int)
     return tuple(plans)
 
 
+def full_length_plan(gen_length: int, steps: int, block_length: int | None) -> TruncationPlan:
+    """The plan of a request that Seer does not cut: every block with its even share of the steps."""
+    return TruncationPlan(gen_length=gen_length, kept=gen_length,
+                          blocks=block_plan(gen_length, steps, block_length, gen_length), full_steps=steps)
+
+
 def make_plan(
     gen_length: int,
     steps: int,
@@ -144,15 +150,6 @@ def plan_request(
                      context=seer.context_slots(kept, gen_length))
 
 
-def check_tail_override(tail_context: TailContext | None, truncating: bool) -> None:
-    """ConfigError for a bad tail_context override, or one given to a run that does not truncate (no Seer config and
-    no forced kept lengths). None (take the config's) always passes."""
-    if tail_context is None:
-        return
-    check_tail_context(tail_context)
-    if tail_context and not truncating:
-        raise ConfigError("tail_context only applies to Seer runs: pass seer= or kept_lengths= as well")
-
 
 def plan_batch(
     step0: Step0Output,
@@ -167,13 +164,12 @@ def plan_batch(
     steps: int,
     block_length: int | None,
     kept_lengths: Sequence[int] | None = None,
-    tail_context: TailContext | None = None,
 ) -> list[TruncationPlan]:
     """Plan every request of a batch from its step-zero output (left-padded to `prompt_width`).
 
     responses: int64 [B, gen_length], the response slots after step zero's commits. kept_lengths forces the kept
-    length per request (oracle studies); the detector still runs when `seer` is given, for the report.
-    tail_context overrides the config's (default: the config's, or 0 without one).
+    length per request (oracle studies); the detector still runs when `seer` is given, for the report, and the tail
+    context is the config's (0 without one).
     """
     B = responses.shape[0]
     if kept_lengths is not None and (len(kept_lengths) != B or any(not 1 <= k <= gen_length for k in kept_lengths)):
@@ -181,8 +177,7 @@ def plan_batch(
     if seer is None and kept_lengths is None:
         raise ConfigError("plan_batch needs a Seer config or forced kept lengths")
     profiles = profiles_from_step0(step0, rows, prompt_width, gen_length) if seer is not None else None
-    if tail_context is None:
-        tail_context = seer.tail_context if seer is not None else 0
+    tail_context = seer.tail_context if seer is not None else 0
     plans = []
     for b in range(B):
         boundary = detect(profiles[b], seer, eos_id) if profiles is not None and seer is not None else None
