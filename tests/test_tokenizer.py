@@ -9,9 +9,9 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
-from seer_deploy.core.errors import CheckpointError
+from seer_deploy.core.errors import CheckpointError, ConfigError
 from seer_deploy.models.demo_tasks import VOCAB, write_tokenizer
-from seer_deploy.models.tokenizer import Tokenizer, special_ids_from_tokenizer_file
+from seer_deploy.models.tokenizer import Tokenizer, check_prompt, special_ids_from_tokenizer_file
 
 
 def test_demo_tokenizer_round_trip(tmp_path: Path) -> None:
@@ -50,3 +50,40 @@ def test_missing_or_broken_tokenizer(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="not a readable tokenizer.json"):
         Tokenizer(tmp_path / "tokenizer.json", eos_id=0)
+
+
+def test_non_utf8_tokenizer_is_named(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_bytes(b'{"model": "\xc3"}')
+    with pytest.raises(CheckpointError, match=r"tokenizer.json is not UTF-8 text \(byte 0xc3 at offset 11\)"):
+        Tokenizer(tmp_path / "tokenizer.json", eos_id=0)
+
+
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        (None, "the prompt is null, not text"),
+        ({"prompt": "x"}, "the prompt is an object, not text"),
+        (["reverse 1"], "the prompt is a list, not text"),
+        (42, "the prompt is a number, not text"),
+        ("", "the prompt is empty"),
+        ("  \n\t ", "the prompt is empty"),
+        ("reverse 1<|mdm_mask|>", r"contains '<\|mdm_mask\|>', the model's mask token"),
+        ("sort <|endoftext|> 12", r"contains '<\|endoftext\|>', the model's eos token"),
+        ("<|startoftext|>count 1", r"'<\|startoftext\|>', the model's bos token"),
+        ("hi<|eot_id|>", "eot token"),
+        ("<|start_header_id|>system", "chat-template header token"),
+        ("bad \ud800 text", "not valid Unicode"),
+    ],
+)
+def test_unusable_prompts_are_refused_with_the_reason(tmp_path: Path, prompt: object, message: str) -> None:
+    write_tokenizer(tmp_path / "tokenizer.json")
+    tok = Tokenizer(tmp_path / "tokenizer.json", eos_id=VOCAB.index("<|endoftext|>"))
+    with pytest.raises(ConfigError, match=message):
+        tok.encode_prompt(prompt)  # type: ignore[arg-type]
+
+
+def test_ordinary_text_with_special_looking_pieces_is_kept(tmp_path: Path) -> None:
+    write_tokenizer(tmp_path / "tokenizer.json")
+    tok = Tokenizer(tmp_path / "tokenizer.json", eos_id=VOCAB.index("<|endoftext|>"))
+    assert tok.encode_prompt("double 12 <|mdm mask|> = 24")[0] == VOCAB.index("<|startoftext|>")
+    assert check_prompt(" reverse 1 ") == " reverse 1 "

@@ -12,7 +12,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from seer_deploy.core.atomic import honour_umask, install_dir, temp_dir_beside
 from seer_deploy.core.errors import CheckpointError
-from seer_deploy.core.files import update_from_file
+from seer_deploy.core.files import confined, read_json, safetensors_header, update_from_file
 from seer_deploy.models.config import ModelConfig, config_from_dict
 from seer_deploy.models.llada import MaskPredictor
 
@@ -104,32 +104,35 @@ def resolve_checkpoint(name_or_path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def read_config(path: Path) -> dict:
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise CheckpointError(f"{cfg_file} is missing; a checkpoint directory needs config.json")
-    try:
-        return json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_file} is not valid JSON ({exc})") from exc
+def read_config(path: Path) -> dict[str, Any]:
+    """A checkpoint's config.json as a JSON object (CheckpointError naming the file otherwise)."""
+    config: dict[str, Any] = read_json(path / "config.json", "checkpoint config", error=CheckpointError,
+                                       fix="a checkpoint directory needs config.json")
+    return config
 
 
 def weight_files(path: Path) -> dict[str, Path]:
-    """Weight name -> the safetensors file that holds it (from the index, or the single file)."""
+    """Weight name -> the safetensors file that holds it (from the index, or the single file).
+
+    Every file named by the index must lie inside the checkpoint directory (symlinks resolved) and have a
+    safetensors header that matches its size; both are checked before any file is hashed or loaded."""
     index = path / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise CheckpointError(f"{index} is not a valid safetensors index (needs a 'weight_map')") from exc
-        files = {name: path / shard for name, shard in weight_map.items()}
-        for shard in sorted(set(files.values())):
-            if not shard.is_file():
-                raise CheckpointError(f"shard {shard.name} listed in {INDEX_FILE} is missing from {path}")
-        return files
+    if index.is_file() or index.is_symlink():
+        weight_map = read_json(index, "safetensors index", error=CheckpointError).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index} is not a valid safetensors index (needs a non-empty 'weight_map' object "
+                                  "of weight name -> shard file); re-download it")
+        shards = {shard: _shard_path(path, shard) for shard in sorted(set(map(_shard_name, weight_map.values())))}
+        headers = {shard: safetensors_header(file, "checkpoint shard", error=CheckpointError)
+                   for shard, file in shards.items()}
+        for name, shard in weight_map.items():
+            if name not in headers[shard]:
+                raise CheckpointError(f"{index} places weight {name} in {shard}, which does not hold it; re-download "
+                                      "the checkpoint")
+        return {name: shards[shard] for name, shard in weight_map.items()}
     single = path / SINGLE_FILE
     if single.is_file():
-        return {name: single for name in _safetensors_keys(single)}
+        return {name: single for name in safetensors_header(single, "checkpoint weights", error=CheckpointError)}
     if any(path.glob("*.bin")) or any(path.glob("*.pt")):
         raise CheckpointError(
             f"{path} holds PyTorch pickle weights; only safetensors are read. Convert them with "
@@ -138,12 +141,18 @@ def weight_files(path: Path) -> dict[str, Path]:
     raise CheckpointError(f"no weights in {path}: expected {SINGLE_FILE} or {INDEX_FILE} with its shards")
 
 
-def _safetensors_keys(file: Path) -> list[str]:
-    try:
-        with safe_open(file, framework="pt") as f:
-            return list(f.keys())
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{file} is not a readable safetensors file ({exc}); re-download or re-save it") from exc
+def _shard_name(value: object) -> str:
+    if not isinstance(value, str):
+        raise CheckpointError(f"{INDEX_FILE}: shard {value!r} is not a file name; weight_map values name shard files")
+    return value
+
+
+def _shard_path(path: Path, shard: str) -> Path:
+    """The shard's resolved path inside the checkpoint directory; CheckpointError if it is elsewhere or missing."""
+    file = confined(path, shard, f"shard listed in {INDEX_FILE}", error=CheckpointError)
+    if not file.is_file():
+        raise CheckpointError(f"shard {shard} listed in {INDEX_FILE} is missing from {path}; re-download it")
+    return file
 
 
 @dataclass
@@ -198,7 +207,7 @@ def load_checkpoint(
                             f"{path}: weight {external} has shape {tuple(tensor.shape)}, but config.json implies "
                             f"{shapes[internal]}; the config and the weights disagree"
                         )
-                    state[internal] = tensor.to(device=device, dtype=dtype)
+                    state[internal] = _finite(tensor.to(device=device, dtype=dtype), external, path)
         except (SafetensorError, OSError, ValueError) as exc:
             raise CheckpointError(f"{file} is not a readable safetensors file ({exc}); re-download or re-save it") from exc
     model.load_state_dict(state, strict=not cfg.tie_embeddings, assign=True)
@@ -206,6 +215,17 @@ def load_checkpoint(
         model.lm_head.weight = model.embed.weight
     model.eval().requires_grad_(False)
     return LoadedCheckpoint(model=model, config=cfg, layout=layout, path=path)
+
+
+def _finite(tensor: torch.Tensor, name: str, path: Path) -> torch.Tensor:
+    """The tensor, if every value is finite: NaN or infinite weights (or an overflow of the load dtype) would
+    surface much later as garbage answers or as a disagreement between backends."""
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        raise CheckpointError(
+            f"{path}: weight {name} holds NaN or infinite values (in {str(tensor.dtype).removeprefix('torch.')}); "
+            "the checkpoint is damaged, or too large for this dtype: re-download it or load it in float32"
+        )
+    return tensor
 
 
 def _list(keys: list[str], limit: int = 8) -> str:
