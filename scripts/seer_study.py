@@ -29,18 +29,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from seer_deploy.calibration.calibrate import (
+from seer_deploy.calibration.collect import StepZeroSet, step_zero_set
+from seer_deploy.calibration.detector_fit import (
     CalibrationOptions,
     boundaries,
-    calibrate,
     candidates,
     choose_floor_margin,
     evaluate,
-    fit_identity_margin,
-    identity_margins,
-    sparsity_config,
+    fit_detectors,
 )
-from seer_deploy.calibration.collect import StepZeroSet, step_zero_set
+from seer_deploy.calibration.identity_fit import fit_identity_margin, identity_margins
+from seer_deploy.calibration.sparsity_fit import sparsity_config
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.core.sparsity import STAT_NAMES
 from seer_deploy.models import Tokenizer, load_checkpoint
@@ -217,7 +216,7 @@ def study_length(model: MaskPredictor, tok: Tokenizer, G: int, args: argparse.Na
     dev = step_zero_set(model, ev_prompts, G, thresholds, args.batch)
     print(f"g{G}: step-zero profiles done", flush=True)
     options = CalibrationOptions(target_safe=args.target_safe, thresholds=thresholds)
-    cal = calibrate(dcal, tcal, cfg.eos_id, cfg.n_layers, options)
+    cal = fit_detectors(dcal, tcal, cfg.eos_id, cfg.n_layers, options)
     detectors = {name: cal.config.with_(detector=name, margin=entry["margin"])
                  for name, entry in cal.report["detectors"].items()}
     offline = {name: evaluate(dev, tev, c, cfg.eos_id, name) for name, c in detectors.items()}
@@ -305,7 +304,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 def fit_margin_end_to_end(model: MaskPredictor, prompts: list[list[int]], config: SeerConfig,
                           args: argparse.Namespace) -> dict[str, Any]:
-    """`calibrate.fit_identity_margin` on the calibration prompts at gen_length --identity-gen-length with one token
+    """`identity_fit.fit_identity_margin` on the calibration prompts at gen_length --identity-gen-length with one token
     a step, for margins from the safe-rate calibration's up to 16 more in steps of 2, then (if no margin reaches
     the target) the --identity-tail-contexts at the knee margin."""
     G = args.identity_gen_length
@@ -338,7 +337,7 @@ def write_demo_config(model: MaskPredictor, tok: Tokenizer, args: argparse.Names
 
     data, true_len = data_for(primary)
     options = CalibrationOptions(target_safe=args.target_safe, thresholds=thresholds, detector=args.detector)
-    result = calibrate(data, true_len, cfg.eos_id, cfg.n_layers, options)
+    result = fit_detectors(data, true_len, cfg.eos_id, cfg.n_layers, options)
     config = result.config
     trends = list(config.trends)
     for G in others:  # the same rows and weights; the positional trend is re-fitted at each length

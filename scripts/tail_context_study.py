@@ -52,7 +52,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for context in args.tail_contexts:
         start = time.perf_counter()
-        run = run_batched(ckpt.model, prompts, config, args.batch, seer=seer, tail_context=context)
+        run = run_batched(ckpt.model, prompts, config, args.batch, seer=seer.with_(tail_context=context))
         row = end_to_end(f"{context}", run, full, true_len, examples, tok, full_processed, None)
         print(f"| {context} | {row['exact_match']:.3f} | {row['identical_to_full']:.3f} | {row['mean_kept']:.2f} | "
               f"{row['tokens_processed']:,} | {row['vs_full']:.3f} | {time.perf_counter() - start:.1f} |", flush=True)

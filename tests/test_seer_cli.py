@@ -80,8 +80,8 @@ def test_calibrate_writes_a_config_that_generate_uses(make_checkpoint, tmp_path:
 
 
 def test_calibrate_fits_margin_and_tail_context_end_to_end(make_checkpoint, tmp_path: Path, capsys) -> None:
-    from seer_deploy.calibration.calibrate import split_indices
     from seer_deploy.calibration.collect import batched_generation
+    from seer_deploy.calibration.detector_fit import split_indices
     from seer_deploy.core.generation import GenerationConfig
     from seer_deploy.models import Tokenizer, load_checkpoint
     from seer_deploy.seer.metrics import identical_share, true_lengths

@@ -165,7 +165,7 @@ def _identity_runner(full: np.ndarray, wrong_until: dict[int, int]):
 
 
 def test_identity_fit_takes_the_first_margin_reaching_the_target() -> None:
-    from seer_deploy.calibration.calibrate import fit_identity_margin
+    from seer_deploy.calibration.identity_fit import fit_identity_margin
 
     full = np.zeros((10, 8), dtype=np.int64)
     true_len = np.full(10, 2)
@@ -177,7 +177,7 @@ def test_identity_fit_takes_the_first_margin_reaching_the_target() -> None:
 
 
 def test_identity_fit_takes_the_knee_when_the_target_is_out_of_reach() -> None:
-    from seer_deploy.calibration.calibrate import fit_identity_margin
+    from seer_deploy.calibration.identity_fit import fit_identity_margin
 
     full = np.zeros((10, 8), dtype=np.int64)
     fit = fit_identity_margin(_identity_runner(full, {0: 1, 1: 3, 2: 99}), SeerConfig(), full, np.full(10, 2),
@@ -187,7 +187,7 @@ def test_identity_fit_takes_the_knee_when_the_target_is_out_of_reach() -> None:
 
 
 def test_identity_fit_tries_tail_contexts_at_the_knee_margin_when_margins_fall_short() -> None:
-    from seer_deploy.calibration.calibrate import fit_identity_margin
+    from seer_deploy.calibration.identity_fit import fit_identity_margin
 
     full = np.zeros((10, 16), dtype=np.int64)
     margin_runner = _identity_runner(full, {0: 1, 1: 99, 2: 99})  # rows 1 and 2 need the tail, not a margin
@@ -208,7 +208,7 @@ def test_identity_fit_tries_tail_contexts_at_the_knee_margin_when_margins_fall_s
 
 
 def test_identity_fit_keeps_tail_context_zero_when_a_margin_suffices() -> None:
-    from seer_deploy.calibration.calibrate import fit_identity_margin
+    from seer_deploy.calibration.identity_fit import fit_identity_margin
 
     full = np.zeros((10, 8), dtype=np.int64)
     fit = fit_identity_margin(_identity_runner(full, {0: 2}), SeerConfig(), full, np.full(10, 2), range(4),
@@ -218,7 +218,7 @@ def test_identity_fit_keeps_tail_context_zero_when_a_margin_suffices() -> None:
 
 
 def test_identity_fit_rejects_a_bad_tail_context() -> None:
-    from seer_deploy.calibration.calibrate import fit_identity_margin
+    from seer_deploy.calibration.identity_fit import fit_identity_margin
     from seer_deploy.core.errors import ConfigError
 
     full = np.zeros((2, 8), dtype=np.int64)
@@ -241,7 +241,7 @@ def _context_runner(full: np.ndarray, needs: dict[int, int]):
 
 
 def test_identity_fit_tries_contexts_cheapest_first_and_falls_back_to_the_best() -> None:
-    from seer_deploy.calibration.calibrate import fit_identity_margin
+    from seer_deploy.calibration.identity_fit import fit_identity_margin
 
     full = np.zeros((10, 16), dtype=np.int64)
     # Rows 0-1 need 4 slots in view, row 2 never matches: 0.9 is the best any run reaches.
@@ -253,7 +253,7 @@ def test_identity_fit_tries_contexts_cheapest_first_and_falls_back_to_the_best()
 
 
 def test_identity_fit_slack_is_inclusive_and_must_not_be_negative() -> None:
-    from seer_deploy.calibration.calibrate import fit_identity_margin
+    from seer_deploy.calibration.identity_fit import fit_identity_margin
     from seer_deploy.core.errors import ConfigError
 
     full = np.zeros((10, 8), dtype=np.int64)

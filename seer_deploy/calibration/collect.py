@@ -11,12 +11,18 @@ import torch.nn.functional as F
 
 from seer_deploy.core.generation import GenerationConfig, left_pad
 from seer_deploy.core.sparsity import SparsityRow, StatsSpec, layer_major_rows
+from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.response_profile import ResponseProfile
 
 Thresholds = tuple[float, float]  # (abs_threshold, rel_threshold)
+
+
+def stop_ids(cfg: ModelConfig) -> set[int]:
+    """The ids that end an answer: EOS, and the end-of-turn id where the checkpoint has one."""
+    return {cfg.eos_id} | ({cfg.eot_id} if cfg.eot_id is not None else set())
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from seer_deploy.calibration.collect import step_zero_set
+from seer_deploy.calibration.collect import step_zero_set, stop_ids
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.core.sparsity import STAT_NAMES
 from seer_deploy.models.llada import MaskPredictor
@@ -67,7 +67,6 @@ def inspect_prompt(model: MaskPredictor, prompt: list[int], config: GenerationCo
     scores = split_scores(signal, score=seer.score, trend_term=seer.trend_term, min_tail=seer.min_tail,
                           two_sided=two_sided)
     answer = generate(model, [prompt], config).tokens[0].numpy()
-    stops = {cfg.eos_id} | ({cfg.eot_id} if cfg.eot_id is not None else set())
     return Inspection(
         gen_length=G,
         stats=data.sparsity[thresholds][0].reshape(cfg.n_layers, len(STAT_NAMES), G),
@@ -77,7 +76,7 @@ def inspect_prompt(model: MaskPredictor, prompt: list[int], config: GenerationCo
         scores=scores,
         boundaries=found,
         kept={k: kept_length(b.position, seer.margin, G, seer.buckets) for k, b in found.items()},
-        true_end=int(true_lengths(answer[None, :], stops)[0]),
+        true_end=int(true_lengths(answer[None, :], stop_ids(cfg))[0]),
         answer=answer,
         margin=seer.margin,
         detector=seer.detector,

@@ -59,14 +59,9 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
             tail_context: str, target_identical: float | None, identity_tail_contexts: str,
             identity_margin_span: int, batch_size: int, seed: int) -> None:
     """Calibrate Seer for TARGET (a checkpoint directory or 'demo') and write the config to --out."""
-    from seer_deploy.calibration.calibrate import (
-        CalibrationOptions,
-        calibrate_model,
-        check_target_identical,
-        fit_identity_on_split,
-        split_indices,
-    )
     from seer_deploy.calibration.collect import full_generation
+    from seer_deploy.calibration.detector_fit import CalibrationOptions, calibrate_model, split_indices
+    from seer_deploy.calibration.identity_fit import check_target_identical, fit_identity_on_split
     from seer_deploy.core.generation import GenerationConfig
     from seer_deploy.models import Tokenizer, load_checkpoint
 
