@@ -9,8 +9,8 @@ between the answer length and the batch's slot count; slots past it are padding,
 The image reaches the LM exactly as at inference: `<image>` expands to image ids that index the batch's image table
 (`seer_deploy.models.image_prompts.embed_with_images`), so training and generation share one code path.
 
-After training, Seer is calibrated for the model (seer.calibrate on pictures drawn from a calibration seed) and the
-config is stored as the checkpoint's seer.json; the card reports exact match and Seer's safe / identical rates on the
+After training, Seer is calibrated for the model (seer_deploy.calibration, the library `seer-deploy calibrate` uses, on
+pictures drawn from a calibration seed) and the config is stored as the checkpoint's seer.json; the card reports exact match and Seer's safe / identical rates on the
 held-out pictures.
 
     python scripts/train_demo_vl.py --out seer_deploy/models/demo_vl     # about 17 minutes on 2 CPU cores
@@ -35,7 +35,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from seer_deploy.calibration.calibrate import CalibrationOptions, calibrate_model, fit_identity_margin
+from seer_deploy.calibration.collect import batched_generation, full_generation, stop_ids
+from seer_deploy.calibration.detector_fit import CalibrationOptions, calibrate_model
+from seer_deploy.calibration.identity_fit import fit_identity_margin
+from seer_deploy.calibration.prompt_set import CalibrationPrompt, prepare_image_prompts
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.demo_vl_tasks import (
@@ -164,19 +167,18 @@ def evaluate(lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalTokenizer,
 def calibrate_seer(lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalTokenizer, n: int,
                    target_identical: float) -> SeerConfig:
     """Seer's settings for this model, chosen on pictures of a calibration seed (never the held-out one): the
-    detector's floors and a safe margin (seer.calibrate), then the margin fitted end to end, the first whose answers
-    equal full length's on `target_identical` of the pictures (seer.calibrate.fit_identity_margin)."""
-    model, prompts = conditioned(lm.eval(), vision.eval(), tok, heldout_examples(n, seed=HELDOUT_SEED + 1))
+    detector's floors and a safe margin (calibration.detector_fit), then the margin fitted end to end, the first whose
+    answers equal full length's on `target_identical` of the pictures (calibration.identity_fit)."""
+    examples = heldout_examples(n, seed=HELDOUT_SEED + 1)
     config = GenerationConfig(gen_length=MAX_GEN_LENGTH, steps=MAX_GEN_LENGTH)
-    full = generate(model, prompts, config).tokens.numpy()
-    result = calibrate_model(model, prompts, config, CalibrationOptions(), full_tokens=full, batch_size=n)
+    prompts = [CalibrationPrompt(e.prompt, (e.image(),)) for e in examples]
+    prepared = prepare_image_prompts(lm.eval(), vision.eval(), tok, prompts, config, batch_size=n)
+    model, ids = prepared.model, prepared.ids
+    full = full_generation(model, ids, config, batch_size=n)
+    result = calibrate_model(model, ids, config, CalibrationOptions(), full_tokens=full, batch_size=n)
     safe = result.config
-
-    def run_seer(seer: SeerConfig) -> tuple[np.ndarray, np.ndarray]:
-        out = generate(model, prompts, config, seer=seer)
-        return out.tokens.numpy(), np.array([r.kept for r in out.seer or []])
-
-    fit = fit_identity_margin(run_seer, safe, full, true_lengths(full, {lm.cfg.eos_id}),
+    fit = fit_identity_margin(lambda seer: batched_generation(model, ids, config, seer=seer, batch_size=n), safe, full,
+                              true_lengths(full, stop_ids(lm.cfg)),
                               range(safe.margin, safe.margin + MAX_ANSWER_TOKENS + 1),
                               target_identical=target_identical, log=lambda line: print(line, flush=True))
     return safe.with_(margin=fit.margin, calibration=result.report | {

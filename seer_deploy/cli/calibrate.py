@@ -1,5 +1,6 @@
 """`seer-deploy calibrate`: choose Seer's detector settings and margin for a checkpoint on a prompt set, and
-optionally (`--target-identical`) the margin and tail context end to end against full-length answers."""
+optionally (`--target-identical`) the margin and tail context end to end against full-length answers. A multimodal
+checkpoint is calibrated the same way, on prompts with pictures (calibration.prompt_set)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from seer_deploy.cli.generate import read_prompts
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.seer.config import parse_tail_context
 
@@ -28,7 +28,9 @@ def parse_buckets(text: str | None) -> tuple[int, ...]:
 @click.command("calibrate")
 @click.argument("target")
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Calibration prompts: JSON lines with a 'prompt' field, or one prompt per line.")
+              help="Calibration prompts: JSON lines with a 'prompt' field, or one prompt per line. For a multimodal "
+                   "checkpoint a line may add 'image': a path, or a list of paths, one per <image> in the prompt, in "
+                   "order (relative to this file).")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the Seer config (JSON).")
 @click.option("--target-safe", type=float, default=0.995, show_default=True,
@@ -58,12 +60,17 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
             block_length: int | None, detector: str, holdout: float, min_margin: int, buckets: str | None,
             tail_context: str, target_identical: float | None, identity_tail_contexts: str,
             identity_margin_span: int, batch_size: int, seed: int) -> None:
-    """Calibrate Seer for TARGET (a checkpoint directory or 'demo') and write the config to --out."""
+    """Calibrate Seer for TARGET and write the config to --out.
+
+    TARGET is a checkpoint directory or 'demo'; or a multimodal one, 'demo-vl' or a LLaDA-V-layout directory, whose
+    prompts may hold pictures (see --prompts): each picture is encoded once by the checkpoint's vision tower. A
+    prompts line with a picture: {"prompt": "<image> What is shown?", "image": "pictures/1.png"}.
+    """
     from seer_deploy.calibration.collect import full_generation
     from seer_deploy.calibration.detector_fit import CalibrationOptions, calibrate_model, split_indices
     from seer_deploy.calibration.identity_fit import check_target_identical, fit_identity_on_split
+    from seer_deploy.calibration.prompt_set import prepare_prompts, read_calibration_prompts
     from seer_deploy.core.generation import GenerationConfig
-    from seer_deploy.models import Tokenizer, load_checkpoint
 
     options = CalibrationOptions(target_safe=target_safe, holdout=holdout, seed=seed, detector=detector,
                                  min_margin=min_margin, buckets=parse_buckets(buckets))
@@ -80,28 +87,27 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
     config.validate()
     if batch_size < 1:
         raise ConfigError("--batch-size must be >= 1")
-    texts = read_prompts((), prompts_file)
-    ckpt = load_checkpoint(target)
-    tok = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id, ckpt.config.eot_id)
-    ids = [tok.encode_prompt(t) for t in texts]
-    config.validate(ckpt.model.cfg.max_seq_len, max((len(p) for p in ids), default=0))  # fail before generating
-    split_indices(len(ids), holdout, seed)  # enough prompts to split
-    full = full_generation(ckpt.model, ids, config, batch_size,
+    prompts = read_calibration_prompts(prompts_file)
+    split_indices(len(prompts), holdout, seed)  # enough prompts to split
+    prepared = prepare_prompts(target, prompts, config, batch_size)  # input errors before any model runs
+    model, ids = prepared.model, prepared.ids
+    full = full_generation(model, ids, config, batch_size,
                            lambda done, total: click.echo(f"full-length generation: {done}/{total}", err=True))
-    result = calibrate_model(ckpt.model, ids, config, options, full_tokens=full, batch_size=batch_size)
-    report = result.report
-    seer = result.config.with_(tail_context=context)
+    result = calibrate_model(model, ids, config, options, full_tokens=full, batch_size=batch_size)
+    report = result.report | {"n_images": prepared.n_images}
+    seer = result.config.with_(tail_context=context, calibration=report)
     if target_identical is not None:
         fit, validation = fit_identity_on_split(
-            ckpt.model, ids, config, seer, full, options, tail_contexts=try_contexts,
+            model, ids, config, seer, full, options, tail_contexts=try_contexts,
             target_identical=target_identical, margin_span=identity_margin_span, batch_size=batch_size,
             log=lambda line: click.echo(line, err=True))
         report = report | {"identity_margin": fit.to_dict() | {"identical": fit.identical,
                                                                 "validation_identical": round(validation, 4)}}
         seer = seer.with_(margin=fit.margin, tail_context=fit.tail_context, calibration=report)
     seer.save(out)
-    click.echo(f"{len(ids)} prompts ({report['n_calibration']} calibration / {report['n_validation']} validation), "
-               f"gen_length {gen_length}, mean true length {report['mean_true_length']}")
+    pictures = f", {prepared.n_images} pictures" if prepared.n_images else ""
+    click.echo(f"{len(ids)} prompts{pictures} ({report['n_calibration']} calibration / {report['n_validation']} "
+               f"validation), gen_length {gen_length}, mean true length {report['mean_true_length']}")
     for name, entry in report["detectors"].items():
         cal, val = entry["calibration"], entry["validation"]
         mark = " (written)" if name == detector else ""
