@@ -18,7 +18,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from seer_deploy.core.atomic import honour_umask, install_dir, temp_dir_beside
+from seer_deploy.core.atomic import honour_umask, install_dir, staging_dir
 from seer_deploy.core.errors import CheckpointError
 from seer_deploy.core.files import confined, read_json, safetensors_header, update_from_file
 from seer_deploy.models.config import ModelConfig, config_from_dict
@@ -249,8 +249,7 @@ def save_checkpoint(
     """
     cfg = model.cfg
     dest = Path(path)
-    tmp = temp_dir_beside(dest, "write")
-    try:
+    with staging_dir(dest, "write") as tmp:
         params = dict(model.named_parameters())
         tensors = {
             external: params[internal].detach().to(dtype or params[internal].dtype).contiguous().cpu()
@@ -268,9 +267,6 @@ def save_checkpoint(
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
         install_dir(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dest
 
 
