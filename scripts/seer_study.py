@@ -145,7 +145,7 @@ def auc_rows(data: StepZeroSet, true_len: np.ndarray) -> list[dict[str, Any]]:
     pad = np.arange(data.gen_length)[None, :] >= true_len[:, None]
     out = []
     for t, values in data.sparsity.items():
-        for r, (layer, stat) in enumerate(data.rows):
+        for r, (layer, stat) in enumerate(data.sparsity_rows):
             v = values[:, r]
             if stat == "mean_abs_h" and t != next(iter(data.sparsity)):
                 continue  # no threshold: report once
@@ -162,7 +162,7 @@ def ablations(dcal: StepZeroSet, tcal: np.ndarray, dev: StepZeroSet, tev: np.nda
     """Sparsity-detector variants, each with floor and margin calibrated on the calibration set."""
     G = dcal.gen_length
     last = tuple((n_layers - 1, s) for s in STAT_NAMES)
-    every = dcal.rows
+    every = dcal.sparsity_rows
     variants: dict[str, SeerConfig] = {}
     base = SeerConfig(detector="sparsity")
     raw = base.with_(rows=(best_row,), abs_threshold=thresholds[0], rel_threshold=thresholds[1],

@@ -24,7 +24,7 @@ def profile(sparsity: np.ndarray, boundary: int | None = None, eos_hi: float = 0
         token_ids=np.where(tail, EOS, DIGIT).astype(np.int64),
         eos_prob=np.where(tail, eos_hi, 0.001).astype(np.float32),
         sparsity=sparsity.astype(np.float32),
-        rows=ROWS,
+        sparsity_rows=ROWS,
     )
 
 

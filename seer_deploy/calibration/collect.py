@@ -32,22 +32,22 @@ class StepZeroSet:
     gen_length: int
     token_ids: np.ndarray  # int64 [N, G]
     eos_prob: np.ndarray  # float32 [N, G]
-    rows: tuple[SparsityRow, ...]  # every (layer, statistic), layer-major
-    sparsity: dict[Thresholds, np.ndarray]  # thresholds -> float32 [N, len(rows), G]
+    sparsity_rows: tuple[SparsityRow, ...]  # every (layer, statistic), layer-major
+    sparsity: dict[Thresholds, np.ndarray]  # thresholds -> float32 [N, len(sparsity_rows), G]
 
     @property
     def n(self) -> int:
         return int(self.token_ids.shape[0])
 
     def profile(self, i: int, thresholds: Thresholds) -> ResponseProfile:
-        return ResponseProfile(self.token_ids[i], self.eos_prob[i], self.sparsity[thresholds][i], self.rows)
+        return ResponseProfile(self.token_ids[i], self.eos_prob[i], self.sparsity[thresholds][i], self.sparsity_rows)
 
     def subset(self, index: np.ndarray) -> StepZeroSet:
         return StepZeroSet(
             self.gen_length,
             self.token_ids[index],
             self.eos_prob[index],
-            self.rows,
+            self.sparsity_rows,
             {k: v[index] for k, v in self.sparsity.items()},
         )
 
@@ -63,7 +63,7 @@ def step_zero_set(
     """Run step zero (prompt + gen_length masks, nothing committed yet) on every prompt, batched and left-padded."""
     cfg = model.cfg
     layers = tuple(range(cfg.n_layers))
-    rows = tuple(layer_major_rows(layers))
+    sparsity_rows = tuple(layer_major_rows(layers))
     pad_id = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
     ids_out, eos_out = [], []
     stats_out: dict[Thresholds, list[np.ndarray]] = {t: [] for t in thresholds}
@@ -77,7 +77,7 @@ def step_zero_set(
         for n, t in enumerate(thresholds):
             out = model(x, attention_mask, stats=StatsSpec(layers, t[0], t[1]))
             assert out.stats is not None
-            stats_out[t].append(out.stats[:, :, :, P:].reshape(B, len(rows), gen_length).float().numpy())
+            stats_out[t].append(out.stats[:, :, :, P:].reshape(B, len(sparsity_rows), gen_length).float().numpy())
             if n == 0:
                 probs = F.softmax(out.logits[:, P:].float(), dim=-1)
                 ids_out.append(out.logits[:, P:].argmax(-1).numpy())
@@ -86,7 +86,7 @@ def step_zero_set(
         gen_length=gen_length,
         token_ids=np.concatenate(ids_out).astype(np.int64),
         eos_prob=np.concatenate(eos_out).astype(np.float32),
-        rows=rows,
+        sparsity_rows=sparsity_rows,
         sparsity={t: np.concatenate(v).astype(np.float32) for t, v in stats_out.items()},
     )
 

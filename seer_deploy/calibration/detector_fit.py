@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from seer_deploy.calibration.collect import StepZeroSet, Thresholds, full_generation, step_zero_set, stop_ids
-from seer_deploy.calibration.sparsity_fit import auc_table, candidate_row_sets, sparsity_config
+from seer_deploy.calibration.sparsity_fit import auc_table, pooling_candidates, sparsity_config
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.core.sparsity import STAT_NAMES
@@ -168,8 +168,8 @@ def fit_detectors(
     aucs = auc_table(dcal, tcal)
     sp_best: tuple[float, SeerConfig, str] | None = None
     for thresholds in data.sparsity:
-        for name, rows in candidate_row_sets(data.rows, aucs[thresholds], n_layers).items():
-            fitted = sparsity_config(dcal, tcal, thresholds, rows, base)
+        for name, pooled in pooling_candidates(data.sparsity_rows, aucs[thresholds], n_layers).items():
+            fitted = sparsity_config(dcal, tcal, thresholds, pooled, base)
             for score in ("t", "snr"):
                 for trend_term in (False, True):
                     cfg = fitted.with_(detector="sparsity", score=score, trend_term=trend_term, floor=0.0)
@@ -207,7 +207,7 @@ def fit_detectors(
             for name, cfg in by_name.items()
         },
         "auc": {
-            f"abs {t[0]} / rel {t[1]}": {f"{layer}/{stat}": round(float(a[i]), 4) for i, (layer, stat) in enumerate(data.rows)}
+            f"abs {t[0]} / rel {t[1]}": {f"{layer}/{stat}": round(float(a[i]), 4) for i, (layer, stat) in enumerate(data.sparsity_rows)}
             for t, a in aucs.items()
         },
     }

@@ -55,34 +55,35 @@ def pooling_weights(values: np.ndarray, true_len: np.ndarray, fits: list[Sparsit
 
 
 def auc_table(data: StepZeroSet, true_len: np.ndarray) -> dict[Thresholds, np.ndarray]:
-    """Position-matched AUC of every sparsity row at every threshold pair: thresholds -> [len(data.rows)]."""
+    """Position-matched AUC of every sparsity row at every threshold pair: thresholds -> [len(data.sparsity_rows)]."""
     return {
-        t: np.array([position_matched_auc(values[:, r], true_len) for r in range(len(data.rows))])
+        t: np.array([position_matched_auc(values[:, r], true_len) for r in range(len(data.sparsity_rows))])
         for t, values in data.sparsity.items()
     }
 
 
-def candidate_row_sets(rows: tuple[SparsityRow, ...], aucs: np.ndarray,
+def pooling_candidates(sparsity_rows: tuple[SparsityRow, ...], aucs: np.ndarray,
                        n_layers: int) -> dict[str, tuple[SparsityRow, ...]]:
     """Sparsity rows to pool, as candidates: the best single row, the best layer, the last layer, every layer."""
     sep = np.abs(aucs - 0.5)
-    best = rows[int(np.argmax(sep))]
-    layer_sep = {layer: max(sep[i] for i, r in enumerate(rows) if r[0] == layer) for layer in range(n_layers)}
+    best = sparsity_rows[int(np.argmax(sep))]
+    layer_sep = {layer: max(sep[i] for i, r in enumerate(sparsity_rows) if r[0] == layer) for layer in range(n_layers)}
     best_layer = max(layer_sep, key=lambda layer: (layer_sep[layer], layer))
     return {
         "best-row": (best,),
-        "best-layer": tuple(r for r in rows if r[0] == best_layer),
-        "last-layer": tuple(r for r in rows if r[0] == n_layers - 1),
-        "all-layers": rows,
+        "best-layer": tuple(r for r in sparsity_rows if r[0] == best_layer),
+        "last-layer": tuple(r for r in sparsity_rows if r[0] == n_layers - 1),
+        "all-layers": sparsity_rows,
     }
 
 
-def sparsity_config(data: StepZeroSet, true_len: np.ndarray, thresholds: Thresholds, rows: tuple[SparsityRow, ...],
+def sparsity_config(data: StepZeroSet, true_len: np.ndarray, thresholds: Thresholds, pooled: tuple[SparsityRow, ...],
                     base: SeerConfig) -> SeerConfig:
-    """A sparsity config pooling `rows` at `thresholds`, with trend and weights fitted on (data, true_len)."""
-    index = [data.rows.index(r) for r in rows]
+    """A sparsity config pooling the sparsity rows `pooled` at `thresholds`, with trend and weights fitted on
+    (data, true_len)."""
+    index = [data.sparsity_rows.index(r) for r in pooled]
     values = data.sparsity[thresholds][:, index]
-    fits = [fit_sparsity_row(values[:, i], true_len) for i in range(len(rows))]
+    fits = [fit_sparsity_row(values[:, i], true_len) for i in range(len(pooled))]
     weights = pooling_weights(values, true_len, fits)
     trend = Trend(
         gen_length=data.gen_length,
@@ -90,10 +91,10 @@ def sparsity_config(data: StepZeroSet, true_len: np.ndarray, thresholds: Thresho
         scale=tuple(f.scale for f in fits),
     )
     return base.with_(
-        stats_layers=tuple(sorted({r[0] for r in rows})),
+        stats_layers=tuple(sorted({r[0] for r in pooled})),
         abs_threshold=thresholds[0],
         rel_threshold=thresholds[1],
-        rows=rows,
+        rows=pooled,
         weights=tuple(float(w) for w in weights),
         trends=(trend,),
     )

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from seer_deploy.core.atomic import write_text_atomic
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
+from seer_deploy.core.sparsity import STAT_NAMES, SparsityRow, StatsSpec
 
 Detector = Literal["sparsity", "eos", "fused"]
 Score = Literal["t", "snr"]
@@ -68,7 +68,7 @@ class SeerConfig:
     tail_context: how many of the cut slots the later steps still see, as committed EOS that is never decoded: 0
     (the paper's cut: later steps run on prompt + kept length only), a count, or 'all' (the whole tail: the steps
     are still the cut's, but every step runs at full length; on the demo the answers then equal full length's).
-    `calibrate --target-identical` chooses it, after the margin (seer.calibrate.fit_identity_margin).
+    `calibrate --target-identical` chooses it, after the margin (calibration.identity_fit.fit_identity_margin).
     """
 
     detector: Detector = "eos"
@@ -79,7 +79,7 @@ class SeerConfig:
     stats_layers: tuple[int, ...] = ()  # layers whose MLP statistics step zero reports; () = the last layer
     abs_threshold: float = 0.05
     rel_threshold: float = 0.05
-    rows: tuple[tuple[int, str], ...] = ()  # (layer, statistic) rows the sparsity detector pools; () = all reported
+    rows: tuple[SparsityRow, ...] = ()  # the sparsity rows the sparsity detector pools; () = all reported
     weights: tuple[float, ...] = ()  # per pooled row: sign and size of its calibrated step; () = two-sided, equal
     score: Score = "t"  # 't': size-weighted SNR (likelihood ratio); 'snr': the plain mean difference / pooled spread
     trend_term: bool = True  # also fit a linear positional drift inside each response when scoring a split

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.core.sparsity import SparsityRow
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.response_profile import ResponseProfile
 
@@ -83,23 +84,23 @@ def split_scores(
     return out
 
 
-def pooled_rows(profile: ResponseProfile, config: SeerConfig) -> tuple[tuple[int, str], ...]:
-    """The rows to pool: the config's, else every statistic of its stats_layers, else of the last reported layer."""
+def pooled_sparsity_rows(profile: ResponseProfile, config: SeerConfig) -> tuple[SparsityRow, ...]:
+    """The sparsity rows to pool: the config's, else every statistic of its stats_layers, else of the last reported layer."""
     if config.rows:
         return config.rows
-    if not profile.rows:
+    if not profile.sparsity_rows:
         return ()
-    layers = set(config.stats_layers) or {max(layer for layer, _ in profile.rows)}
-    return tuple(r for r in profile.rows if r[0] in layers)
+    layers = set(config.stats_layers) or {max(layer for layer, _ in profile.sparsity_rows)}
+    return tuple(r for r in profile.sparsity_rows if r[0] in layers)
 
 
 def pooled_signal(profile: ResponseProfile, config: SeerConfig) -> tuple[np.ndarray, bool]:
     """The pooled, detrended sparsity signal [G] and whether its step direction is unknown (two-sided test)."""
-    rows = pooled_rows(profile, config)
-    if not rows:
+    pooled = pooled_sparsity_rows(profile, config)
+    if not pooled:
         raise ArtifactError("the sparsity detector needs step zero's sparsity rows, but the backend reported none; "
                             "export with the Seer statistics or use the 'eos' detector")
-    x = profile.select(tuple(rows)).astype(np.float64)
+    x = profile.select(pooled).astype(np.float64)
     G = x.shape[1]
     trend = config.trend_for(G)
     if trend is not None:
@@ -111,8 +112,8 @@ def pooled_signal(profile: ResponseProfile, config: SeerConfig) -> tuple[np.ndar
         z = (x - mean) / np.asarray(trend.scale, dtype=np.float64)[:, None]
     else:  # uncalibrated: standardize each row within the response
         z = (x - x.mean(axis=1, keepdims=True)) / (x.std(axis=1, keepdims=True) + 1e-12)
-    weights = np.asarray(config.weights, dtype=np.float64) if config.weights else np.ones(len(rows))
-    if not config.weights and len(rows) > 1:
+    weights = np.asarray(config.weights, dtype=np.float64) if config.weights else np.ones(len(pooled))
+    if not config.weights and len(pooled) > 1:
         # Unknown directions: align every row with the first before pooling so opposite steps do not cancel.
         ref = z[0] - z[0].mean()
         weights = np.where((z - z.mean(axis=1, keepdims=True)) @ ref >= 0, 1.0, -1.0)
