@@ -104,6 +104,7 @@ def test_a_llada_v_directory_takes_a_list_of_pictures_per_prompt(tmp_path: Path,
      "1 <image> placeholder(s) but 2 image(s)"),
     ("demo-vl", {"prompt": "colors", "image": 3}, "'image' must be a path or a list of paths"),
     ("demo-vl", {"image": "pictures/0.png"}, "expected {\"prompt\""),
+    ("demo-vl", {"prompt": "<|mdm_mask|> colors"}, "special-token text cannot be typed"),
 ])
 def test_bad_image_prompts_fail_in_one_line_before_any_model_loads(
     tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, target: str, line: dict[str, object], message: str

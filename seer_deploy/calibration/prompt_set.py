@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.files import read_text
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.checkpoint import load_checkpoint
 from seer_deploy.models.image import load_image, pixel_batch
@@ -30,7 +31,7 @@ from seer_deploy.models.image_prompts import (
 )
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.multimodal import IMAGE_TOKEN, is_multimodal_checkpoint, load_multimodal
-from seer_deploy.models.tokenizer import Tokenizer
+from seer_deploy.models.tokenizer import Tokenizer, check_prompt
 from seer_deploy.models.vision import VisionEncoder
 
 ImageSource = str | os.PathLike[str] | Image.Image  # a picture's file, or the picture itself
@@ -57,7 +58,7 @@ class PreparedPrompts:
 
 def read_calibration_prompts(file: Path) -> list[CalibrationPrompt]:
     """The prompts of a JSON-lines (or plain-text) file; ConfigError naming the line for a malformed one."""
-    lines = enumerate(file.read_text().splitlines(), start=1)
+    lines = enumerate(read_text(file, "prompts file").splitlines(), start=1)
     prompts = [parse_prompt_line(line, f"{file}:{n}", file.parent) for n, line in lines if line.strip()]
     if not prompts:
         raise ConfigError(f"{file} holds no prompt; give one JSON object {{\"prompt\": ...}} or one prompt per line")
@@ -67,7 +68,7 @@ def read_calibration_prompts(file: Path) -> list[CalibrationPrompt]:
 def parse_prompt_line(line: str, where: str, base: Path) -> CalibrationPrompt:
     """A plain line is a text prompt; a JSON object gives 'prompt' and optionally 'image' (paths relative to base)."""
     if not line.lstrip().startswith("{"):
-        return CalibrationPrompt(line, where=where)
+        return CalibrationPrompt(check_prompt(line, where), where=where)
     try:
         record = json.loads(line)
         text = str(record["prompt"])
@@ -77,7 +78,7 @@ def parse_prompt_line(line: str, where: str, base: Path) -> CalibrationPrompt:
     paths = [field] if isinstance(field, str) else field
     if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
         raise ConfigError(f"{where}: 'image' must be a path or a list of paths, one per {IMAGE_TOKEN} in the prompt")
-    return CalibrationPrompt(text, tuple(base / Path(p).expanduser() for p in paths), where)
+    return CalibrationPrompt(check_prompt(text, where), tuple(base / Path(p).expanduser() for p in paths), where)
 
 
 def check_prompt_images(prompts: Sequence[CalibrationPrompt], target: str, multimodal: bool) -> None:
