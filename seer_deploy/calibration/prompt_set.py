@@ -100,6 +100,7 @@ def check_prompt_images(prompts: Sequence[CalibrationPrompt], target: str, multi
 
 
 def picture(source: ImageSource) -> Image.Image:
+    """The picture itself, or read in full from its file (so a bad file fails here, in one line)."""
     return source if isinstance(source, Image.Image) else load_image(source)
 
 
