@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_model
+from conftest import tiny_config, tiny_model
 
+from seer_deploy.core.errors import CheckpointError
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 
 
@@ -58,3 +60,21 @@ def test_stats_match_a_manual_computation() -> None:
     )
     torch.testing.assert_close(out.stats[:, 0], expected)  # spec order: layer 1 first
     assert torch.equal(out.logits, model(ids).logits)  # statistics do not change the prediction
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"n_heads": 0}, "'n_heads' is 0"),
+        ({"n_heads": 3}, "'n_heads' is 3; it must be a divisor of the width 32"),
+        ({"n_layers": 10**9}, "'n_layers' is 1000000000; it must be an integer from 1 to 1024"),
+        ({"mask_id": 19}, "'mask_id' is 19; it must be a token id from 0 to 18"),
+        ({"rms_eps": float("nan")}, "'rms_eps' is nan"),
+        ({"tie_embeddings": 1}, "'tie_embeddings' is 1; it must be true or false"),
+        ({"embedding_size": 4}, "'embedding_size' is 4; it must be at least the vocabulary size 19"),
+    ],
+)
+def test_a_model_config_is_checked_however_it_is_built(overrides: dict[str, object], message: str) -> None:
+    """Manifests build ModelConfig directly from JSON: the same checks as config.json, before any module exists."""
+    with pytest.raises(CheckpointError, match=message):
+        tiny_config(**overrides)

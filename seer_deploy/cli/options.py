@@ -1,4 +1,8 @@
-"""Click options shared by several verbs (generation settings)."""
+"""Click options shared by several verbs (generation settings), checked as soon as they are read.
+
+`--steps` and `--block-length` default to gen-length only when they are not given: `--steps 0` is an error, not
+"the default". `generation_config` validates the whole set, so a bad flag stops a verb before any work starts.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ def generation_options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="How each step picks the tokens it commits.",
         ),
         click.option("--cfg-scale", type=float, default=0.0, show_default=True, help="Classifier-free guidance."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Seed for temperature > 0 / random."),
+        click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
+                     help="Seed for temperature > 0 / random."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -40,11 +45,15 @@ def generation_config(
     remasking: str,
     cfg_scale: float,
 ) -> GenerationConfig:
-    return GenerationConfig(
+    """The GenerationConfig of the flags, validated (ConfigError naming the flag); an unset --steps means
+    gen-length, an unset --block-length one block."""
+    config = GenerationConfig(
         gen_length=gen_length,
-        steps=steps or gen_length,
+        steps=gen_length if steps is None else steps,
         block_length=block_length,
         temperature=temperature,
         remasking=remasking,  # type: ignore[arg-type]
         cfg_scale=cfg_scale,
     )
+    config.validate()
+    return config

@@ -14,10 +14,13 @@ from typing import Literal
 
 import numpy as np
 
+from seer_deploy.core.checks import int_in, number_in
 from seer_deploy.core.errors import ConfigError
 
 Remasking = Literal["low_confidence", "random"]
 REMASKING_CHOICES: tuple[Remasking, ...] = ("low_confidence", "random")
+MAX_GEN_LENGTH = 1 << 20  # response slots, steps and block length: far above any model's positions
+MAX_SCALE = 1e6  # temperature and cfg_scale: finite, and far beyond where either still changes an answer
 
 
 def steps_per_block(gen_length: int, steps: int, block_length: int | None) -> tuple[int, int]:
@@ -56,19 +59,33 @@ class GenerationConfig:
         return steps_per_block(self.gen_length, self.steps, self.block_length)[1]
 
     def validate(self, max_seq_len: int | None = None, prompt_len: int = 0) -> None:
-        """Raise ConfigError naming the bad setting and a fix."""
-        if self.gen_length < 1 or self.steps < 1:
-            raise ConfigError(f"gen_length ({self.gen_length}) and steps ({self.steps}) must be positive")
+        """Raise ConfigError naming the bad setting (and its flag) and a fix; every value is checked for its type,
+        finiteness and range before anything runs: `--temperature nan` or `--block-length 0` never mean a default."""
+        for name in ("gen_length", "steps"):
+            value = getattr(self, name)
+            if not int_in(value, 1, MAX_GEN_LENGTH):
+                raise ConfigError(f"{name} is {value!r}; it must be an integer from 1 to {MAX_GEN_LENGTH} ({_flag(name)})")
+        if self.block_length is not None and not int_in(self.block_length, 1, MAX_GEN_LENGTH):
+            raise ConfigError(
+                f"block_length is {self.block_length!r}; it must be an integer from 1 to {MAX_GEN_LENGTH}, or unset "
+                "for one block of gen_length (--block-length)"
+            )
         steps_per_block(self.gen_length, self.steps, self.block_length)
         if self.remasking not in REMASKING_CHOICES:
-            raise ConfigError(f"remasking '{self.remasking}' is unknown; use 'low_confidence' or 'random'")
-        if self.temperature < 0 or self.cfg_scale < 0:
-            raise ConfigError("temperature and cfg_scale must be >= 0")
+            raise ConfigError(f"remasking {self.remasking!r} is unknown; use 'low_confidence' or 'random'")
+        for name in ("temperature", "cfg_scale"):
+            value = getattr(self, name)
+            if not number_in(value, 0.0, MAX_SCALE):
+                raise ConfigError(f"{name} is {value!r}; it must be a finite number from 0 to {MAX_SCALE:g} ({_flag(name)})")
         if max_seq_len is not None and prompt_len + self.gen_length > max_seq_len:
             raise ConfigError(
                 f"prompt ({prompt_len} tokens) + gen_length ({self.gen_length}) = {prompt_len + self.gen_length} "
                 f"exceeds the model's {max_seq_len} positions; shorten the prompt or lower --gen-length"
             )
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def transfer_schedule(n_masked: int, steps: int) -> list[int]:

@@ -8,11 +8,11 @@ bounded, so a typo (`n_layers: 1e9`, `n_heads: 0`) is one clear error instead of
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from seer_deploy.core.checks import int_in, number_in
 from seer_deploy.core.errors import CheckpointError
 
 # Inclusive ranges. Generous for real models (LLaDA-8B: d_model 4096, 32 layers, 126464 tokens, 4096 positions).
@@ -126,16 +126,6 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
-def _int_in(value: object, lo: int, hi: int) -> bool:
-    """An integer (a bool is not one) from lo to hi."""
-    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
-
-
-def _number_above(value: object, lo: float, hi: float) -> bool:
-    """A finite number (a bool is not one) above lo and at most hi."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and lo < value <= hi
-
-
 def check_model_fields(values: Mapping[str, Any], keys: Mapping[str, str] | None = None,
                        source: str = "model config") -> None:
     """CheckpointError naming the first bad value: `values` are ModelConfig's fields, `keys` the names the user
@@ -150,10 +140,10 @@ def check_model_fields(values: Mapping[str, Any], keys: Mapping[str, str] | None
         value = values.get(field)
         if value is None and field == "embedding_size":
             continue
-        if not _int_in(value, lo, hi):
+        if not int_in(value, lo, hi):
             raise bad(field, f"an integer from {lo} to {hi}")
     for field, (lo_f, hi_f) in FLOAT_RANGES.items():
-        if not _number_above(values.get(field), lo_f, hi_f):
+        if not number_in(values.get(field), lo_f, hi_f, above_lo=True):
             raise bad(field, f"a finite number above {lo_f:g} and at most {hi_f:g}")
     if not isinstance(values.get("tie_embeddings"), bool):
         raise bad("tie_embeddings", "true or false")
@@ -170,7 +160,7 @@ def check_model_fields(values: Mapping[str, Any], keys: Mapping[str, str] | None
         value = values.get(field)
         if value is None and field in OPTIONAL_IDS:
             continue
-        if not _int_in(value, 0, vocab - 1):
+        if not int_in(value, 0, vocab - 1):
             raise bad(field, f"a token id from 0 to {vocab - 1} (below the vocabulary size {vocab})")
 
 

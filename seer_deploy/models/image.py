@@ -8,18 +8,25 @@ the image processor's mean and std. "anyres" tiling is not implemented: it raise
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from seer_deploy.core.checks import int_in, number_in
 from seer_deploy.core.errors import CheckpointError, ConfigError
+from seer_deploy.core.files import os_error_fix
 
 # Modes Pillow converts to RGB without guessing (palette, grey, alpha, CMYK, YCbCr). 16-bit, 32-bit integer and
 # float modes (I, I;16, F, ...) have no agreed 8-bit mapping, so they are rejected rather than silently rescaled.
 CONVERTIBLE_MODES: tuple[str, ...] = ("RGB", "RGBA", "L", "LA", "P", "PA", "1", "CMYK", "YCbCr", "RGBX", "La")
 ASPECT_MODES: tuple[str, ...] = ("square", "pad")
+# Images larger than this are refused from their header, before any pixel is decoded: a small file can declare
+# gigapixels (a decompression bomb). 8192 x 8192 is far above what a vision tower's resize keeps.
+MAX_IMAGE_PIXELS = 8192 * 8192
+MAX_IMAGE_SIZE = 8192  # a tower's input side
 SIGLIP_MEAN: tuple[float, float, float] = (0.5, 0.5, 0.5)
 SIGLIP_STD: tuple[float, float, float] = (0.5, 0.5, 0.5)
 
@@ -35,12 +42,16 @@ class ImageConfig:
     rescale: float = 1.0 / 255.0
 
     def __post_init__(self) -> None:
-        if self.image_size < 1:
-            raise CheckpointError(f"image size {self.image_size} must be positive; fix the vision config")
-        if len(self.mean) != 3 or len(self.std) != 3:
-            raise CheckpointError("image_mean and image_std must have 3 values (R, G, B); fix the image config")
-        if any(s <= 0 for s in self.std):
-            raise CheckpointError(f"image_std {self.std} must be positive; fix the image config")
+        if not int_in(self.image_size, 1, MAX_IMAGE_SIZE):
+            raise CheckpointError(
+                f"image size {self.image_size!r} must be an integer from 1 to {MAX_IMAGE_SIZE}; fix the vision config"
+            )
+        for name, values, lo in (("image_mean", self.mean, -1e3), ("image_std", self.std, 0.0)):
+            if len(values) != 3 or not all(number_in(v, lo, 1e3, above_lo=True) for v in values):
+                raise CheckpointError(
+                    f"{name} {list(values)!r} must be 3 finite numbers (R, G, B){' above 0' if lo == 0 else ''}; "
+                    "fix the image config"
+                )
         check_aspect(self.aspect)
 
 
@@ -68,12 +79,28 @@ def load_image(path: str | os.PathLike[str]) -> Image.Image:
         raise ConfigError(f"image '{file}' is not a file; give the path of a PNG, JPEG or other image file")
     try:
         with Image.open(file) as img:
+            width, height = img.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise _too_large(file, f"{width} x {height} pixels")
             img.load()
             return to_rgb(img, str(file))
+    except Image.DecompressionBombError as exc:  # Pillow refuses twice its own limit before we see the size
+        raise _too_large(file, str(exc).split(",")[0]) from exc
     except UnidentifiedImageError as exc:
         raise ConfigError(f"image '{file}' is not a readable image (Pillow cannot identify it); give a PNG or JPEG") from exc
-    except (OSError, ValueError, SyntaxError) as exc:
+    except OSError as exc:
+        if exc.errno is not None:  # the OS refused (permissions, a vanished file), not a decoding failure
+            raise ConfigError(f"image '{file}' cannot be opened ({exc.strerror}); {os_error_fix(exc)}") from exc
         raise ConfigError(f"image '{file}' could not be read ({exc}); the file may be truncated or corrupt") from exc
+    except (ValueError, SyntaxError, EOFError, IndexError, struct.error) as exc:  # Pillow's decoders on bad data
+        raise ConfigError(f"image '{file}' could not be read ({exc}); the file may be truncated or corrupt") from exc
+
+
+def _too_large(file: Path, size: str) -> ConfigError:
+    return ConfigError(
+        f"image '{file}' is larger than the {MAX_IMAGE_PIXELS} pixels allowed ({size}); scale it down (the vision "
+        "tower resizes it to a few hundred pixels anyway)"
+    )
 
 
 def to_rgb(img: Image.Image, name: str = "image") -> Image.Image:

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from seer_deploy.core.checks import int_in, number_in
 from seer_deploy.core.errors import CheckpointError
-from seer_deploy.models.image import ImageConfig
+from seer_deploy.models.image import MAX_IMAGE_SIZE, ImageConfig
 
 # SiglipVisionConfig fields read from a checkpoint's vision config (others, e.g. model_type, are ignored).
 SIGLIP_FIELDS: tuple[str, ...] = (
@@ -31,20 +32,32 @@ SIGLIP_FIELDS: tuple[str, ...] = (
     "hidden_act",
     "layer_norm_eps",
 )
+SIGLIP_REQUIRED: tuple[str, ...] = ("hidden_size", "num_hidden_layers", "num_attention_heads", "image_size", "patch_size")
+# Inclusive ranges of the integer fields (where present): generous for real towers (so400m: 1152 wide, 27 layers).
+SIGLIP_RANGES: dict[str, tuple[int, int]] = {
+    "hidden_size": (1, 1 << 15),
+    "intermediate_size": (1, 1 << 17),
+    "num_hidden_layers": (1, 256),
+    "num_attention_heads": (1, 1 << 10),
+    "num_channels": (3, 3),  # images are converted to RGB
+    "image_size": (1, MAX_IMAGE_SIZE),
+    "patch_size": (1, MAX_IMAGE_SIZE),
+}
 SELECT_FEATURES: tuple[str, ...] = ("patch", "cls_patch")  # SigLIP has no CLS token: both mean every patch
-_MLP_GELU = re.compile(r"^mlp(\d+)x_gelu$")
+_MLP_GELU = re.compile(r"^mlp(\d{1,4})x_gelu$")
+MAX_PROJECTOR_DEPTH = 16  # LLaVA uses 2
 
 
 def projector_depth(projector_type: str) -> int:
     """Number of Linear layers of a LLaVA projector type: 'linear' -> 1, 'mlpNx_gelu' -> N."""
     if projector_type == "linear":
         return 1
-    match = _MLP_GELU.match(projector_type)
-    if match and int(match.group(1)) >= 1:
+    match = _MLP_GELU.match(projector_type) if isinstance(projector_type, str) else None
+    if match and 1 <= int(match.group(1)) <= MAX_PROJECTOR_DEPTH:
         return int(match.group(1))
     raise CheckpointError(
         f"mm_projector_type '{projector_type}' is not supported; seer-deploy builds 'linear' and 'mlpNx_gelu' "
-        "(e.g. 'mlp2x_gelu') projectors"
+        f"(e.g. 'mlp2x_gelu', N up to {MAX_PROJECTOR_DEPTH}) projectors"
     )
 
 
@@ -63,19 +76,44 @@ class VisionConfig:
     image_token_index: int = -200  # the prompt placeholder (LLaVA's IMAGE_TOKEN_INDEX)
 
     def __post_init__(self) -> None:
-        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "image_size", "patch_size") if k not in self.siglip]
+        missing = [k for k in SIGLIP_REQUIRED if k not in self.siglip]
         if missing:
             raise CheckpointError(f"the vision tower config lacks {', '.join(missing)}; add them to its vision_config")
-        if self.mm_hidden_size != int(self.siglip["hidden_size"]):
+        for key, (lo, hi) in SIGLIP_RANGES.items():
+            if key in self.siglip and not int_in(self.siglip[key], lo, hi):
+                raise CheckpointError(
+                    f"vision_config '{key}' is {self.siglip[key]!r}; it must be an integer from {lo} to {hi}; fix the "
+                    "vision tower config"
+                )
+        if "layer_norm_eps" in self.siglip and not number_in(self.siglip["layer_norm_eps"], 0.0, 1.0, above_lo=True):
+            raise CheckpointError(
+                f"vision_config 'layer_norm_eps' is {self.siglip['layer_norm_eps']!r}; it must be a finite number "
+                "above 0 and at most 1; fix the vision tower config"
+            )
+        if self.siglip["hidden_size"] % self.siglip["num_attention_heads"]:
+            raise CheckpointError(
+                f"vision_config num_attention_heads {self.siglip['num_attention_heads']} does not divide hidden_size "
+                f"{self.siglip['hidden_size']}; fix the vision tower config"
+            )
+        for name, value, lo, hi in (
+            ("lm_hidden_size", self.lm_hidden_size, 1, 1 << 16),
+            ("mm_hidden_size", self.mm_hidden_size, 1, 1 << 15),
+            ("mm_vision_select_layer", self.select_layer, -(1 << 10), 1 << 10),
+            ("image_token_index", self.image_token_index, -(1 << 31), -1),
+        ):
+            if not int_in(value, lo, hi):
+                raise CheckpointError(f"config.json '{name}' is {value!r}; it must be an integer from {lo} to {hi}"
+                                      + (" (negative, so it never collides with a token id)" if hi == -1 else ""))
+        if self.mm_hidden_size != self.siglip["hidden_size"]:
             raise CheckpointError(
                 f"mm_hidden_size {self.mm_hidden_size} differs from the vision tower's hidden_size "
                 f"{self.siglip['hidden_size']}; the config and the vision tower disagree"
             )
         if self.select_feature not in SELECT_FEATURES:
             raise CheckpointError(
-                f"mm_vision_select_feature '{self.select_feature}' is not supported for a SigLIP tower; use 'patch'"
+                f"mm_vision_select_feature {self.select_feature!r} is not supported for a SigLIP tower; use 'patch'"
             )
-        if int(self.siglip["patch_size"]) > int(self.siglip["image_size"]):
+        if self.siglip["patch_size"] > self.siglip["image_size"]:
             raise CheckpointError(
                 f"patch_size {self.siglip['patch_size']} exceeds image_size {self.siglip['image_size']}; fix vision_config"
             )
