@@ -25,38 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
-from seer_deploy.core.backend import Backend, Step0Output, StepInput, StepOutput
+from seer_deploy.core.backend import Backend
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.runtime.loop import run_generation
-from seer_deploy.runtime.scheduler import CostedBackend, StepCost, measure_step_cost
-from seer_deploy.runtime.targets import TargetInfo, TargetOptions, open_target
+from seer_deploy.runtime.openers import open_target
+from seer_deploy.runtime.scheduler import StepCost, measure_step_cost
+from seer_deploy.runtime.targets import TargetInfo, TargetOptions, find_seer_config
 from seer_deploy.seer.config import SeerConfig
-
-
-class Counting:
-    """Counts forward passes and the positions they computed (padding included)."""
-
-    def __init__(self, inner: Backend) -> None:
-        self.inner = inner
-        self.name, self.max_seq_len, self.sparsity_rows = inner.name, inner.max_seq_len, inner.sparsity_rows
-        self.passes = 0
-        self.positions = 0
-
-    def step0(self, input_ids: np.ndarray, attention_mask: np.ndarray | None) -> Step0Output:
-        self.passes += 1
-        self.positions += input_ids.size
-        return self.inner.step0(StepInput(input_ids, attention_mask))
-
-    def step(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray | None, temperature: float = 0.0, seed: int | None = None
-    ) -> StepOutput:
-        self.passes += 1
-        self.positions += input_ids.size
-        return self.inner.step(StepInput(input_ids, attention_mask, temperature, seed))
 
 
 @dataclass
@@ -69,16 +48,14 @@ class Measured:
 
 def run_mode(backend: Backend, info: TargetInfo, prompts: list[list[int]], batch: int, config: GenerationConfig,
              seer: SeerConfig | None, kept: list[int] | None = None, cost: StepCost | None = None) -> Measured:
-    counting = Counting(backend)
-    runner: Backend = CostedBackend(counting, cost) if cost is not None else counting
-    tokens = 0
+    passes = positions = tokens = 0
     start = time.perf_counter()
     for lo in range(0, len(prompts), batch):
         forced = None if kept is None else kept[lo : lo + batch]
-        out = run_generation(runner, prompts[lo : lo + batch], config, mask_id=info.mask_id, pad_id=info.pad_id,
-                             eos_id=info.eos_id, seer=seer, kept_lengths=forced)
-        tokens += out.tokens_processed
-    return Measured(time.perf_counter() - start, counting.passes, counting.positions, tokens)
+        out = run_generation(backend, prompts[lo : lo + batch], config, mask_id=info.mask_id, pad_id=info.pad_id,
+                             eos_id=info.eos_id, seer=seer, kept_lengths=forced, cost=cost)
+        passes, positions, tokens = passes + out.steps_run, positions + out.positions_computed, tokens + out.tokens_processed
+    return Measured(time.perf_counter() - start, passes, positions, tokens)
 
 
 def detected_kept(backend: Backend, info: TargetInfo, prompts: list[list[int]], batch: int, config: GenerationConfig,
@@ -112,7 +89,7 @@ def main() -> None:
         backend, info = open_target(target, options=TargetOptions(threads=args.threads or None))
         # The paper's cut: rows differ in width only without a tail context (with the whole tail in view every row
         # runs prompt + gen_length slots, and there is no width to schedule).
-        seer = (info.seer_config() or SeerConfig()).with_(tail_context=0)
+        seer = (find_seer_config(target) or SeerConfig()).with_(tail_context=0)
         tok = info.tokenizer()
         prompts = [tok.encode_prompt(ex.prompt) for ex in heldout_examples(args.prompts)]
         config = GenerationConfig(args.gen_length, args.steps or args.gen_length)

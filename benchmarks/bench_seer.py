@@ -24,6 +24,7 @@ from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
+from seer_deploy.runtime.targets import find_seer_config
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.metrics import true_lengths
@@ -67,9 +68,9 @@ def main() -> None:
     ckpt = load_checkpoint("demo")
     model = ckpt.model
     tok = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id)
-    seer = SeerConfig.load(args.seer_config) if args.seer_config else SeerConfig.for_checkpoint("demo")
+    seer = SeerConfig.load(args.seer_config) if args.seer_config else find_seer_config("demo")
     if seer is None:
-        raise SystemExit("no Seer config: pass --seer-config or ship seer_deploy/seer/demo_seer.json")
+        raise SystemExit("no Seer config: pass --seer-config or ship seer_deploy/models/demo/seer.json")
     examples = heldout_examples(args.n)
     order = sorted(range(args.n), key=lambda i: len(examples[i].prompt))
     examples = [examples[i] for i in order]

@@ -2,7 +2,7 @@
 
     python scripts/seer_study.py --phase full       # the expensive part: full-length answers, cached under /tmp
     python scripts/seer_study.py                    # everything else (reuses the cache), writes results JSON + tables
-    python scripts/seer_study.py --write-demo-config seer_deploy/seer/demo_seer.json
+    python scripts/seer_study.py --write-demo-config seer_deploy/models/demo/seer.json
 
 Two prompt sets: calibration prompts (demo tasks drawn with seed HELDOUT_SEED + 1) choose every setting;
 the held-out prompts (`heldout_examples`, the seed training never used) only evaluate. For each gen_length:
@@ -43,14 +43,16 @@ from seer_deploy.calibration.sparsity_fit import sparsity_config
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.core.sparsity import STAT_NAMES
 from seer_deploy.models import Tokenizer, load_checkpoint
-from seer_deploy.models.checkpoint import checkpoint_fingerprint
+from seer_deploy.models.checkpoint import checkpoint_fingerprint, resolve_checkpoint
 from seer_deploy.models.demo_tasks import HELDOUT_SEED, Example, heldout_examples
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.runtime.reference import generate
-from seer_deploy.seer.config import DEMO_CONFIG_FILE, SeerConfig, Trend, parse_tail_context
+from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig, Trend, parse_tail_context
 from seer_deploy.seer.metrics import identical_share, mixed_auc, position_matched_auc, true_lengths
 
 CAL_SEED = HELDOUT_SEED + 1
+
+DEMO_SEER_FILE = resolve_checkpoint("demo") / CHECKPOINT_CONFIG_NAME  # the demo's shipped Seer config
 
 
 def save_atomic(path: Path, write: Any, suffix: str) -> None:
@@ -375,7 +377,7 @@ def main() -> None:
     ap.add_argument("--identity-tail-contexts", type=parse_tail_context, nargs="*", default=[],
                     help="tail contexts (N or 'all', cheapest first) tried at the knee margin when no margin reaches "
                          "--target-identical (see SeerConfig.tail_context)")
-    ap.add_argument("--shipped-config", type=Path, default=DEMO_CONFIG_FILE,
+    ap.add_argument("--shipped-config", type=Path, default=DEMO_SEER_FILE,
                     help="also run this Seer config end to end (default: the demo's shipped calibration)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)

@@ -18,16 +18,18 @@ from seer_study import cached_full, end_to_end, run_batched
 
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models import Tokenizer, load_checkpoint
-from seer_deploy.models.checkpoint import checkpoint_fingerprint
+from seer_deploy.models.checkpoint import checkpoint_fingerprint, resolve_checkpoint
 from seer_deploy.models.demo_tasks import heldout_examples
-from seer_deploy.seer.config import DEMO_CONFIG_FILE, SeerConfig, parse_tail_context
+from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig, parse_tail_context
 from seer_deploy.seer.metrics import true_lengths
+
+DEMO_SEER_FILE = resolve_checkpoint("demo") / CHECKPOINT_CONFIG_NAME  # the demo's shipped Seer config
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default="demo", help="checkpoint directory (default: the bundled demo)")
-    ap.add_argument("--seer-config", type=Path, default=DEMO_CONFIG_FILE)
+    ap.add_argument("--seer-config", type=Path, default=DEMO_SEER_FILE)
     ap.add_argument("--n", type=int, default=500, help="held-out prompts")
     ap.add_argument("--gen-length", type=int, default=256)
     ap.add_argument("--tail-contexts", type=parse_tail_context, nargs="+", default=[0, 32, 160, "all"],

@@ -46,7 +46,7 @@ from seer_deploy.models.demo_vl_tasks import (
     IMAGE_SIZE,
     MAX_ANSWER_TOKENS,
     VOCAB,
-    VlExample,
+    PictureExample,
     heldout_examples,
     sample_example,
     write_tokenizer,
@@ -138,7 +138,7 @@ def make_batch(
 
 @torch.no_grad()
 def conditioned(
-    lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalTokenizer, examples: list[VlExample]
+    lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalTokenizer, examples: list[PictureExample]
 ) -> tuple[ImageConditionedModel, list[list[int]]]:
     """The LM holding these pictures' image table, and the prompts whose image ids point into it."""
     vcfg = vision.cfg

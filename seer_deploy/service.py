@@ -1,1 +1,193 @@
-"""The one generation service (being written)."""
+"""The one generation service: requests in, answers out, for every kind of target.
+
+`generate(requests, target, options)` (or a `Service` kept open for many calls) is what the CLI, the demo, the
+bench and a server call. It decides how a request runs, the same way for a checkpoint, an export or an engine
+directory, text or multimodal: options checked before anything loads, the target opened (`runtime.openers`), the
+Seer config found and fitted to the engine, then batches of `batch_size` requests through the one runtime loop
+(`runtime.loop.run_generation`: step zero, Seer's plan, the batch scheduler, the executor). Pictures are a
+capability of the target: a batch's images are encoded by the target's backend and its prompts point at them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from PIL import Image
+
+from seer_deploy.core.backend import Backend, ImageBackend
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.models.image import load_image, pixel_batch
+from seer_deploy.models.image_prompts import expand_placeholders
+from seer_deploy.runtime.loop import check_supported, run_generation
+from seer_deploy.runtime.openers import open_target
+from seer_deploy.runtime.targets import BackendChoice, TargetOptions, find_seer_config
+from seer_deploy.seer.config import SeerConfig, TailContext
+from seer_deploy.seer.plan import SeerReport
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt, and the pictures its `<image>` placeholders stand for (in order)."""
+
+    prompt: str
+    images: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    """How requests run. None keeps what the target says (its engine settings, its calibrated Seer config)."""
+
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    backend: BackendChoice | None = None  # None: the target's own
+    batch_size: int = 8  # requests per step zero (TensorRT: at most the engine's max batch)
+    providers: tuple[str, ...] | None = None  # ONNX Runtime providers, in order of preference
+    threads: int | None = None  # intra-op threads
+    seer: bool | None = None  # None: on when a calibrated Seer config is found
+    seer_config: Path | SeerConfig | None = None  # instead of the target's own: a file from `calibrate`, or a config
+    tail_context: TailContext | None = None  # overrides the Seer config's
+    seed: int = 0
+
+    def check(self) -> None:
+        """ConfigError for settings no target can run, before anything loads."""
+        self.generation.validate()
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.tail_context is not None and self.seer is False:
+            raise ConfigError("--tail-context applies to Seer runs; drop --no-seer or --tail-context")
+
+
+@dataclass
+class Answer:
+    request: Request
+    text: str
+    tokens: list[int]  # response ids (a cut tail holds EOS)
+    seer: SeerReport | None = None  # what Seer did for this request
+
+
+@dataclass
+class Run:
+    """Answers of a request set, and what they cost."""
+
+    answers: list[Answer]
+    backend: str
+    seer: SeerConfig | None  # the Seer config that ran, None at full length
+    steps_run: int  # forward passes, over all batches
+    tokens_processed: int  # real tokens through the model, over all batches
+    seconds: float
+
+    @property
+    def reports(self) -> list[SeerReport | None]:
+        return [a.seer for a in self.answers]
+
+
+def resolve_seer(target: str | os.PathLike[str], options: ServiceOptions, warn: Callable[[str], None]
+                 ) -> SeerConfig | None:
+    """The Seer config a run uses: --seer-config, else the target's calibrated one (built-in defaults with a
+    warning when --seer asks for Seer and none is found), with --tail-context on top; None = full length."""
+    if options.seer is False:
+        return None
+    if isinstance(options.seer_config, SeerConfig):
+        seer: SeerConfig | None = options.seer_config
+    elif options.seer_config is not None:
+        seer = SeerConfig.load(options.seer_config)
+    else:
+        seer = find_seer_config(target)
+    if seer is None and options.seer:
+        warn("warning: no calibrated Seer config for this target; using the built-in defaults "
+             "(run `seer-deploy calibrate` for a safe margin)")
+        seer = SeerConfig()
+    if seer is None:
+        if options.tail_context is not None:
+            raise ConfigError("--tail-context applies to Seer runs, and this target has no calibrated Seer config; "
+                              "add --seer (built-in defaults) or --seer-config FILE")
+        return None
+    return seer if options.tail_context is None else seer.with_(tail_context=options.tail_context)
+
+
+class Service:
+    """A target opened once, answering requests in batches through the one runtime loop."""
+
+    def __init__(self, target: str | os.PathLike[str], options: ServiceOptions | None = None,
+                 warn: Callable[[str], None] = lambda message: None) -> None:
+        self.options = options or ServiceOptions()
+        self.options.check()
+        seer = resolve_seer(target, self.options, warn)
+        self.backend: Backend
+        self.backend, self.info = open_target(
+            target, self.options.backend,
+            TargetOptions(providers=self.options.providers, threads=self.options.threads, seer=seer),
+        )
+        check_supported(self.options.generation, self.backend)
+        self.seer = self.info.seer_for_engine(seer)
+        self.tokenizer = self.info.tokenizer()
+
+    @property
+    def batch_size(self) -> int:
+        return min(self.options.batch_size, self.info.max_batch or self.options.batch_size)
+
+    def generate(self, requests: Sequence[Request], progress: Callable[[int], None] = lambda done: None, *,
+                 full_length: bool = False, seer: SeerConfig | None = None,
+                 generation: GenerationConfig | None = None) -> Run:
+        """Answer `requests` in batches, with the service's Seer config (`seer` instead, fitted to the engine;
+        none with `full_length`) and generation settings (`generation` instead); progress(n) after each batch of n."""
+        if not requests:
+            raise ConfigError("no prompt given; pass --prompt TEXT or --prompts FILE.jsonl")
+        if generation is None:
+            generation = self.options.generation
+        else:
+            generation.validate()
+            check_supported(generation, self.backend)
+        pictures = self._pictures(requests)  # unreadable images fail before any model runs
+        seer = None if full_length else self.info.seer_for_engine(seer) if seer is not None else self.seer
+        answers: list[Answer] = []
+        steps_run = tokens_processed = 0
+        start = time.perf_counter()
+        for n, lo in enumerate(range(0, len(requests), self.batch_size)):
+            batch = slice(lo, lo + self.batch_size)
+            prompts = self._prompt_ids(requests[batch], pictures[batch])
+            out = run_generation(self.backend, prompts, generation, mask_id=self.info.mask_id,
+                                 pad_id=self.info.pad_id, eos_id=self.info.eos_id, seed=self.options.seed + n,
+                                 seer=seer)
+            reports: list[SeerReport | None] = list(out.seer) if out.seer else [None] * len(prompts)
+            for request, row, report in zip(requests[batch], out.tokens.tolist(), reports, strict=True):
+                answers.append(Answer(request, self.tokenizer.decode_answer(row), row, report))
+            steps_run += out.steps_run
+            tokens_processed += out.tokens_processed
+            progress(len(prompts))
+        return Run(answers, self.backend.name, seer, steps_run, tokens_processed, time.perf_counter() - start)
+
+    def prompt_ids(self, requests: Sequence[Request]) -> list[list[int]]:
+        """The requests as one batch of prompt ids; for a multimodal target their pictures are encoded and set as
+        the backend's image table, which the ids point at until the next batch."""
+        return self._prompt_ids(requests, self._pictures(requests))
+
+    def _pictures(self, requests: Sequence[Request]) -> list[list[Image.Image]]:
+        if any(r.images for r in requests) and self.info.images is None:
+            raise ConfigError(f"--image given, but TARGET '{self.info.target}' is a text model; give a multimodal "
+                              f"checkpoint (LLaDA-V layout or 'demo-vl') or an export or engine made from one")
+        return [[load_image(path) for path in r.images] for r in requests]
+
+    def _prompt_ids(self, requests: Sequence[Request], pictures: Sequence[list[Image.Image]]) -> list[list[int]]:
+        """A batch's prompt ids; in a multimodal batch its pictures encoded into the image table, its placeholders
+        into image ids."""
+        ids = [self.tokenizer.encode_prompt(r.prompt) for r in requests]
+        images = self.info.images
+        if images is None:
+            return ids
+        backend: ImageBackend = self.backend  # type: ignore[assignment]  # a multimodal target's backend
+        flat = [p for per_request in pictures for p in per_request]
+        embeds = backend.encode_images(pixel_batch(flat, images.image))
+        backend.set_image_table([embeds])
+        counts = [len(r.images) for r in requests]
+        return expand_placeholders(ids, counts, images.tokens_per_image, images.image_token_index, images.id_base)
+
+
+def generate(requests: Sequence[Request], target: str | os.PathLike[str], options: ServiceOptions | None = None,
+             progress: Callable[[int], None] = lambda done: None) -> Run:
+    """Answer `requests` with TARGET: open it, run, return the answers (see `Service`)."""
+    return Service(target, options).generate(requests, progress)

@@ -13,12 +13,12 @@ from conftest import tiny_model
 
 from seer_deploy.bench.report import render_markdown
 from seer_deploy.bench.results import load_json
-from seer_deploy.bench.rows import run_oracle
+from seer_deploy.bench.rows import oracle_row
 from seer_deploy.cli import main
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.runtime.loop import run_generation
-from seer_deploy.runtime.targets import open_target
+from seer_deploy.service import Request, Service, ServiceOptions
 
 ROWS = ("reference", "ort-full", "ort-seer", "ort-oracle", "torch-seer")
 WITH_TAIL = (*ROWS, "ort-seer-tail")  # rows of a run with --tail-context
@@ -112,11 +112,12 @@ def test_oracle_never_runs_a_full_length_step(bench_run: tuple[Path, Path]) -> N
 
 def test_oracle_rows_match_runs_at_their_true_length(make_checkpoint: Callable[..., Path]) -> None:
     """Each oracle row gives the tokens of a run whose gen_length is its true length, padded with EOS."""
-    backend, info = open_target(str(make_checkpoint()), "torch")
-    tok = info.tokenizer()
-    prompts = [tok.encode_prompt(e.prompt) for e in heldout_examples(3)]
+    service = Service(make_checkpoint(), ServiceOptions(seer=False))
+    backend, info = service.backend, service.info
+    requests = [Request(e.prompt) for e in heldout_examples(3)]
+    prompts = service.prompt_ids(requests)
     G, lengths = 16, [5, 16, 1]
-    out = run_oracle(backend, info, prompts, GenerationConfig(G, G), lengths)
+    out = oracle_row(service, GenerationConfig(G, G), lengths)(requests, [0, 1, 2])
     assert out.kept == lengths
     assert out.forward_passes <= sum(lengths)  # rows share passes when the scheduler groups them
     for b, n in enumerate(lengths):
@@ -124,7 +125,7 @@ def test_oracle_rows_match_runs_at_their_true_length(make_checkpoint: Callable[.
                               pad_id=info.pad_id, eos_id=info.eos_id)
         np.testing.assert_array_equal(out.tokens[b, :n], solo.tokens[0])
         assert np.all(out.tokens[b, n:] == info.eos_id)
-    alone = run_oracle(backend, info, prompts[:1], GenerationConfig(G, G), [5])
+    alone = oracle_row(service, GenerationConfig(G, G), [5])(requests[:1], [0])
     assert alone.forward_passes == 5
     assert alone.tokens_processed == 5 * (len(prompts[0]) + 5)  # no pass at prompt + gen_length
 

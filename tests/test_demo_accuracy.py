@@ -13,14 +13,17 @@ from conftest import requires_demo
 
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models import Tokenizer, load_checkpoint
+from seer_deploy.models.checkpoint import resolve_checkpoint
 from seer_deploy.models.demo_tasks import TASKS, heldout_examples
 from seer_deploy.runtime.reference import generate
-from seer_deploy.seer.config import DEMO_CONFIG_FILE, SeerConfig
+from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
 from seer_deploy.seer.metrics import identical_share, true_lengths
 
 pytestmark = [requires_demo, pytest.mark.slow]
 # Measured (demo after stage 7): 0.990 on the 200 prompts at 64, 0.96 (24 of 25) on the first 25 at 256.
 MEASURED_FLOORS = {64: 0.97, 256: 0.92}
+
+DEMO_SEER_FILE = resolve_checkpoint("demo") / CHECKPOINT_CONFIG_NAME  # the demo's shipped Seer config
 
 
 @pytest.mark.parametrize("gen_length, n_prompts", [(64, 200), (256, 25)])
@@ -44,7 +47,7 @@ def test_demo_answers_held_out_prompts(gen_length: int, n_prompts: int) -> None:
     # change (docs/seer-study.md). The calibration's end-to-end fit found no margin that fixes that and kept the cut
     # tail in the input as committed EOS (tail_context 'all'): token for token full length's on all 500 held-out
     # prompts at 256.
-    seer = SeerConfig.load(DEMO_CONFIG_FILE)
+    seer = SeerConfig.load(DEMO_SEER_FILE)
     assert seer.tail_context == seer.calibration["identity_margin"]["tail_context"]
     n = min(64, n_prompts)
     full = out.tokens[:n].numpy()

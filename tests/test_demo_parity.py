@@ -24,9 +24,10 @@ from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.models.checkpoint import load_checkpoint
 from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.runtime.loop import run_generation
+from seer_deploy.runtime.openers import open_target
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.scheduler import StepCost
-from seer_deploy.runtime.targets import TargetInfo, open_target
+from seer_deploy.runtime.targets import TargetInfo, find_seer_config
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.spec.export_manifest import ExportManifest
@@ -56,7 +57,7 @@ def prompts(engine: tuple[Backend, TargetInfo]) -> list[list[int]]:
 def seer(engine: tuple[Backend, TargetInfo]) -> SeerConfig:
     """The shipped config with the paper's cut (tail context 0): rows of a batch keep different widths, which is what
     the scheduler must get right. The shipped tail context ('all') is checked on its own below."""
-    return (engine[1].seer_config() or SeerConfig()).with_(tail_context=0)
+    return (find_seer_config(engine[1].path) or SeerConfig()).with_(tail_context=0)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,7 @@ def test_the_shipped_tail_context_gives_the_torch_reference_tokens(
     """The shipped config as the engine reads it (the cut tail in view as committed EOS): batches of 8 through ONNX
     Runtime give each prompt's solo torch tokens, on the first 64 prompts."""
     backend, info = engine
-    shipped = info.seer_config()
+    shipped = find_seer_config(info.path)
     assert shipped is not None and shipped.tail_context == "all"
     model = load_checkpoint("demo").model
     n = 64

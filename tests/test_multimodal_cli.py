@@ -1,4 +1,4 @@
-"""Generation with images through the CLI functions: torch checkpoints, ORT exports, and the bad-input errors."""
+"""Generation with images through the service and the CLI: torch checkpoints, ORT exports, and the bad-input errors."""
 
 from __future__ import annotations
 
@@ -9,16 +9,23 @@ import pytest
 import torch
 from test_multimodal import pictures, write_tiny_vl
 
-from seer_deploy.cli.vl import assign_images, echo_generate_vl, generate_vl
+from seer_deploy.cli.generate import assign_images
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.multimodal import export_multimodal
-from seer_deploy.models.image import pixel_batch
+from seer_deploy.models.image import load_image, pixel_batch
 from seer_deploy.models.image_prompts import ImageConditionedModel, MultimodalTokenizer, expand_placeholders
 from seer_deploy.models.multimodal import load_multimodal
 from seer_deploy.runtime.reference import generate
+from seer_deploy.service import Request, Run, ServiceOptions
+from seer_deploy.service import generate as serve
 
 CONFIG = GenerationConfig(gen_length=8, steps=8)
+
+
+def generate_vl(target: str, texts: list[str], images: list[str], config: GenerationConfig) -> Run:
+    """The service, as `seer-deploy generate TARGET --image ... --no-seer` calls it."""
+    return serve(assign_images(texts, images), target, ServiceOptions(generation=config, seer=False))
 
 
 @pytest.fixture
@@ -32,7 +39,8 @@ def images(tmp_path: Path) -> list[str]:
 
 
 def test_images_go_to_placeholders_in_order() -> None:
-    assert assign_images(["<image> a", "b", "<image> <image> c"], ["x", "y", "z"]) == [["x"], [], ["y", "z"]]
+    requests = assign_images(["<image> a", "b", "<image> <image> c"], ["x", "y", "z"])
+    assert requests == [Request("<image> a", ("x",)), Request("b"), Request("<image> <image> c", ("y", "z"))]
     with pytest.raises(ConfigError, match=r"hold 0 <image> placeholder\(s\) but 1 image.*put '<image>' in the prompt"):
         assign_images(["colors"], ["x"])
     with pytest.raises(ConfigError, match=r"hold 1 <image> placeholder\(s\) but 2 image.*drop the extra --image"):
@@ -41,19 +49,26 @@ def test_images_go_to_placeholders_in_order() -> None:
         assign_images(["<image> <image> colors"], ["x"])
 
 
-def test_generate_vl_torch_matches_the_reference_loop(tmp_path: Path, images: list[str]) -> None:
-    ckpt, _, _ = write_tiny_vl(tmp_path / "ck")
-    run = generate_vl(str(ckpt), ["<image> colors", "<image> count"], images[:2], CONFIG)
+def torch_reference(ckpt: Path, texts: list[str], images: list[Path | str], config: GenerationConfig
+                    ) -> list[list[int]]:
+    """The oracle for prompts with one picture each: the checkpoint's tower, then LLaDA's loop in torch."""
     loaded = load_multimodal(ckpt)
     vcfg, cfg = loaded.vision_config, loaded.config
     tok = MultimodalTokenizer.for_checkpoint(loaded)
-    ids = expand_placeholders([tok.encode_prompt("<image> colors"), tok.encode_prompt("<image> count")], [1, 1],
-                              vcfg.tokens_per_image, vcfg.image_token_index, cfg.n_embed_rows)
+    ids = expand_placeholders([tok.encode_prompt(t) for t in texts], [1] * len(texts), vcfg.tokens_per_image,
+                              vcfg.image_token_index, cfg.n_embed_rows)
+    pixels = pixel_batch([load_image(i) for i in images], vcfg.image)
     with torch.no_grad():
-        table = loaded.vision(torch.from_numpy(pixel_batch(pictures(2), vcfg.image))).reshape(-1, cfg.d_model)
-    want = generate(ImageConditionedModel(loaded.lm.model, table), ids, CONFIG).tokens
-    assert [a.tokens for a in run.answers] == want.tolist()
-    assert run.backend == "torch" and run.answers[0].images == [images[0]]
+        table = loaded.vision(torch.from_numpy(pixels)).reshape(-1, cfg.d_model)
+    return generate(ImageConditionedModel(loaded.lm.model, table), ids, config).tokens.tolist()
+
+
+def test_generate_vl_torch_matches_the_reference_loop(tmp_path: Path, images: list[str]) -> None:
+    ckpt, _, _ = write_tiny_vl(tmp_path / "ck")
+    run = generate_vl(str(ckpt), ["<image> colors", "<image> count"], images[:2], CONFIG)
+    want = torch_reference(ckpt, ["<image> colors", "<image> count"], images[:2], CONFIG)
+    assert [a.tokens for a in run.answers] == want
+    assert run.backend == "torch" and run.answers[0].request.images == (images[0],)
 
 
 def test_generate_vl_on_an_export_equals_torch(tmp_path: Path, images: list[str]) -> None:
@@ -66,11 +81,11 @@ def test_generate_vl_on_an_export_equals_torch(tmp_path: Path, images: list[str]
     assert [a.tokens for a in ort.answers] == [a.tokens for a in ref.answers]
 
 
-def test_json_output_and_bad_images(tmp_path: Path, images: list[str]) -> None:
+def test_json_output_and_bad_images(tmp_path: Path, images: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     ckpt, _, _ = write_tiny_vl(tmp_path / "ck")
-    lines: list[str] = []
-    echo_generate_vl(str(ckpt), ["<image> colors"], images[:1], CONFIG, seer=None, seed=0, as_json=True, say=lines.append)
-    record = json.loads(lines[0])
+    assert _cli(["generate", str(ckpt), "-p", "<image> colors", "--image", images[0], "--gen-length", "8", "--json",
+                 "--no-seer"]) == 0
+    record = json.loads(capsys.readouterr().out)
     assert record["prompt"] == "<image> colors" and record["images"] == images[:1] and len(record["tokens"]) == 8
     with pytest.raises(ConfigError, match="does not exist"):
         generate_vl(str(ckpt), ["<image> colors"], [str(tmp_path / "missing.png")], CONFIG)

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from seer_deploy.cli.vl import checkpoint_seer, run_demo_vl
+from seer_deploy.cli.demo import run_multimodal_demo
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
-from seer_deploy.models.demo_vl_tasks import VlExample, heldout_examples
+from seer_deploy.models.demo_vl_tasks import PictureExample, heldout_examples
 from seer_deploy.models.image import pixel_batch
 from seer_deploy.models.image_prompts import (
     ImageConditionedModel,
@@ -26,6 +26,7 @@ from seer_deploy.models.image_prompts import (
 from seer_deploy.models.multimodal import DEMO_VL_DIR, LoadedMultimodal, load_multimodal
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
+from seer_deploy.runtime.targets import checkpoint_seer
 from seer_deploy.seer.metrics import true_lengths
 
 pytestmark = [
@@ -40,7 +41,7 @@ def demo() -> LoadedMultimodal:
     return load_multimodal("demo-vl")
 
 
-def _inputs(demo: LoadedMultimodal, examples: list[VlExample]) -> tuple[list[list[int]], np.ndarray]:
+def _inputs(demo: LoadedMultimodal, examples: list[PictureExample]) -> tuple[list[list[int]], np.ndarray]:
     vcfg, cfg = demo.vision_config, demo.config
     tok = MultimodalTokenizer.for_checkpoint(demo)
     prompts = expand_placeholders([tok.encode_prompt(e.prompt) for e in examples], [1] * len(examples),
@@ -100,8 +101,8 @@ def test_onnx_runtime_equals_torch_on_100_pictures_seer_on_and_off(demo: LoadedM
         assert all(same), f"seer={use is not None}: {same.count(False)} of 100 differ"
 
 
-def test_demo_command_function_answers_the_builtin_pictures() -> None:
+def test_demo_command_function_answers_the_builtin_pictures(tmp_path: Path) -> None:
     lines: list[str] = []
-    run = run_demo_vl(64, n=8, say=lines.append)
+    run = run_multimodal_demo(tmp_path, 64, 8, lines.append, lambda message: None)
     assert len(run.answers) == 8 and lines[0].startswith("demo-vl checkpoint:")
     assert sum("[ok]" in line for line in lines) >= 7

@@ -21,7 +21,8 @@ from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.models.checkpoint import save_checkpoint
 from seer_deploy.models.demo_tasks import write_tokenizer
 from seer_deploy.runtime.loop import run_generation
-from seer_deploy.runtime.targets import TargetOptions, calibrated_seer, open_target, target_kind
+from seer_deploy.runtime.openers import open_target
+from seer_deploy.runtime.targets import TargetOptions, find_seer_config, target_kind
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
 
@@ -159,28 +160,28 @@ def test_target_kinds_and_bad_targets(artifacts: dict[str, Path], tmp_path: Path
 
 
 def test_seer_configs_and_tensorrt_buckets(artifacts: dict[str, Path], tmp_path: Path) -> None:
-    assert calibrated_seer(artifacts["export"]) is None
+    assert find_seer_config(artifacts["export"]) is None
     _, info = open_target(str(artifacts["engine"]))
-    assert info.seer_config() is None
+    assert find_seer_config(artifacts["engine"]) is None
     beside_checkpoint = SeerConfig(margin=7)
     beside_checkpoint.save(artifacts["ckpt"] / "seer.json")
     beside_export = SeerConfig(margin=3)
     try:
         # An export or engine without its own seer.json uses the source checkpoint's.
-        assert info.seer_config() == beside_checkpoint == calibrated_seer(artifacts["engine"])
+        assert find_seer_config(artifacts["engine"]) == beside_checkpoint
         beside_export.save(artifacts["export"] / "seer.json")
-        assert info.seer_config() == beside_export == calibrated_seer(artifacts["export"])
-        assert calibrated_seer(artifacts["ckpt"]) == beside_checkpoint
+        assert find_seer_config(artifacts["engine"]) == beside_export == find_seer_config(artifacts["export"])
+        assert find_seer_config(artifacts["ckpt"]) == beside_checkpoint
     finally:
         (artifacts["ckpt"] / "seer.json").unlink()
         (artifacts["export"] / "seer.json").unlink(missing_ok=True)
     # On TensorRT the kept lengths round up to the engine's buckets, unless the config has its own.
     seer = SeerConfig()
-    assert info.fit_seer(seer) == seer
+    assert info.seer_for_engine(seer) == seer
     trt_info = replace(info, backend="tensorrt")
-    assert trt_info.fit_seer(seer) == seer.with_(buckets=info.buckets)
-    assert trt_info.fit_seer(seer.with_(buckets=(8, 16))) == seer.with_(buckets=(8, 16))
-    assert trt_info.fit_seer(None) is None
+    assert trt_info.seer_for_engine(seer) == seer.with_(buckets=info.buckets)
+    assert trt_info.seer_for_engine(seer.with_(buckets=(8, 16))) == seer.with_(buckets=(8, 16))
+    assert trt_info.seer_for_engine(None) is None
     # torch targets report the layers the Seer config reads.
     backend, _ = open_target(str(artifacts["ckpt"]), options=TargetOptions(seer=SeerConfig(stats_layers=(0,))))
     assert {layer for layer, _ in backend.sparsity_rows} == {0}
@@ -205,10 +206,11 @@ def test_export_build_then_generate_on_any_target(artifacts: dict[str, Path], tm
     assert code == 0, err
     assert (out / "engine" / "engine.json").is_file() and f"engine dir: {out / 'engine'}" in stdout
     args = ["-p", "reverse 12", "-p", "sort 987", "-p", "count 5", "--gen-length", "8", "--json", "--seer",
-            "--batch-size", "2", "--provider", "CPUExecutionProvider"]
+            "--batch-size", "2"]
+    ort = ["--provider", "CPUExecutionProvider"]
     rows = {}
     for name, target in (("ckpt", artifacts["ckpt"]), ("export", out), ("engine", out / "engine")):
-        code, stdout, err = cli(["generate", str(target), *args], capsys)
+        code, stdout, err = cli(["generate", str(target), *args, *(ort if name != "ckpt" else [])], capsys)
         assert code == 0, err
         rows[name] = [json.loads(line) for line in stdout.splitlines()]
         assert "3 prompts on" in err and "tokens processed" in err
@@ -218,6 +220,8 @@ def test_export_build_then_generate_on_any_target(artifacts: dict[str, Path], tm
     assert {"boundary", "kept", "steps", "tokens_processed", "full_tokens_processed"} <= set(report)
     code, stdout, err = cli(["generate", str(out), "--backend", "tensorrt", "-p", "reverse 1"], capsys)
     assert code == 2 and "build a TensorRT engine from it first" in err
+    code, stdout, err = cli(["generate", str(artifacts["ckpt"]), *args, *ort], capsys)
+    assert code == 2 and "--provider chooses ONNX Runtime providers" in err and "runs on torch" in err
 
 
 def test_doctor_reports_the_core_and_the_backends(capsys: pytest.CaptureFixture[str]) -> None:
@@ -239,8 +243,7 @@ def test_doctor_reports_the_core_and_the_backends(capsys: pytest.CaptureFixture[
 
 def test_generate_with_images_takes_the_multimodal_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from test_multimodal import pictures, write_tiny_vl
-
-    from seer_deploy.cli.vl import generate_vl
+    from test_multimodal_cli import torch_reference
 
     ckpt, _, _ = write_tiny_vl(tmp_path / "vl")
     image = tmp_path / "pic.png"
@@ -249,5 +252,5 @@ def test_generate_with_images_takes_the_multimodal_path(tmp_path: Path, capsys: 
                              "--json", "--no-seer"], capsys)
     assert code == 0, err
     row = json.loads(stdout)
-    want = generate_vl(str(ckpt), ["<image> colors"], [str(image)], GenerationConfig(gen_length=8, steps=8))
-    assert row["images"] == [str(image)] and row["tokens"] == want.answers[0].tokens
+    want = torch_reference(ckpt, ["<image> colors"], [image], GenerationConfig(gen_length=8, steps=8))
+    assert row["images"] == [str(image)] and row["tokens"] == want[0]

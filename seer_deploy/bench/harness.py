@@ -23,18 +23,19 @@ import torch
 from seer_deploy.bench.machine import describe_machine
 from seer_deploy.bench.measure import RowTiming, measure_row
 from seer_deploy.bench.results import BenchResult, RowResult
-from seer_deploy.bench.rows import ROW_DESCRIPTIONS, Runner, loop_row, oracle_row, reference_row
+from seer_deploy.bench.rows import ROW_DESCRIPTIONS, Runner, oracle_row, reference_row, service_row
 from seer_deploy.bench.scaling import SCALING_BACKENDS, ScalingSettings, run_scaling
-from seer_deploy.core.backend import Backend
+from seer_deploy.bench.workloads import Workload, picture_workload, text_workload
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.demo_tasks import Example, heldout_examples
-from seer_deploy.models.demo_vl_tasks import VlExample
+from seer_deploy.models.demo_tasks import Example
+from seer_deploy.models.demo_vl_tasks import PictureExample
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.tokenizer import Tokenizer
-from seer_deploy.runtime.targets import TargetInfo, TargetOptions, open_target, target_kind
-from seer_deploy.seer.config import SeerConfig, TailContext, check_tail_context
+from seer_deploy.runtime.targets import TargetInfo, find_seer_config, is_multimodal_target, target_kind
+from seer_deploy.seer.config import SeerConfig, TailContext, parse_tail_context
 from seer_deploy.seer.metrics import true_lengths
+from seer_deploy.service import Request, Service, ServiceOptions
 
 Progress = Callable[[str], None]  # called once per unit of work with what it was
 
@@ -67,34 +68,40 @@ class BenchSettings:
         if self.scaling is not None:
             self.scaling.validate()
         if self.tail_context is not None:
-            check_tail_context(self.tail_context)
+            parse_tail_context(self.tail_context)
 
 
 @dataclass
 class Prepared:
-    """Everything the measurements need, opened once."""
+    """Everything the measurements need, opened once: a generation service per engine."""
 
     settings: BenchSettings
-    model: MaskPredictor
+    model: MaskPredictor  # the checkpoint's language model
     info: TargetInfo  # the checkpoint's ids and tokenizer
     tokenizer: Tokenizer
     seer: SeerConfig
     seer_source: str  # 'calibrated' or 'defaults'
-    examples: Sequence[Example | VlExample]  # held-out demo prompts (or demo-vl pictures), with their answers
-    prompts: list[list[int]]
-    backends: dict[str, tuple[Backend, TargetInfo]]  # 'ort', 'torch-seer', 'trt' -> backend and its ids
+    workload: Workload
+    services: dict[str, Service]  # 'torch' (the checkpoint), 'ort' (its export), 'trt' (a TensorRT engine)
     export_seconds: float
     skipped: list[dict[str, str]]
     notes: list[str]
     work_dir: Path
     model_facts: dict[str, Any] = field(default_factory=dict)  # added to the result's model section
-    workload: str = "held-out demo prompts (tasks in rotation)"
+
+    @property
+    def requests(self) -> list[Request]:
+        return self.workload.requests
+
+    @property
+    def examples(self) -> Sequence[Example | PictureExample]:
+        return self.workload.examples
 
     def rows(self) -> list[str]:
         names = ["reference", "ort-full", "ort-seer", "ort-oracle", "torch-seer"]
         if self.settings.tail_context is not None:
             names.insert(3, "ort-seer-tail")
-        return names + (["trt-full", "trt-seer"] if "trt" in self.backends else [])
+        return names + (["trt-full", "trt-seer"] if "trt" in self.services else [])
 
     @property
     def units(self) -> int:
@@ -119,90 +126,93 @@ def _tensorrt_ready() -> str | None:
 
 
 def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambda _: None) -> Prepared:
-    """Open the checkpoint, resolve Seer, export once into `work_dir` and open the exported backends."""
+    """Open the checkpoint, resolve Seer, export once into `work_dir` and open a service on each engine."""
     from seer_deploy.export.exporter import export_checkpoint
+    from seer_deploy.export.multimodal import export_multimodal
     from seer_deploy.export.options import ExportOptions, SeerStats
-    from seer_deploy.models.multimodal import is_multimodal_checkpoint
-    from seer_deploy.runtime.torch_backend import TorchBackend
 
     settings.validate()
-    if is_multimodal_checkpoint(settings.target):  # 'demo-vl' or a LLaDA-V-layout checkpoint directory
-        from seer_deploy.bench.multimodal import prepare_vl_bench
-
-        return prepare_vl_bench(settings, work_dir, say)
     if target_kind(settings.target) != "checkpoint":
         raise ConfigError(
             f"TARGET '{settings.target}' is an export or engine directory; bench needs the checkpoint (for the torch "
             f"reference row and its own export): give 'demo', 'demo-vl' or a checkpoint directory"
         )
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
-    say(f"loading {settings.target}")
-    torch_backend, info = open_target(settings.target, "torch")
-    assert isinstance(torch_backend, TorchBackend)  # a checkpoint opens as torch
-    model = torch_backend.model
-    cfg = model.cfg
+    multimodal = is_multimodal_target(settings.target)
     notes: list[str] = []
-    calibrated = info.seer_config()
+    calibrated = find_seer_config(settings.target)
     seer = calibrated if calibrated is not None else SeerConfig()
-    seer_source = "calibrated" if calibrated is not None else "defaults"
     if calibrated is None:
         notes.append(f"no calibrated Seer config for {settings.target}: Seer ran with the built-in defaults "
                      f"({seer.detector} detector, margin {seer.margin}); run `seer-deploy calibrate` for a safe margin")
-    tokenizer = info.tokenizer()
-    examples = heldout_examples(settings.prompts)
-    prompts = [tokenizer.encode_prompt(e.prompt) for e in examples]
+    say(f"loading {settings.target}")
+    threads = settings.threads or None
+    batch = max(settings.batch_sizes)
+
+    def service(target: str | Path) -> Service:
+        return Service(target, ServiceOptions(batch_size=batch, threads=threads, seer_config=seer))
+
+    torch_service = service(settings.target)
+    info = torch_service.info
+    workload = picture_workload(settings.prompts, work_dir / "pictures") if multimodal else text_workload(settings.prompts)
+    prompts = torch_service.prompt_ids(workload.requests)
     longest = max(len(p) for p in prompts) + max(settings.gen_lengths)
-    if longest > cfg.max_seq_len:
+    if longest > info.config.max_seq_len:
         raise ConfigError(
-            f"the longest prompt ({max(len(p) for p in prompts)} tokens) + gen_length {max(settings.gen_lengths)} "
-            f"= {longest} exceeds the model's {cfg.max_seq_len} positions; lower --gen-lengths"
+            f"the longest prompt ({max(len(p) for p in prompts)} tokens, image tokens included) + gen_length "
+            f"{max(settings.gen_lengths)} = {longest} exceeds the model's {info.config.max_seq_len} positions; lower "
+            f"--gen-lengths"
         )
     say(f"exporting {settings.target} to ONNX (once for this run)")
     start = time.perf_counter()
-    export = export_checkpoint(settings.target, work_dir / "export", ExportOptions(seer=SeerStats.for_config(seer)))
+    export = export_multimodal if multimodal else export_checkpoint
+    exported = export(settings.target, work_dir / "export", ExportOptions(seer=SeerStats.for_config(seer)))
     export_seconds = time.perf_counter() - start
-    options = TargetOptions(threads=settings.threads or None)
-    backends: dict[str, tuple[Backend, TargetInfo]] = {
-        "ort": open_target(str(export.out), "ort", options),
-        "torch-seer": (TorchBackend(model, seer.stats_spec(cfg.n_layers)), info),
-    }
+    services = {"torch": torch_service, "ort": service(exported.out)}
     skipped: list[dict[str, str]] = []
     why = _tensorrt_ready() if settings.tensorrt else "not asked for (--no-tensorrt)"
+    if why is None and multimodal:
+        why = "the TensorRT profiles do not cover the multimodal step graphs' image-table input (build refuses it)"
     if why is None:
         from seer_deploy.engines.build import BuildOptions, build_engines
 
         say("building a TensorRT engine from the export")
-        engine = build_engines(export.out, work_dir / "trt-engine",
-                               BuildOptions(backend="tensorrt", max_batch=max(settings.batch_sizes),
-                                            max_gen_length=max(settings.gen_lengths)))
-        backends["trt"] = open_target(str(engine.out), "tensorrt")
+        engine = build_engines(exported.out, work_dir / "trt-engine",
+                               BuildOptions(backend="tensorrt", max_batch=batch, max_gen_length=max(settings.gen_lengths)))
+        services["trt"] = service(engine.out)
     else:
         skipped += [{"row": name, "why": why} for name in ("trt-full", "trt-seer")]
-    return Prepared(settings, model, info, tokenizer, seer, seer_source, examples, prompts, backends,
-                    export_seconds, skipped, notes, work_dir)
+    model = torch_service.backend.language_model if multimodal else torch_service.backend.model  # type: ignore[attr-defined]
+    facts: dict[str, Any] = {}
+    if multimodal:
+        images = info.images
+        assert images is not None  # a multimodal checkpoint's info says how it takes pictures
+        notes.append("multimodal workload: each row's timings include its own vision tower (torch's, or vision.onnx) "
+                     "encoding the batch's pictures, as a user's request runs")
+        facts = {"vision_parameters": torch_service.backend.vision.num_parameters(),  # type: ignore[attr-defined]
+                 "tokens_per_image": images.tokens_per_image, "image_size": images.image.image_size}
+    return Prepared(settings, model, info, torch_service.tokenizer, seer,
+                    "calibrated" if calibrated is not None else "defaults", workload, services, export_seconds,
+                    skipped, notes, work_dir, facts)
 
 
 def _runner(p: Prepared, row: str, config: GenerationConfig, timings: dict[str, RowTiming]) -> Runner:
     """The runner of `row` at `config`; the oracle reads its true lengths from this setting's ort-full tokens."""
     if row == "reference":
-        return reference_row(p.model, config)
+        return reference_row(p.services["torch"], config)
     if row == "torch-seer":
-        backend, info = p.backends["torch-seer"]
-        return loop_row(backend, info, config, p.seer)
+        return service_row(p.services["torch"], config, p.seer)
     engine = "trt" if row.startswith("trt") else "ort"
-    backend, info = p.backends[engine]
+    service = p.services[engine]
     if row == "ort-seer-tail":
-        fitted = info.fit_seer(p.seer)
-        assert fitted is not None and p.settings.tail_context is not None  # the row exists only with both
-        return loop_row(backend, info, config, fitted.with_(tail_context=p.settings.tail_context))
+        assert p.settings.tail_context is not None  # the row exists only with --tail-context
+        return service_row(service, config, p.seer.with_(tail_context=p.settings.tail_context))
     if row.endswith("-full"):
-        return loop_row(backend, info, config, None)
+        return service_row(service, config, None)
     if row.endswith("-seer"):
-        return loop_row(backend, info, config, info.fit_seer(p.seer))
+        return service_row(service, config, p.seer)
     full = timings[f"{engine}-full"]
-    lengths = np.maximum(1, true_lengths(full.tokens, _stops(info)))
-    return oracle_row(backend, info, config, [int(n) for n in lengths])
+    lengths = np.maximum(1, true_lengths(full.tokens, _stops(p.info)))
+    return oracle_row(service, config, [int(n) for n in lengths])
 
 
 def _stops(info: TargetInfo) -> set[int]:
@@ -223,7 +233,7 @@ def run_bench(p: Prepared, command: str, progress: Progress = lambda _: None) ->
             for row in p.rows():
                 label = f"gen {G}, batch {B}: {row}"
                 runner = _runner(p, row, config, timings)
-                timings[row] = measure_row(runner, p.prompts, B, s.repeats, tick=partial(progress, label))
+                timings[row] = measure_row(runner, p.requests, B, s.repeats, tick=partial(progress, label))
             rows += score_setting(p, G, B, timings)
     scaling = None
     if s.scaling is not None:
@@ -236,14 +246,14 @@ def run_bench(p: Prepared, command: str, progress: Progress = lambda _: None) ->
         seconds=round(time.perf_counter() - start, 1),
         machine=machine,
         settings={"target": s.target, "gen_lengths": list(s.gen_lengths), "batch_sizes": list(s.batch_sizes),
-                  "prompts": s.prompts, "workload": p.workload, "repeats": s.repeats, "warmup_batches": 1,
+                  "prompts": s.prompts, "workload": p.workload.description, "repeats": s.repeats, "warmup_batches": 1,
                   "threads": s.threads, "tail_context": s.tail_context,
                   "steps": "gen_length", "block_length": "gen_length (one block)", "temperature": 0.0,
                   "remasking": "low_confidence"},
         model={"target": s.target, "parameters": model.num_parameters(), "d_model": cfg.d_model,
                "n_layers": cfg.n_layers, "mlp_hidden": cfg.mlp_hidden, "vocab_size": cfg.vocab_size,
                "max_seq_len": cfg.max_seq_len, "export_seconds": round(p.export_seconds, 2),
-               "ort_providers": list(getattr(p.backends["ort"][0], "providers", [])), **p.model_facts},
+               "ort_providers": list(getattr(p.services["ort"].backend, "providers", [])), **p.model_facts},
         seer={"source": p.seer_source, "detector": p.seer.detector, "margin": p.seer.margin,
               "tail_context": p.seer.tail_context,
               "buckets": list(p.seer.buckets), "calibration": dict(p.seer.calibration)},

@@ -16,6 +16,7 @@ import numpy as np
 
 from seer_deploy.bench.rows import BatchOutput, Runner
 from seer_deploy.core.errors import ConfigError
+from seer_deploy.service import Request
 
 
 @dataclass
@@ -49,25 +50,25 @@ def batches(n: int, batch_size: int) -> list[list[int]]:
 
 def measure_row(
     runner: Runner,
-    prompts: Sequence[list[int]],
+    requests: Sequence[Request],
     batch_size: int,
     repeats: int,
     tick: Callable[[], None] = lambda: None,
 ) -> RowTiming:
-    """Warm up on the first batch, then time `repeats` passes over all prompts; `tick` after each of those."""
+    """Warm up on the first batch, then time `repeats` passes over all requests; `tick` after each of those."""
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")
-    groups = batches(len(prompts), batch_size)
-    runner([prompts[i] for i in groups[0]], groups[0])  # warm-up: first calls at a shape allocate
+    groups = batches(len(requests), batch_size)
+    runner([requests[i] for i in groups[0]], groups[0])  # warm-up: first calls at a shape allocate
     tick()
     first: list[BatchOutput] = []
-    latencies = np.zeros((repeats, len(prompts)))
+    latencies = np.zeros((repeats, len(requests)))
     seconds_runs = []
     for r in range(repeats):
         total = 0.0
         for idx in groups:
             start = time.perf_counter()
-            out = runner([prompts[i] for i in idx], idx)
+            out = runner([requests[i] for i in idx], idx)
             elapsed = time.perf_counter() - start
             total += elapsed
             latencies[r, idx] = elapsed

@@ -1,7 +1,9 @@
-"""The rows of the benchmark: one way of answering a batch of prompts each, behind one call signature.
+"""The rows of the benchmark: one way of answering a batch of requests each, behind one call signature.
 
-Every row answers the same prompts at the same settings (greedy, steps = gen_length, one block) and returns the
-response ids with what they cost, so the harness can time, score and compare them the same way:
+Every row answers the same requests at the same settings (greedy, steps = gen_length, one block) and returns the
+response ids with what they cost, so the harness can time, score and compare them the same way. The rows users run
+go through the generation service (`seer_deploy.service`), as `seer-deploy generate` does; the reference is LLaDA's
+loop itself, and the oracle a study the service does not offer:
 
   reference   `reference.generate` in torch eager at full length: what users run today
   ort-full    the runtime loop on ONNX Runtime at full length
@@ -22,16 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from seer_deploy.core.backend import Backend
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.runtime.loop import LoopContext, run_generation
-from seer_deploy.runtime.loopcore import active_core
+from seer_deploy.runtime.loop import run_planned
 from seer_deploy.runtime.reference import generate
-from seer_deploy.runtime.scheduler import run_hybrid
-from seer_deploy.runtime.targets import TargetInfo
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import BlockPlan, TruncationPlan, block_plan
+from seer_deploy.service import Request, Service
 
 ROW_NAMES: tuple[str, ...] = (
     "reference", "ort-full", "ort-seer", "ort-seer-tail", "ort-oracle", "torch-seer", "trt-full", "trt-seer"
@@ -55,7 +53,7 @@ ROW_DESCRIPTIONS: dict[str, str] = {
 
 @dataclass
 class BatchOutput:
-    """What one row produced for one batch of prompts and what it cost."""
+    """What one row produced for one batch of requests and what it cost."""
 
     tokens: np.ndarray  # int64 [B, gen_length]; cut tails hold EOS
     forward_passes: int
@@ -63,25 +61,30 @@ class BatchOutput:
     kept: list[int] | None  # per request: response slots the later steps ran on (Seer and the oracle)
 
 
-Runner = Callable[[Sequence[list[int]], Sequence[int]], BatchOutput]  # (prompts, their indices) -> output
+Runner = Callable[[Sequence[Request], Sequence[int]], BatchOutput]  # (requests, their indices) -> output
 
 
-def reference_row(model: MaskPredictor, config: GenerationConfig) -> Runner:
-    def run(prompts: Sequence[list[int]], indices: Sequence[int]) -> BatchOutput:
-        out = generate(model, list(prompts), config, generator=torch.Generator().manual_seed(0))
+def reference_row(torch_service: Service, config: GenerationConfig) -> Runner:
+    """LLaDA's loop in torch eager on the checkpoint's model (its pictures, if any, encoded by the checkpoint's own
+    vision tower through the service)."""
+
+    def run(requests: Sequence[Request], indices: Sequence[int]) -> BatchOutput:
+        prompts = torch_service.prompt_ids(requests)
+        model = torch_service.backend.model  # type: ignore[attr-defined]  # a checkpoint's backend is torch
+        out = generate(model, prompts, config, generator=torch.Generator().manual_seed(0))
         return BatchOutput(out.tokens.numpy().astype(np.int64), out.steps_run, out.tokens_processed, None)
 
     return run
 
 
-def loop_row(backend: Backend, info: TargetInfo, config: GenerationConfig, seer: SeerConfig | None) -> Runner:
-    """The runtime loop on `backend`, at full length (seer None) or with Seer."""
+def service_row(service: Service, config: GenerationConfig, seer: SeerConfig | None) -> Runner:
+    """The generation service on its target, at full length (seer None) or with Seer."""
 
-    def run(prompts: Sequence[list[int]], indices: Sequence[int]) -> BatchOutput:
-        out = run_generation(backend, list(prompts), config, mask_id=info.mask_id, pad_id=info.pad_id,
-                             eos_id=info.eos_id, seer=seer)
-        kept = [r.kept for r in out.seer] if out.seer else None
-        return BatchOutput(out.tokens, out.steps_run, out.tokens_processed, kept)
+    def run(requests: Sequence[Request], indices: Sequence[int]) -> BatchOutput:
+        out = service.generate(requests, full_length=seer is None, seer=seer, generation=config)
+        kept = [a.seer.kept for a in out.answers if a.seer is not None] if seer is not None else None
+        tokens = np.array([a.tokens for a in out.answers], dtype=np.int64)
+        return BatchOutput(tokens, out.steps_run, out.tokens_processed, kept)
 
     return run
 
@@ -90,7 +93,7 @@ def oracle_plan(gen_length: int, steps: int, block_length: int | None, true_leng
     """The plan of a request whose length is known before it starts: the blocks and step budget Seer would give a
     cut at `true_length`, with no step zero at full length, so all of them run on prompt + true length.
 
-    The scheduler treats blocks[0].steps as including a step zero that has already run; the extra step here is
+    The executor treats blocks[0].steps as including a step zero that has already run; the extra step here is
     that slot, so every one of the budget's passes runs short (`step_slots` skips exactly one).
     """
     blocks = block_plan(gen_length, steps, block_length, true_length)
@@ -99,25 +102,17 @@ def oracle_plan(gen_length: int, steps: int, block_length: int | None, true_leng
     return TruncationPlan(gen_length=gen_length, kept=true_length, blocks=shifted, full_steps=steps)
 
 
-def run_oracle(
-    backend: Backend, info: TargetInfo, prompts: Sequence[list[int]], config: GenerationConfig,
-    true_lengths: Sequence[int],
-) -> BatchOutput:
-    """Every request on prompt + its true length from the first step on, rows grouped by the batch scheduler as
-    after a Seer cut; at temperature 0 each row's tokens are those of a run with gen_length = its true length."""
-    G = config.gen_length
-    lengths = [min(G, max(1, int(n))) for n in true_lengths]
-    plans = [oracle_plan(G, config.steps, config.block_length, n) for n in lengths]
-    ctx = LoopContext(backend, active_core(), config, info.mask_id, np.random.default_rng(0))
-    masks = np.full((len(prompts), G), info.mask_id, dtype=np.int64)
-    out = run_hybrid(ctx, list(prompts), masks, plans, pad_id=info.pad_id, eos_id=info.eos_id)
-    return BatchOutput(out.tokens, out.steps_run, out.tokens_processed, lengths)
+def oracle_row(service: Service, config: GenerationConfig, true_lengths: Sequence[int]) -> Runner:
+    """Every request on prompt + its true length from the first step on (`true_lengths` indexed like the bench's
+    request list), rows grouped by the batch scheduler as after a Seer cut; at temperature 0 each row's tokens are
+    those of a run with gen_length = its true length."""
+    G, info = config.gen_length, service.info
 
-
-def oracle_row(backend: Backend, info: TargetInfo, config: GenerationConfig, true_lengths: Sequence[int]) -> Runner:
-    """The oracle over the bench's prompt list: `true_lengths` is indexed like it."""
-
-    def run(prompts: Sequence[list[int]], indices: Sequence[int]) -> BatchOutput:
-        return run_oracle(backend, info, prompts, config, [true_lengths[i] for i in indices])
+    def run(requests: Sequence[Request], indices: Sequence[int]) -> BatchOutput:
+        lengths = [min(G, max(1, int(true_lengths[i]))) for i in indices]
+        plans = [oracle_plan(G, config.steps, config.block_length, n) for n in lengths]
+        out = run_planned(service.backend, service.prompt_ids(requests), config, plans, mask_id=info.mask_id,
+                          pad_id=info.pad_id, eos_id=info.eos_id)
+        return BatchOutput(out.tokens, out.steps_run, out.tokens_processed, lengths)
 
     return run

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from seer_deploy.cli.generate import BatchRun, run_batches
+from seer_deploy.runtime.targets import find_seer_config
+from seer_deploy.service import Request, Run, Service, ServiceOptions
 
 if TYPE_CHECKING:
     from seer_deploy.export.options import ExportOptions
+    from seer_deploy.seer.config import SeerConfig
 
 DEMO_PROMPTS = (
     "reverse 8675309",
@@ -40,12 +42,12 @@ class DemoResult:
     engine_dir: Path
     backend: str
     answers: list[tuple[str, str, str]]  # prompt, answer, expected answer
-    seer: BatchRun
-    full: BatchRun
+    seer: Run
+    full: Run
     seer_note: str  # which Seer config ran
 
 
-def _best(runs: list[BatchRun]) -> BatchRun:
+def _best(runs: list[Run]) -> Run:
     return min(runs, key=lambda r: r.seconds)
 
 
@@ -53,12 +55,18 @@ def export_options() -> ExportOptions:
     """Every layer's statistics, at the 'near zero' thresholds of the demo's calibrated Seer config (if any), so
     the exported step zero reports what that config reads."""
     from seer_deploy.export.options import ExportOptions, SeerStats
-    from seer_deploy.seer.config import SeerConfig
 
-    seer = SeerConfig.for_checkpoint("demo")
+    seer = find_seer_config("demo")
     if seer is None:
         return ExportOptions()
     return ExportOptions(seer=SeerStats(abs_threshold=seer.abs_threshold, rel_threshold=seer.rel_threshold))
+
+
+def seer_note(seer: SeerConfig | None) -> str:
+    if seer is None:
+        return "no calibrated Seer config"
+    return (f"calibrated {seer.detector} detector, margin {seer.margin}, tail context {seer.tail_context} (cut slots "
+            f"the later steps still run as committed EOS)")
 
 
 def run_demo(work_dir: Path, gen_length: int, repeats: int, threads: int, say: Say, stage: Say) -> DemoResult:
@@ -68,8 +76,6 @@ def run_demo(work_dir: Path, gen_length: int, repeats: int, threads: int, say: S
     from seer_deploy.engines.ort import OrtSessionOptions
     from seer_deploy.export.exporter import export_checkpoint
     from seer_deploy.models.demo_tasks import solve
-    from seer_deploy.runtime.targets import open_target
-    from seer_deploy.seer.config import SeerConfig
 
     stage("export: demo checkpoint -> ONNX (step0, step), checked against torch")
     exported = export_checkpoint("demo", work_dir / "export", export_options(),
@@ -82,30 +88,66 @@ def run_demo(work_dir: Path, gen_length: int, repeats: int, threads: int, say: S
     built = build_engines(exported.out, exported.out / "engine", BuildOptions(backend="ort", ort_session=session),
                           progress=lambda s: stage(f"build: {s}"))
     stage(f"load: {built.out}")
-    backend, info = open_target(str(built.out))
-    seer = info.seer_config()
-    seer_note = "" if seer is None else (f"calibrated {seer.detector} detector, margin {seer.margin}, tail context "
-                                         f"{seer.tail_context} (cut slots the later steps still run as committed EOS)")
-    if seer is None:
-        seer = SeerConfig()
-        seer_note = f"built-in defaults ({seer.detector} detector, margin {seer.margin}; no calibrated config yet)"
-    tok = info.tokenizer()
-    ids = [tok.encode_prompt(p) for p in DEMO_PROMPTS]
-    config = GenerationConfig(gen_length, gen_length)
-    batch = len(ids)
+    requests = [Request(p) for p in DEMO_PROMPTS]
+    service = Service(built.out, ServiceOptions(GenerationConfig(gen_length, gen_length), batch_size=len(requests),
+                                                seer=True), warn=stage)
+    note = seer_note(find_seer_config(built.out))
+    if note == seer_note(None):
+        note = "built-in defaults (no calibrated config yet)"
     stage("warm-up")
-    run_batches(backend, info, ids[:1], config, seer=None, batch_size=1)
+    service.generate(requests[:1], full_length=True)
     seer_runs, full_runs = [], []
     for i in range(repeats):
-        stage(f"generate {i + 1}/{repeats}: {len(ids)} prompts with Seer, then at full length ({backend.name})")
-        seer_runs.append(run_batches(backend, info, ids, config, seer=seer, batch_size=batch))
-        full_runs.append(run_batches(backend, info, ids, config, seer=None, batch_size=batch))
+        stage(f"generate {i + 1}/{repeats}: {len(requests)} prompts with Seer, then at full length "
+              f"({service.backend.name})")
+        seer_runs.append(service.generate(requests))
+        full_runs.append(service.generate(requests, full_length=True))
     with_seer, full = _best(seer_runs), _best(full_runs)
     answers = []
-    for prompt, row in zip(DEMO_PROMPTS, with_seer.tokens, strict=True):
+    for prompt, answer in zip(DEMO_PROMPTS, with_seer.answers, strict=True):
         task, digits = prompt.split()
-        answers.append((prompt, tok.decode_answer(row), solve(task, digits)))
-    return DemoResult(exported.out, built.out, backend.name, answers, with_seer, full, seer_note)
+        answers.append((prompt, answer.text, solve(task, digits)))
+    return DemoResult(exported.out, built.out, service.backend.name, answers, with_seer, full, note)
+
+
+def run_multimodal_demo(work_dir: Path, gen_length: int, n: int, say: Say, stage: Say) -> Run:
+    """`seer-deploy demo --vl`: export demo-vl (vision.onnx, step0.onnx, step.onnx), answer n held-out pictures
+    through ONNX Runtime with Seer (when calibrated), then the same pictures at full length for the comparison."""
+    from seer_deploy.core.generation import GenerationConfig
+    from seer_deploy.export.multimodal import export_multimodal
+    from seer_deploy.export.options import ExportOptions, SeerStats
+    from seer_deploy.models.demo_vl_tasks import heldout_examples
+    from seer_deploy.models.multimodal import DEMO_VL_NAME, load_multimodal
+
+    seer = find_seer_config(DEMO_VL_NAME)
+    loaded = load_multimodal(DEMO_VL_NAME)
+    n_params = loaded.lm.model.num_parameters() + loaded.vision.num_parameters()
+    say(f"demo-vl checkpoint: {loaded.path} ({n_params / 1e6:.2f}M parameters, SigLIP tower + "
+        f"{loaded.vision_config.projector_type} projector + LLaDA-style LM)")
+    stage("export: demo-vl -> ONNX (vision, step0, step), checked against torch")
+    exported = export_multimodal(DEMO_VL_NAME, work_dir / "demo-vl-onnx", ExportOptions(seer=SeerStats.for_config(seer)))
+    say(f"exported demo-vl to {exported.out} (vision.onnx, step0.onnx, step.onnx; checked against torch) in "
+        f"{exported.seconds:.1f}s")
+    cases = []
+    for i, example in enumerate(heldout_examples(n)):
+        file = work_dir / f"demo-vl-{i}.png"
+        example.image().save(file)
+        cases.append((Request(example.prompt, (str(file),)), example.answer))
+    requests = [request for request, _ in cases]
+    service = Service(exported.out, ServiceOptions(GenerationConfig(gen_length, gen_length), batch_size=n), warn=stage)
+    run = service.generate(requests)
+    full = service.generate(requests, full_length=True)
+    for (request, expected), answer in zip(cases, run.answers, strict=True):
+        mark = "ok" if answer.text == expected else f"expected {expected}"
+        kept = f"kept {answer.seer.kept:2d}/{gen_length}" if answer.seer is not None else ""
+        say(f"  picture {Path(request.images[0]).name:14s} {request.prompt:18s} -> {answer.text:40s} {kept} [{mark}]")
+    same = sum(a.text == b.text for a, b in zip(run.answers, full.answers, strict=True))
+    say(f"{n} pictures as one batch, gen_length {gen_length}, {run.backend}: Seer: {seer_note(run.seer)}: "
+        f"{run.steps_run} passes, {run.tokens_processed} tokens processed, {run.seconds:.2f}s; full length: "
+        f"{full.steps_run} passes, {full.tokens_processed} tokens, {full.seconds:.2f}s "
+        f"({full.tokens_processed / run.tokens_processed:.1f}x the tokens); {same} of {n} answers the same as "
+        f"full length's")
+    return run
 
 
 def report(result: DemoResult, gen_length: int, say: Say, kept_dir: bool) -> None:
@@ -136,23 +178,21 @@ def command(gen_length: int, work_dir: Path | None, repeats: int, threads: int, 
     """Export the bundled demo model, build an ONNX Runtime engine, answer prompts with Seer and compare with full
     length."""
     from seer_deploy.core.errors import ConfigError
+    from seer_deploy.core.generation import GenerationConfig
 
-    if vl:
-        from seer_deploy.cli.vl import run_demo_vl
-
-        run_demo_vl(gen_length, say=click.echo, work_dir=work_dir)
-        return
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")
+    GenerationConfig(gen_length, gen_length).validate()  # bad settings fail before the export starts
     start = time.perf_counter()
 
     def stage(message: str) -> None:
         click.echo(f"[{time.perf_counter() - start:6.1f}s] {message}", err=True)
 
-    if work_dir is not None:
-        work_dir.mkdir(parents=True, exist_ok=True)
-        result = run_demo(work_dir, gen_length, repeats, threads, click.echo, stage)
-    else:
-        with tempfile.TemporaryDirectory(prefix="seer-deploy-demo-") as tmp:
-            result = run_demo(Path(tmp), gen_length, repeats, threads, click.echo, stage)
+    with tempfile.TemporaryDirectory(prefix="seer-deploy-demo-") as tmp:
+        root = Path(tmp) if work_dir is None else work_dir
+        root.mkdir(parents=True, exist_ok=True)
+        if vl:
+            run_multimodal_demo(root, gen_length, 8, click.echo, stage)
+            return
+        result = run_demo(root, gen_length, repeats, threads, click.echo, stage)
     report(result, gen_length, click.echo, kept_dir=work_dir is not None)

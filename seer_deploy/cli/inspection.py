@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from seer_deploy.cli.options import generation_config
+from seer_deploy.runtime.targets import find_seer_config
 
 
 @click.command("inspect")
@@ -32,7 +33,7 @@ def command(target: str, prompt: str, out: Path, gen_length: int, steps: int | N
     config = generation_config(gen_length, steps, block_length, 0.0, "low_confidence", 0.0)
     config.validate()
     ckpt = load_checkpoint(target)
-    seer = SeerConfig.load(seer_config) if seer_config else SeerConfig.for_checkpoint(target) or SeerConfig()
+    seer = SeerConfig.load(seer_config) if seer_config else find_seer_config(target) or SeerConfig()
     tok = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id, ckpt.config.eot_id)
     ids = tok.encode_prompt(prompt)
     config.validate(ckpt.config.max_seq_len, len(ids))

@@ -79,6 +79,15 @@ class Backend(Protocol):
     def step(self, inputs: StepInput) -> StepOutput: ...
 
 
+class ImageBackend(Backend, Protocol):
+    """A backend of a multimodal target: it turns pictures into embeddings and feeds the step graphs the table of
+    the batch's embeddings, which the prompts' image ids index."""
+
+    def encode_images(self, pixel_values: np.ndarray) -> np.ndarray: ...
+
+    def set_image_table(self, table: np.ndarray | list[np.ndarray]) -> None: ...
+
+
 def supports_guidance(backend: Backend) -> bool:
     """Whether a backend runs classifier-free guidance (it needs the full logits, which exported graphs never
     return)."""

@@ -64,20 +64,27 @@ def heldout_examples(n: int, seed: int = HELDOUT_SEED) -> list[Example]:
     return [sample_example(rng, TASKS[i % len(TASKS)]) for i in range(n)]
 
 
-def write_tokenizer(path: Path) -> None:
-    """The demo's tokenizer.json: one token per digit, words for tasks, BOS in front and '=' behind a prompt."""
+def write_word_level_tokenizer(path: Path, vocab: list[str], specials: list[str], fuse_decoder: bool) -> None:
+    """A demo's tokenizer.json: one token per word or digit, BOS in front and '=' behind a prompt (fuse_decoder: the
+    answer's tokens are joined without spaces)."""
     from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
     from tokenizers.models import WordLevel
 
-    vocab = {tok: i for i, tok in enumerate(VOCAB)}
-    tok = Tokenizer(WordLevel(vocab, unk_token="<|endoftext|>"))
+    ids = {tok: i for i, tok in enumerate(vocab)}
+    tok = Tokenizer(WordLevel(ids, unk_token="<|endoftext|>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
     )
-    tok.add_special_tokens(["<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "="])
+    tok.add_special_tokens(specials)
     tok.post_processor = processors.TemplateProcessing(
         single="<|startoftext|> $A =",
-        special_tokens=[("<|startoftext|>", vocab["<|startoftext|>"]), ("=", vocab["="])],
+        special_tokens=[("<|startoftext|>", ids["<|startoftext|>"]), ("=", ids["="])],
     )
-    tok.decoder = decoders.Fuse()
+    if fuse_decoder:
+        tok.decoder = decoders.Fuse()
     tok.save(str(path))
+
+
+def write_tokenizer(path: Path) -> None:
+    """The demo's tokenizer.json: one token per digit, words for tasks; answers decode as one word."""
+    write_word_level_tokenizer(path, VOCAB, ["<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "="], fuse_decoder=True)

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from seer_deploy.models.demo_tasks import write_word_level_tokenizer
+
 IMAGE_SIZE = 64
 COLUMNS = 4  # one shape per 16-pixel column at most, so "left to right" is unambiguous
 COLUMN_WIDTH = IMAGE_SIZE // COLUMNS
@@ -56,7 +58,7 @@ class Shape:
 
 
 @dataclass(frozen=True)
-class VlExample:
+class PictureExample:
     task: str
     shapes: tuple[Shape, ...]  # sorted by column
 
@@ -129,11 +131,11 @@ def sample_shapes(rng: random.Random, n: int | None = None) -> tuple[Shape, ...]
     return tuple(out)
 
 
-def sample_example(rng: random.Random, task: str | None = None) -> VlExample:
-    return VlExample(task or rng.choice(TASKS), sample_shapes(rng))
+def sample_example(rng: random.Random, task: str | None = None) -> PictureExample:
+    return PictureExample(task or rng.choice(TASKS), sample_shapes(rng))
 
 
-def heldout_examples(n: int, seed: int = HELDOUT_SEED) -> list[VlExample]:
+def heldout_examples(n: int, seed: int = HELDOUT_SEED) -> list[PictureExample]:
     """Held-out pictures: a fixed seed that training never uses, tasks in rotation."""
     rng = random.Random(seed)
     return [sample_example(rng, TASKS[i % len(TASKS)]) for i in range(n)]
@@ -141,17 +143,4 @@ def heldout_examples(n: int, seed: int = HELDOUT_SEED) -> list[VlExample]:
 
 def write_tokenizer(path: Path) -> None:
     """The demo's tokenizer.json: one token per word or digit, `<image>` special, BOS in front and '=' behind."""
-    from tokenizers import Tokenizer, pre_tokenizers, processors
-    from tokenizers.models import WordLevel
-
-    vocab = {tok: i for i, tok in enumerate(VOCAB)}
-    tok = Tokenizer(WordLevel(vocab, unk_token="<|endoftext|>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
-    )
-    tok.add_special_tokens(SPECIALS)
-    tok.post_processor = processors.TemplateProcessing(
-        single="<|startoftext|> $A =",
-        special_tokens=[("<|startoftext|>", vocab["<|startoftext|>"]), ("=", vocab["="])],
-    )
-    tok.save(str(path))
+    write_word_level_tokenizer(path, VOCAB, SPECIALS, fuse_decoder=False)

@@ -17,8 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.sparsity import StatsSpec
-from seer_deploy.models.llada import MaskPredictor, ModelOutput
+from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.multimodal import IMAGE_TOKEN, LoadedMultimodal
 from seer_deploy.models.tokenizer import Tokenizer
 
@@ -126,16 +125,7 @@ class ImageConditionedModel(MaskPredictor):
         self.lm_head = lm.lm_head
         self.register_buffer("image_table", table.to(lm.embed.weight), persistent=False)
 
-    def forward(
-        self,
-        input_ids: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        *,
-        inputs_embeds: Tensor | None = None,
-        stats: StatsSpec | None = None,
-    ) -> ModelOutput:
-        if inputs_embeds is None:
-            if input_ids is None:
-                raise ConfigError("give input_ids or inputs_embeds")
-            inputs_embeds = embed_with_images(self.embed, input_ids, self.image_table)
-        return super().forward(None, attention_mask, inputs_embeds=inputs_embeds, stats=stats)
+    def embed_inputs(self, input_ids: Tensor | None) -> Tensor:
+        if input_ids is None:
+            raise ConfigError("give input_ids or inputs_embeds")
+        return embed_with_images(self.embed, input_ids, self.image_table)

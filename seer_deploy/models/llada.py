@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.config import ModelConfig
 
@@ -133,7 +134,7 @@ class MaskPredictor(nn.Module):
         stats: StatsSpec | None = None,
     ) -> ModelOutput:
         """input_ids [B, S] (or inputs_embeds [B, S, D]); attention_mask [B, S] is 1 for real tokens, 0 for padding."""
-        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        x = self.embed_inputs(input_ids) if inputs_embeds is None else inputs_embeds
         B, S, _ = x.shape
         if attention_mask is None:
             positions = torch.arange(S, device=x.device).expand(B, S)
@@ -154,6 +155,12 @@ class MaskPredictor(nn.Module):
             return ModelOutput(logits, None)
         by_layer = dict(zip(sorted(wanted), collected, strict=True))
         return ModelOutput(logits, torch.stack([by_layer[i] for i in stats.layers], dim=1))
+
+    def embed_inputs(self, input_ids: Tensor | None) -> Tensor:
+        """Token embeddings [B, S, D]; a model whose prompts carry other inputs (pictures) embeds those here."""
+        if input_ids is None:
+            raise ConfigError("give input_ids or inputs_embeds")
+        return self.embed(input_ids)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

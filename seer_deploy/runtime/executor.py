@@ -34,6 +34,8 @@ class LoopContext:
     core: LoopCore
     config: GenerationConfig
     mask_id: int
+    pad_id: int  # what left (and, in a group, right) padding holds
+    eos_id: int  # what a cut tail holds
     rng: np.random.Generator  # random remasking scores and per-step sampling seeds
 
     @property
@@ -99,23 +101,26 @@ def step_slots(blocks: Sequence[BlockPlan]) -> tuple[StepSlot, ...]:
     return tuple(slots)
 
 
-def run_group(
-    ctx: LoopContext,
-    prompts: Sequence[Sequence[int]],
-    responses: np.ndarray,
-    plans: Sequence[TruncationPlan],
-    *,
-    pad_id: int,
-    eos_id: int,
-    tally: Tally,
-    first_schedule: np.ndarray | None = None,
-) -> np.ndarray:
-    """Run the remaining steps of a group of rows; returns their responses int64 [n, gen_length] (cut tails EOS).
+@dataclass(frozen=True)
+class Rows:
+    """Batch rows after step zero: what each still has to run."""
 
-    responses: int64 [n, gen_length], the slots after step zero's commits. first_schedule: int64 [n, s] the rest of
-    block 0's schedule when it was fixed before step zero (full length); None splits the masks left in each block.
-    """
-    core, mask_id = ctx.core, ctx.mask_id
+    prompts: Sequence[Sequence[int]]  # as step zero left them (its commits inside a prompt stand)
+    responses: np.ndarray  # int64 [B, gen_length]: the slots after step zero's commits
+    plans: Sequence[TruncationPlan]
+    first_schedule: np.ndarray | None = None  # int64 [B, s]: the rest of block 0's schedule when it was fixed
+    # before step zero (full length); None splits the masks left in each block as a row enters it
+
+    def take(self, rows: Sequence[int]) -> Rows:
+        index = list(rows)
+        schedule = None if self.first_schedule is None else np.ascontiguousarray(self.first_schedule[index])
+        return Rows([self.prompts[b] for b in index], self.responses[index], [self.plans[b] for b in index], schedule)
+
+
+def run_group(ctx: LoopContext, rows: Rows, tally: Tally) -> np.ndarray:
+    """Run the remaining steps of a group of rows; returns their responses int64 [n, gen_length] (cut tails EOS)."""
+    core, mask_id, pad_id, eos_id = ctx.core, ctx.mask_id, ctx.pad_id, ctx.eos_id
+    prompts, responses, plans, first_schedule = rows.prompts, rows.responses, rows.plans, rows.first_schedule
     n, G = responses.shape
     kept = np.array([plan.kept for plan in plans], dtype=np.int64)
     width = np.array([plan.width for plan in plans], dtype=np.int64)

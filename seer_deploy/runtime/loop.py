@@ -22,11 +22,11 @@ import numpy as np
 from seer_deploy.core.backend import Backend, Step0Output, StepInput, StepOutput, supports_guidance
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, left_pad
-from seer_deploy.runtime.executor import LoopContext, Tally, run_group
+from seer_deploy.runtime.executor import LoopContext, Rows, Tally, run_group
 from seer_deploy.runtime.loopcore import LoopCore, active_core
 from seer_deploy.runtime.scheduler import HybridPlan, StepCost, plan_hybrid, step_cost_of
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.seer.plan import SeerReport, full_length_plan, plan_batch
+from seer_deploy.seer.plan import SeerReport, TruncationPlan, full_length_plan, plan_batch
 
 
 @dataclass
@@ -79,7 +79,7 @@ def run_generation(
     if pad_id == mask_id:
         raise ConfigError(f"pad_id equals mask_id ({mask_id}): padding would be denoised; pad with EOS instead")
     eos = pad_id if eos_id is None else eos_id
-    ctx = LoopContext(backend, core or active_core(), config, mask_id, np.random.default_rng(seed))
+    ctx = LoopContext(backend, core or active_core(), config, mask_id, pad_id, eos, np.random.default_rng(seed))
     tally = Tally()
     B, G = len(prompts), config.gen_length
     ids, real = left_pad(prompts, pad_id)
@@ -101,20 +101,46 @@ def run_generation(
                            kept_lengths=kept_lengths)
     else:
         plans = [full_length_plan(G, config.steps, config.block_length)] * B
-    hybrid = plan_hybrid(plans, [len(p) for p in prompts], cost or step_cost_of(backend))
-    tokens = np.full((B, G), eos, dtype=np.int64)
-    for rows in hybrid.groups:
-        group = list(rows)
-        tokens[group] = run_group(
-            ctx, [prompts[b] for b in group], responses[group], [plans[b] for b in group], pad_id=pad_id,
-            eos_id=eos, tally=tally, first_schedule=None if truncating else np.ascontiguousarray(schedule[group, 1:]),
-        )
+    rows = Rows(prompts, responses, plans, None if truncating else schedule[:, 1:])
+    tokens, hybrid = run_rows(ctx, rows, tally, cost)
     reports = None
     if truncating:
         forced = kept_lengths is not None
         reports = [SeerReport.from_plan(plan, len(prompts[b]), ctx.passes_per_step, forced=forced)
                    for b, plan in enumerate(plans)]
     return LoopResult(tokens, tally.steps_run, tally.tokens_processed, reports, hybrid, tally.positions_computed,
+                      tally.batch_sizes)
+
+
+def run_rows(ctx: LoopContext, rows: Rows, tally: Tally, cost: StepCost | None = None) -> tuple[np.ndarray, HybridPlan]:
+    """Every row's steps after step zero, in the groups the scheduler chooses: the responses int64 [B, gen_length]
+    (cut tails EOS) and the scheduler's plan."""
+    hybrid = plan_hybrid(rows.plans, [len(p) for p in rows.prompts], cost or step_cost_of(ctx.backend))
+    tokens = np.full(rows.responses.shape, ctx.eos_id, dtype=np.int64)
+    for group in hybrid.groups:
+        tokens[list(group)] = run_group(ctx, rows.take(group), tally)
+    return tokens, hybrid
+
+
+def run_planned(
+    backend: Backend,
+    prompts: Sequence[Sequence[int]],
+    config: GenerationConfig,
+    plans: Sequence[TruncationPlan],
+    *,
+    mask_id: int,
+    pad_id: int,
+    eos_id: int,
+    core: LoopCore | None = None,
+) -> LoopResult:
+    """Plans decided before any step runs (oracle studies: each answer's length known up front): every row from all
+    masks through the executor, no step zero at full length. A plan's blocks[0].steps counts a step zero, so give
+    block 0 one step more than it should run."""
+    ctx = LoopContext(backend, core or active_core(), config, mask_id, pad_id, eos_id, np.random.default_rng(0))
+    tally = Tally()
+    masks = np.full((len(prompts), config.gen_length), mask_id, dtype=np.int64)
+    tokens, hybrid = run_rows(ctx, Rows(prompts, masks, plans), tally)
+    return LoopResult(tokens, tally.steps_run, tally.tokens_processed, None, hybrid, tally.positions_computed,
                       tally.batch_sizes)
 
 

@@ -32,16 +32,8 @@ class LoopCore(Protocol):
 
     def transfer_schedule(self, n_masked: np.ndarray, steps: int) -> np.ndarray: ...
 
-    def commit_step(
-        self,
-        x: np.ndarray,
-        x0: np.ndarray,
-        confidence: np.ndarray,
-        block_lo: np.ndarray,
-        block_hi: np.ndarray,
-        k: np.ndarray,
-        mask_id: int,
-    ) -> np.ndarray: ...
+    def commit_step(self, x: np.ndarray, x0: np.ndarray, confidence: np.ndarray, block_lo: np.ndarray,
+                    block_hi: np.ndarray, k: np.ndarray, mask_id: int) -> np.ndarray: ...
 
     def masks_left(self, x: np.ndarray, block_lo: np.ndarray, block_hi: np.ndarray, mask_id: int) -> np.ndarray: ...
 

@@ -15,7 +15,9 @@ from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import SparsityRow, StatsSpec
 from seer_deploy.models.confidence import greedy_head, token_log_prob
+from seer_deploy.models.image_prompts import ImageConditionedModel, image_table_np
 from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.multimodal import LoadedMultimodal
 from seer_deploy.runtime.reference import guided_logits, gumbel_argmax
 
 
@@ -90,3 +92,24 @@ class TorchBackend:
 
 def _numpy(t: Tensor, dtype: type[np.generic]) -> np.ndarray:
     return np.ascontiguousarray(t.detach().cpu().numpy(), dtype=dtype)
+
+
+class MultimodalTorchBackend(TorchBackend):
+    """A TorchBackend over a LLaDA-V-style checkpoint: `encode_images` runs the vision tower and projector,
+    `set_image_table` hands the language model the embeddings that the prompts' image ids point at."""
+
+    def __init__(self, loaded: LoadedMultimodal, stats: StatsSpec | None = None) -> None:
+        super().__init__(loaded.lm.model, stats)
+        self.language_model = loaded.lm.model
+        self.vision = loaded.vision.eval()
+        self.width = loaded.config.d_model
+
+    @torch.inference_mode()
+    def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
+        """float32 [N, 3, H, W] -> float32 [N, tokens_per_image, D]."""
+        return _numpy(self.vision(torch.from_numpy(np.ascontiguousarray(pixel_values, np.float32))), np.float32)
+
+    def set_image_table(self, table: np.ndarray | list[np.ndarray]) -> None:
+        """The batch's image embeddings (one row per image token, in id order); an empty list = no images."""
+        rows = image_table_np(table if isinstance(table, list) else [table], self.width)
+        self.model = ImageConditionedModel(self.language_model, torch.from_numpy(rows)).eval()

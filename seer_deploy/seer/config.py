@@ -21,7 +21,6 @@ Score = Literal["t", "snr"]
 TailContext = int | Literal["all"]
 DETECTORS: tuple[str, ...] = ("sparsity", "eos", "fused")
 CONFIG_VERSION = 1
-DEMO_CONFIG_FILE = Path(__file__).with_name("demo_seer.json")
 CHECKPOINT_CONFIG_NAME = "seer.json"  # a calibration stored inside a checkpoint directory
 
 
@@ -121,8 +120,10 @@ class SeerConfig:
         check_tail_context(self.tail_context)
 
     def context_slots(self, kept: int, gen_length: int) -> int:
-        """The committed EOS slots after a cut at `kept` that the later steps still run (see tail_context)."""
-        return context_slots(self.tail_context, kept, gen_length)
+        """The committed EOS slots after a cut at `kept` that the later steps still run (see tail_context): how many
+        of the gen_length - kept cut slots it keeps in view."""
+        cut = gen_length - kept
+        return cut if self.tail_context == "all" else min(int(self.tail_context), cut)
 
     # -- what step zero has to report ------------------------------------------------------------------------
     def layers_for(self, n_layers: int) -> tuple[int, ...]:
@@ -210,13 +211,6 @@ class SeerConfig:
             raise ConfigError(f"seer config {file} must hold a JSON object")
         return cls.from_dict(raw, source=f"seer config {file}")
 
-    @classmethod
-    def for_checkpoint(cls, name_or_path: str | os.PathLike[str]) -> SeerConfig | None:
-        """The calibrated config for a checkpoint: the shipped one for 'demo', `<dir>/seer.json` otherwise; None if none."""
-        if str(name_or_path) == "demo":
-            return cls.load(DEMO_CONFIG_FILE) if DEMO_CONFIG_FILE.is_file() else None
-        candidate = Path(name_or_path).expanduser() / CHECKPOINT_CONFIG_NAME
-        return cls.load(candidate) if candidate.is_file() else None
 
 
 def check_tail_context(value: object) -> None:
@@ -236,8 +230,3 @@ def parse_tail_context(value: object) -> TailContext:
     check_tail_context(value)
     return "all" if value == "all" else int(value)  # type: ignore[call-overload]
 
-
-def context_slots(tail_context: TailContext, kept: int, gen_length: int) -> int:
-    """How many of the gen_length - kept cut slots a tail_context keeps in view."""
-    cut = gen_length - kept
-    return cut if tail_context == "all" else min(int(tail_context), cut)

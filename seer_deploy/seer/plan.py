@@ -23,7 +23,7 @@ from seer_deploy.core.backend import Step0Output
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import steps_per_block
 from seer_deploy.core.sparsity import SparsityRow
-from seer_deploy.seer.config import SeerConfig, context_slots
+from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.detect import Boundary, detect
 from seer_deploy.seer.response_profile import ResponseProfile, profiles_from_step0
 
@@ -177,7 +177,6 @@ def plan_batch(
     if seer is None and kept_lengths is None:
         raise ConfigError("plan_batch needs a Seer config or forced kept lengths")
     profiles = profiles_from_step0(step0, rows, prompt_width, gen_length) if seer is not None else None
-    tail_context = seer.tail_context if seer is not None else 0
     plans = []
     for b in range(B):
         boundary = detect(profiles[b], seer, eos_id) if profiles is not None and seer is not None else None
@@ -188,7 +187,7 @@ def plan_batch(
             kept = kept_length(boundary.position, seer.margin, gen_length, seer.buckets)
         still = responses[b] == mask_id
         plans.append(make_plan(gen_length, steps, block_length, kept, still_masked=still, boundary=boundary,
-                               context=context_slots(tail_context, kept, gen_length)))
+                               context=seer.context_slots(kept, gen_length) if seer is not None else 0))
     return plans
 
 

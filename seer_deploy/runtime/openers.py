@@ -1,0 +1,204 @@
+"""`open_target`: one opener per kind of target, each returning the backend that runs it and its `TargetInfo`.
+
+An option a target cannot honour is refused here with the reason, before anything heavy loads: a checkpoint runs on
+torch only, an export on ONNX Runtime, an engine on what it was built for; ONNX Runtime providers mean nothing to
+torch or TensorRT.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from seer_deploy.core.backend import Backend
+from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
+from seer_deploy.engines.ort import OrtSessionOptions
+from seer_deploy.models.image import ImageConfig
+from seer_deploy.runtime.targets import (
+    BACKEND_CHOICES,
+    TOKENIZER_FILE,
+    BackendChoice,
+    ImageSupport,
+    TargetInfo,
+    TargetKind,
+    TargetOptions,
+    checkpoint_exists,
+    engine_export_dir,
+    target_kind,
+)
+from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_FILE
+from seer_deploy.spec.export_manifest import ExportManifest
+from seer_deploy.spec.multimodal import MULTIMODAL_KEY
+
+
+def open_target(
+    target: str | os.PathLike[str], backend: BackendChoice | None = None, options: TargetOptions | None = None
+) -> tuple[Backend, TargetInfo]:
+    """The backend that runs TARGET and what it needs (ids, tokenizer, image settings); `backend` None picks the
+    target's own (checkpoint: torch, export: ort, engine: what it was built for)."""
+    options = options or TargetOptions()
+    if backend is not None and backend not in BACKEND_CHOICES:
+        raise ConfigError(f"backend '{backend}' is unknown; use one of {', '.join(BACKEND_CHOICES)}")
+    if options.threads is not None and options.threads < 0:
+        raise ConfigError(f"--threads must be >= 0 (0 = the engine's default), got {options.threads}")
+    kind = target_kind(target)
+    if kind == "checkpoint":
+        return open_checkpoint(str(target), backend, options)
+    if kind == "export":
+        return open_export(Path(target).expanduser(), str(target), backend, options)
+    return open_engine(Path(target).expanduser(), str(target), backend, options)
+
+
+def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetOptions) -> tuple[Backend, TargetInfo]:
+    """torch eager on a checkpoint (LLaDA or LLaDA-V layout)."""
+    import torch
+
+    from seer_deploy.models.checkpoint import load_checkpoint
+    from seer_deploy.models.multimodal import is_multimodal_checkpoint, load_multimodal
+    from seer_deploy.runtime.torch_backend import MultimodalTorchBackend, TorchBackend
+
+    if backend not in (None, "torch"):
+        build = "ort" if backend == "ort" else "tensorrt"
+        raise ConfigError(
+            f"TARGET '{target}' is a checkpoint, which runs on torch; for {backend} export and build it first "
+            f"(seer-deploy export {target} --out DIR --build {build}) and give DIR/engine as TARGET"
+        )
+    if options.providers:
+        raise ConfigError(f"--provider chooses ONNX Runtime providers, but TARGET '{target}' is a checkpoint, which "
+                          f"runs on torch; drop --provider or give an export or engine directory")
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    images = None
+    torch_backend: TorchBackend
+    if is_multimodal_checkpoint(target):
+        loaded = load_multimodal(target)
+        ckpt = loaded.lm
+        stats = options.seer.stats_spec(ckpt.config.n_layers) if options.seer is not None else None
+        torch_backend = MultimodalTorchBackend(loaded, stats)
+        vcfg = loaded.vision_config
+        images = ImageSupport(vcfg.image, vcfg.tokens_per_image, vcfg.image_token_index, ckpt.config.n_embed_rows)
+    else:
+        ckpt = load_checkpoint(target)
+        stats = options.seer.stats_spec(ckpt.config.n_layers) if options.seer is not None else None
+        torch_backend = TorchBackend(ckpt.model, stats)
+    cfg = ckpt.config
+    tok = ckpt.path / TOKENIZER_FILE
+    info = TargetInfo(
+        target=target, kind="checkpoint", backend="torch", path=ckpt.path, config=cfg, mask_id=cfg.mask_id,
+        eos_id=cfg.eos_id, pad_id=cfg.pad_id if cfg.pad_id is not None else cfg.eos_id, eot_id=cfg.eot_id,
+        tokenizer_file=tok if tok.is_file() else None, checkpoint=target, images=images,
+    )
+    return torch_backend, info
+
+
+def _export_info(target: str, kind: TargetKind, backend: BackendChoice, path: Path, export_dir: Path,
+                 export: ExportManifest) -> TargetInfo:
+    """Ids from the export manifest's special_ids; the tokenizer beside the export, else its source checkpoint's."""
+    from seer_deploy.models.multimodal import resolve_multimodal
+
+    cfg = export.model_config()
+    ids = export.special_ids
+    mask, eos = ids.get("mask"), ids.get("eos")
+    if mask is None or eos is None:
+        raise ArtifactError(f"{export_dir / EXPORT_FILE}: special_ids has no mask or eos id; re-export the model")
+    source = export.model.source
+    has_source = checkpoint_exists(source)
+    tokenizer = export_dir / TOKENIZER_FILE
+    if not tokenizer.is_file() and has_source:
+        tokenizer = resolve_multimodal(source) / TOKENIZER_FILE
+    pad = ids.get("pad")
+    return TargetInfo(
+        target=target, kind=kind, backend=backend, path=path, config=cfg, mask_id=mask, eos_id=eos,
+        pad_id=pad if pad is not None else eos, eot_id=ids.get("eot"),
+        tokenizer_file=tokenizer if tokenizer.is_file() else None,
+        checkpoint=source if has_source else None, export_dir=export_dir,
+    )
+
+
+def _ort_backend(export_dir: Path, export: ExportManifest, session: OrtSessionOptions, info: TargetInfo
+                 ) -> tuple[Backend, TargetInfo]:
+    """ONNX Runtime on an export: a text export's graphs, or a multimodal export's with its vision graph."""
+    if MULTIMODAL_KEY not in export.extra:
+        from seer_deploy.engines.ort import OrtBackend
+
+        return OrtBackend(export_dir, session), info
+    from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
+
+    backend = MultimodalOrtBackend(export_dir, session)
+    image = backend.multimodal["vision_config"]["image"]
+    settings = ImageConfig(int(image["image_size"]), tuple(image["mean"]), tuple(image["std"]), str(image["aspect"]))
+    images = ImageSupport(settings, backend.tokens_per_image, backend.image_token_index, backend.image_id_base)
+    return backend, replace(info, images=images)
+
+
+def open_export(path: Path, target: str, backend: BackendChoice | None, options: TargetOptions
+                ) -> tuple[Backend, TargetInfo]:
+    """ONNX Runtime on an export directory."""
+    export = ExportManifest.load(path)
+    if backend == "torch":
+        raise ConfigError(
+            f"TARGET '{target}' is an export directory (ONNX); for torch give its checkpoint ({export.model.source})"
+        )
+    if backend == "tensorrt":
+        raise ConfigError(
+            f"TARGET '{target}' is an export directory; build a TensorRT engine from it first "
+            f"(seer-deploy build {target} --out {path / 'engine'} --backend tensorrt) and give that as TARGET"
+        )
+    session = OrtSessionOptions(providers=options.providers, intra_op_threads=options.threads or 0)
+    return _ort_backend(path, export, session, _export_info(target, "export", "ort", path, path, export))
+
+
+def checked_engine(path: Path) -> tuple[EngineManifest, Path, ExportManifest, RuntimeFacts]:
+    """An engine dir's manifest, its export (dir and manifest) and the facts it was checked against: a stale engine
+    (another model, graphs, backend or ONNX Runtime version) is an error before anything loads, not an answer."""
+    import onnxruntime
+
+    manifest = EngineManifest.load(path)
+    export_dir = engine_export_dir(path, manifest)
+    export = ExportManifest.load(export_dir)
+    facts = RuntimeFacts(
+        model_fingerprint=export.model.fingerprint,
+        graph_hashes={name: export.graphs[name].sha256 for name in manifest.graph_hashes},
+        backend=manifest.backend,
+        onnxruntime_version=onnxruntime.__version__,
+    )
+    check_engine_compatible(manifest, facts)
+    return manifest, export_dir, export, facts
+
+
+def engine_session_options(manifest: EngineManifest, options: TargetOptions) -> OrtSessionOptions:
+    """The ONNX Runtime session settings an ORT engine dir records, with the caller's providers / threads on top."""
+    session = manifest.ort_session or {}
+    return OrtSessionOptions(
+        providers=options.providers or tuple(str(p) for p in session.get("providers") or ()) or None,
+        intra_op_threads=options.threads if options.threads is not None else int(session.get("intra_op_threads", 0)),
+        inter_op_threads=int(session.get("inter_op_threads", 0)),
+        graph_optimization=session.get("graph_optimization", "all"),
+    )
+
+
+def open_engine(path: Path, target: str, backend: BackendChoice | None, options: TargetOptions
+                ) -> tuple[Backend, TargetInfo]:
+    """The engine an engine dir was built for, after checking it against its export and this machine."""
+    manifest, export_dir, export, facts = checked_engine(path)
+    wanted = backend or manifest.backend
+    if wanted != manifest.backend:
+        fix = (f"give its export ({export_dir}) as TARGET" if wanted == "ort" else
+               f"build one (seer-deploy build {export_dir} --out ENGINE_DIR --backend {wanted})" if wanted == "tensorrt"
+               else f"give its checkpoint ({export.model.source})")
+        raise ConfigError(f"TARGET '{target}' is a {manifest.backend} engine, not {wanted}; for {wanted} {fix}")
+    info = replace(_export_info(target, "engine", manifest.backend, path, export_dir, export),
+                   buckets=tuple(manifest.buckets))
+    if manifest.backend == "tensorrt":
+        from seer_deploy.engines.tensorrt_engine import TensorRTBackend
+
+        if options.providers or options.threads is not None:
+            raise ConfigError(f"--provider and --threads set ONNX Runtime sessions, but TARGET '{target}' is a "
+                              f"TensorRT engine; drop them (TensorRT picks its own kernels)")
+        trt = TensorRTBackend.open(path, facts, sparsity_rows=list(export.seer.sparsity_rows),
+                                   max_seq_len=export.max_seq_len, device=options.device)
+        return trt, replace(info, max_batch=manifest.max_batch)
+    return _ort_backend(export_dir, export, engine_session_options(manifest, options), info)
+
