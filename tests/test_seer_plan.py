@@ -12,6 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seer_deploy.core.errors import ConfigError
+from seer_deploy.models.checkpoint import resolve_checkpoint
+from seer_deploy.runtime.targets import checkpoint_seer
 from seer_deploy.seer.config import SeerConfig, Trend
 from seer_deploy.seer.plan import block_plan, kept_length, make_plan
 
@@ -93,8 +95,11 @@ def test_config_round_trips_through_an_atomic_json_file(tmp_path: Path) -> None:
     assert raw["tail_context"] == "all"
     loaded = SeerConfig.load(path)
     assert loaded == cfg and loaded.calibration == {"safe": 0.997}
-    assert SeerConfig.for_checkpoint(tmp_path) == cfg
-    assert SeerConfig.for_checkpoint(tmp_path / "nowhere") is None
+    # A checkpoint's calibrated config is its seer.json, found in one place (the demos' shipped ones too).
+    assert checkpoint_seer(tmp_path) == cfg
+    (tmp_path / "seer.json").unlink()
+    assert checkpoint_seer(tmp_path) is None
+    assert checkpoint_seer("demo") == SeerConfig.load(resolve_checkpoint("demo") / "seer.json")
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from seer_deploy.bench.machine import Machine
 from seer_deploy.bench.scaling import ScalingResult
 from seer_deploy.core.atomic import write_atomic
 from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.files import read_json
 
 SCHEMA_VERSION = 1
 JSON_FILE, MARKDOWN_FILE, PLOT_FILE = "bench.json", "bench.md", "bench.png"
@@ -67,12 +68,7 @@ def write_json(data: dict[str, Any], path: Path) -> Path:
 
 def load_json(path: Path) -> dict[str, Any]:
     """A bench JSON written by this version; ConfigError naming the problem otherwise."""
-    if not path.is_file():
-        raise ConfigError(f"{path} does not exist; run `seer-deploy bench --out DIR` first")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON ({exc}); rerun `seer-deploy bench`") from exc
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION:
+    data = read_json(path, "bench result", fix="run `seer-deploy bench --out DIR` first")
+    if data.get("schema") != SCHEMA_VERSION:
         raise ConfigError(f"{path} is not a bench result of schema {SCHEMA_VERSION}; rerun `seer-deploy bench`")
     return data

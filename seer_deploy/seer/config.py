@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from seer_deploy.core.atomic import write_text_atomic
 from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.files import read_json
 from seer_deploy.core.sparsity import STAT_NAMES, SparsityRow, StatsSpec
 
 Detector = Literal["sparsity", "eos", "fused"]
@@ -200,16 +201,8 @@ class SeerConfig:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> SeerConfig:
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"seer config {file} does not exist; write one with `seer-deploy calibrate`")
-        try:
-            raw = json.loads(file.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"seer config {file} is not valid JSON ({exc}); recalibrate") from exc
-        if not isinstance(raw, dict):
-            raise ConfigError(f"seer config {file} must hold a JSON object")
-        return cls.from_dict(raw, source=f"seer config {file}")
+        raw = read_json(path, "seer config", fix="write one with `seer-deploy calibrate`")
+        return cls.from_dict(raw, source=f"seer config {path}")
 
 
 
