@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from seer_deploy.calibration.collect import batched_generation, full_generation, stop_ids
 from seer_deploy.calibration.detector_fit import CalibrationOptions, calibrate_model
 from seer_deploy.calibration.identity_fit import fit_identity_margin
-from seer_deploy.calibration.prompt_set import CalibrationPrompt, prepare_image_prompts
+from seer_deploy.calibration.prompt_set import prepare_image_prompts
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.demo_vl_tasks import (
@@ -60,6 +60,7 @@ from seer_deploy.models.image_prompts import (
 )
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.multimodal import load_multimodal, save_multimodal_checkpoint
+from seer_deploy.models.requests import Request
 from seer_deploy.models.vision import VisionConfig, VisionEncoder
 from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
@@ -171,7 +172,7 @@ def calibrate_seer(lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalToke
     answers equal full length's on `target_identical` of the pictures (calibration.identity_fit)."""
     examples = heldout_examples(n, seed=HELDOUT_SEED + 1)
     config = GenerationConfig(gen_length=MAX_GEN_LENGTH, steps=MAX_GEN_LENGTH)
-    prompts = [CalibrationPrompt(e.prompt, (e.image(),)) for e in examples]
+    prompts = [Request(e.prompt, (e.image(),)) for e in examples]
     prepared = prepare_image_prompts(lm.eval(), vision.eval(), tok, prompts, config, batch_size=n)
     model, ids = prepared.model, prepared.ids
     full = full_generation(model, ids, config, batch_size=n)

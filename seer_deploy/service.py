@@ -21,21 +21,16 @@ from PIL import Image
 from seer_deploy.core.backend import Backend, ImageBackend
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.image import load_image, pixel_batch
+from seer_deploy.models.image import pixel_batch
 from seer_deploy.models.image_prompts import expand_placeholders
+from seer_deploy.models.requests import Request, check_request_images, load_pictures
 from seer_deploy.runtime.loop import check_supported, run_generation
 from seer_deploy.runtime.openers import open_target
 from seer_deploy.runtime.targets import BackendChoice, TargetOptions, find_seer_config
 from seer_deploy.seer.config import SeerConfig, TailContext
 from seer_deploy.seer.plan import SeerReport
 
-
-@dataclass(frozen=True)
-class Request:
-    """One prompt, and the pictures its `<image>` placeholders stand for (in order)."""
-
-    prompt: str
-    images: tuple[str, ...] = ()
+__all__ = ["Answer", "Request", "Run", "Service", "ServiceOptions", "generate", "resolve_seer"]
 
 
 @dataclass(frozen=True)
@@ -167,10 +162,8 @@ class Service:
         return self._prompt_ids(requests, self._pictures(requests))
 
     def _pictures(self, requests: Sequence[Request]) -> list[list[Image.Image]]:
-        if any(r.images for r in requests) and self.info.images is None:
-            raise ConfigError(f"--image given, but TARGET '{self.info.target}' is a text model; give a multimodal "
-                              f"checkpoint (LLaDA-V layout or 'demo-vl') or an export or engine made from one")
-        return [[load_image(path) for path in r.images] for r in requests]
+        check_request_images(requests, self.info.target, self.info.images is not None)
+        return load_pictures(requests)
 
     def _prompt_ids(self, requests: Sequence[Request], pictures: Sequence[list[Image.Image]]) -> list[list[int]]:
         """A batch's prompt ids; in a multimodal batch its pictures encoded into the image table, its placeholders

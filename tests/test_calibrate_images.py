@@ -12,13 +12,14 @@ from test_multimodal import write_tiny_vl
 from test_seer_cli import run
 
 from seer_deploy.calibration.collect import full_generation
-from seer_deploy.calibration.prompt_set import CalibrationPrompt, prepare_prompts, read_calibration_prompts
+from seer_deploy.calibration.prompt_set import prepare_prompts
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.demo_vl_tasks import heldout_examples
 from seer_deploy.models.image import pixel_batch
 from seer_deploy.models.image_prompts import ImageConditionedModel, MultimodalTokenizer, expand_placeholders
 from seer_deploy.models.multimodal import load_multimodal
+from seer_deploy.models.requests import Request, read_prompts_file
 from seer_deploy.seer.config import SeerConfig
 
 CONFIG = GenerationConfig(gen_length=12, steps=12)
@@ -52,7 +53,7 @@ def test_calibrate_demo_vl_on_pictures(tmp_path: Path, capsys) -> None:
 
 def test_one_image_table_serves_every_prompt_as_its_own_picture_would(tmp_path: Path) -> None:
     """The calibration model holds every picture of the set; each prompt's answer is the one its picture alone gives."""
-    prompts = read_calibration_prompts(write_prompts(tmp_path, 4))
+    prompts = read_prompts_file(write_prompts(tmp_path, 4))
     prepared = prepare_prompts("demo-vl", prompts, CONFIG, batch_size=3)  # the tower encodes 3, then 1
     assert prepared.n_images == 4 and isinstance(prepared.model, ImageConditionedModel)
     together = full_generation(prepared.model, prepared.ids, CONFIG, batch_size=4)
@@ -61,7 +62,7 @@ def test_one_image_table_serves_every_prompt_as_its_own_picture_would(tmp_path: 
     vcfg, cfg = loaded.vision_config, loaded.config
     tok = MultimodalTokenizer.for_checkpoint(loaded)
     for i, (prompt, ex) in enumerate(zip(prompts, heldout_examples(4), strict=True)):
-        ids = expand_placeholders([tok.encode_prompt(prompt.text)], [1], vcfg.tokens_per_image,
+        ids = expand_placeholders([tok.encode_prompt(prompt.prompt)], [1], vcfg.tokens_per_image,
                                   vcfg.image_token_index, cfg.n_embed_rows)
         with torch.no_grad():
             table = loaded.vision(torch.from_numpy(pixel_batch([ex.image()], vcfg.image))).reshape(-1, cfg.d_model)
@@ -79,7 +80,7 @@ def test_a_llada_v_directory_takes_a_list_of_pictures_per_prompt(tmp_path: Path,
              "image": ["1.png"]}]
     file = tmp_path / "prompts.jsonl"
     file.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    prompts = read_calibration_prompts(file)
+    prompts = read_prompts_file(file)
     assert [len(p.images) for p in prompts] == [2, 1, 0, 1] and prompts[0].images[0] == tmp_path / "0.png"
     out = tmp_path / "seer.json"
     code, stdout, err = run(["calibrate", str(ckpt), "--prompts", str(file), "--out", str(out), "--gen-length", "8",
@@ -88,7 +89,7 @@ def test_a_llada_v_directory_takes_a_list_of_pictures_per_prompt(tmp_path: Path,
     assert SeerConfig.load(out).calibration["n_images"] == 4 and "4 prompts, 4 pictures" in stdout
 
     # The same pictures given in memory (as scripts/train_demo_vl.py gives them) make the same ids and image table.
-    in_memory = [CalibrationPrompt(p.text, tuple(pictures[int(Path(s).stem)] for s in p.images)) for p in prompts]
+    in_memory = [Request(p.prompt, tuple(pictures[int(Path(s).stem)] for s in p.images)) for p in prompts]
     from_files, from_memory = (prepare_prompts(str(ckpt), given, CONFIG) for given in (prompts, in_memory))
     assert from_files.ids == from_memory.ids
     assert isinstance(from_files.model, ImageConditionedModel) and isinstance(from_memory.model, ImageConditionedModel)
@@ -97,7 +98,7 @@ def test_a_llada_v_directory_takes_a_list_of_pictures_per_prompt(tmp_path: Path,
 
 
 @pytest.mark.parametrize("target, line, message", [
-    ("demo", {"prompt": "sort 31", "image": "pictures/0.png"}, "is a text checkpoint"),
+    ("demo", {"prompt": "sort 31", "image": "pictures/0.png"}, "is a text model"),
     ("demo-vl", {"prompt": "<image> colors", "image": "pictures/missing.png"}, "missing.png' does not exist"),
     ("demo-vl", {"prompt": "<image> colors"}, "1 <image> placeholder(s) but 0 image(s)"),
     ("demo-vl", {"prompt": "<image> colors", "image": ["pictures/0.png", "pictures/1.png"]},
@@ -124,6 +125,6 @@ def test_bad_image_prompts_fail_in_one_line_before_any_model_loads(
 
 
 def test_image_prompts_are_checked_against_the_model_length() -> None:
-    prompts = [CalibrationPrompt("<image> colors", (heldout_examples(1)[0].image(),))]
+    prompts = [Request("<image> colors", (heldout_examples(1)[0].image(),))]
     with pytest.raises(ConfigError, match="exceeds"):
         prepare_prompts("demo-vl", prompts, GenerationConfig(gen_length=90, steps=90))

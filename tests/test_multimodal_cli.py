@@ -9,13 +9,13 @@ import pytest
 import torch
 from test_multimodal import pictures, write_tiny_vl
 
-from seer_deploy.cli.generate import assign_images
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.models.image import load_image, pixel_batch
 from seer_deploy.models.image_prompts import ImageConditionedModel, MultimodalTokenizer, expand_placeholders
 from seer_deploy.models.multimodal import load_multimodal
+from seer_deploy.models.requests import assign_images
 from seer_deploy.runtime.reference import generate
 from seer_deploy.service import Request, Run, ServiceOptions
 from seer_deploy.service import generate as serve

@@ -69,8 +69,9 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
     from seer_deploy.calibration.collect import full_generation
     from seer_deploy.calibration.detector_fit import CalibrationOptions, calibrate_model, split_indices
     from seer_deploy.calibration.identity_fit import check_target_identical, fit_identity_on_split
-    from seer_deploy.calibration.prompt_set import prepare_prompts, read_calibration_prompts
+    from seer_deploy.calibration.prompt_set import prepare_prompts
     from seer_deploy.core.generation import GenerationConfig
+    from seer_deploy.models.requests import read_prompts_file
 
     options = CalibrationOptions(target_safe=target_safe, holdout=holdout, seed=seed, detector=detector,
                                  min_margin=min_margin, buckets=parse_buckets(buckets))
@@ -87,7 +88,7 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
     config.validate()
     if batch_size < 1:
         raise ConfigError("--batch-size must be >= 1")
-    prompts = read_calibration_prompts(prompts_file)
+    prompts = read_prompts_file(prompts_file)
     split_indices(len(prompts), holdout, seed)  # enough prompts to split
     prepared = prepare_prompts(target, prompts, config, batch_size)  # input errors before any model runs
     model, ids = prepared.model, prepared.ids

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from seer_deploy.models.requests import image_name
 from seer_deploy.runtime.targets import find_seer_config
 from seer_deploy.service import Request, Run, Service, ServiceOptions
 
@@ -140,7 +141,7 @@ def run_multimodal_demo(work_dir: Path, gen_length: int, n: int, say: Say, stage
     for (request, expected), answer in zip(cases, run.answers, strict=True):
         mark = "ok" if answer.text == expected else f"expected {expected}"
         kept = f"kept {answer.seer.kept:2d}/{gen_length}" if answer.seer is not None else ""
-        say(f"  picture {Path(request.images[0]).name:14s} {request.prompt:18s} -> {answer.text:40s} {kept} [{mark}]")
+        say(f"  picture {image_name(request.images[0]):14s} {request.prompt:18s} -> {answer.text:40s} {kept} [{mark}]")
     same = sum(a.text == b.text for a, b in zip(run.answers, full.answers, strict=True))
     say(f"{n} pictures as one batch, gen_length {gen_length}, {run.backend}: Seer: {seer_note(run.seer)}: "
         f"{run.steps_run} passes, {run.tokens_processed} tokens processed, {run.seconds:.2f}s; full length: "

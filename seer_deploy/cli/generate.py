@@ -8,56 +8,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import click
 
 from seer_deploy.cli.options import generation_config, generation_options
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.models.multimodal import IMAGE_TOKEN
+from seer_deploy.models.requests import assign_images, image_name, read_prompts_file
 from seer_deploy.runtime.targets import BACKEND_CHOICES, BackendChoice
 from seer_deploy.seer.config import parse_tail_context
 from seer_deploy.service import Request, Run, Service, ServiceOptions
 
 
-def read_prompts(prompt: tuple[str, ...], prompts_file: Path | None) -> list[str]:
-    """Prompts from --prompt (repeatable) and --prompts FILE.jsonl ({"prompt": ...} per line, or plain lines)."""
-    texts = list(prompt)
+def read_requests(prompt: tuple[str, ...], images: tuple[str, ...], prompts_file: Path | None) -> list[Request]:
+    """Requests from --prompt (repeatable, its --image files handed to the `<image>` placeholders in order) and
+    --prompts FILE.jsonl ({"prompt": ..., "image": ...} per line, or plain lines)."""
+    requests = assign_images(prompt, images) if prompt or images else []
     if prompts_file is not None:
-        for n, line in enumerate(prompts_file.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            if line.lstrip().startswith("{"):
-                try:
-                    texts.append(str(json.loads(line)["prompt"]))
-                except (json.JSONDecodeError, KeyError) as exc:
-                    raise ConfigError(f"{prompts_file}:{n}: expected {{\"prompt\": \"...\"}} ({exc})") from exc
-            else:
-                texts.append(line)
-    if not texts:
+        requests += read_prompts_file(prompts_file)
+    if not requests:
         raise ConfigError("no prompt given; pass --prompt TEXT or --prompts FILE.jsonl")
-    return texts
-
-
-def assign_images(texts: Sequence[str], images: Sequence[str]) -> list[Request]:
-    """Hand the --image files to the prompts' `<image>` placeholders in order; ConfigError when the counts differ."""
-    wanted = [t.count(IMAGE_TOKEN) for t in texts]
-    total = sum(wanted)
-    if total != len(images):
-        if total == 0:
-            fix = f"put '{IMAGE_TOKEN}' in the prompt where the image goes, e.g. --prompt '{IMAGE_TOKEN} colors'"
-        elif total < len(images):
-            fix = f"add an '{IMAGE_TOKEN}' per extra image or drop the extra --image"
-        else:
-            fix = f"give one --image per '{IMAGE_TOKEN}' or remove the extra placeholders"
-        raise ConfigError(
-            f"the prompt(s) hold {total} {IMAGE_TOKEN} placeholder(s) but {len(images)} image(s) were given; {fix}"
-        )
-    requests, i = [], 0
-    for text, n in zip(texts, wanted, strict=True):
-        requests.append(Request(text, tuple(images[i : i + n])))
-        i += n
     return requests
 
 
@@ -68,12 +38,12 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
         if as_json:
             record: dict[str, object] = {"prompt": request.prompt, "answer": answer.text, "tokens": answer.tokens}
             if request.images:
-                record["images"] = list(request.images)
+                record["images"] = [str(p) for p in request.images]
             if answer.seer is not None:
                 record["seer"] = dataclasses.asdict(answer.seer)
             click.echo(json.dumps(record))
         elif request.images:
-            click.echo(f"{request.prompt} [{', '.join(Path(p).name for p in request.images)}] -> {answer.text}")
+            click.echo(f"{request.prompt} [{', '.join(image_name(p) for p in request.images)}] -> {answer.text}")
         else:
             click.echo(f"{request.prompt} -> {answer.text}")
     summary = f"{len(run.answers)} prompts on {run.backend}: {run.seconds:.2f}s, {run.steps_run} forward passes"
@@ -92,7 +62,8 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
 @click.argument("target")
 @click.option("--prompt", "-p", multiple=True, help="A prompt (repeat for a batch).")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="A file of prompts: JSON lines with a 'prompt' field, or one prompt per line.")
+              help="A file of prompts: JSON lines with a 'prompt' field (and for pictures an 'image' field: a path, or "
+                   "a list with one per <image>, relative to the file), or one prompt per line.")
 @generation_options
 @click.option("--backend", "backend_name", type=click.Choice(BACKEND_CHOICES), default=None,
               help="torch, ort or tensorrt [default: the target's own: checkpoint torch, export directory ort, "
@@ -123,7 +94,7 @@ def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen
             as_json: bool) -> None:
     """Generate answers for prompts with TARGET: a checkpoint directory, 'demo' or 'demo-vl' (torch), an export
     directory (ONNX Runtime) or an engine directory (ONNX Runtime or TensorRT); with --image, about pictures."""
-    requests = assign_images(read_prompts(prompt, prompts_file), images)
+    requests = read_requests(prompt, images, prompts_file)
     options = ServiceOptions(
         generation=generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale),
         backend=backend_name, batch_size=batch_size, providers=providers or None, threads=threads, seer=use_seer,
