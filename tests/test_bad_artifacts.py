@@ -51,11 +51,6 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: root / name for name in ("ckpt", "other", "export", "engine")}
 
 
-@pytest.fixture
-def world(tmp_path: Path, sources: dict[str, Path]) -> World:
-    return World(tmp_path, sources)
-
-
 def out_dir(files: dict[str, str]) -> Callable[[World], Path]:
     """A directory `out` holding `files` (name -> text)."""
 
@@ -90,21 +85,31 @@ def our_export_of_another_model(w: World) -> Path:
     return w.copy("export", "out")  # the tiny export, while --out is asked for 'other'
 
 
-def manifest(changes: dict[str, Any] | None = None, raw: bytes | None = None,
+def artifact(source: str, file: str, changes: dict[str, Any] | None = None, raw: bytes | None = None,
              before: Callable[[World, Path], object] | None = None) -> Setup:
-    """`generate EXPORT` after changing its manifest.json (dotted keys) or replacing it with `raw` bytes."""
+    """`generate DIR` on a copy of the export or engine `source` after changing its `file` (dotted keys), replacing
+    it with `raw` bytes, or calling before(world, dir)."""
 
     def setup(w: World) -> list[str]:
-        export = w.copy("export")
+        directory = w.copy(source)
         if before is not None:
-            before(w, export)
+            before(w, directory)
         if raw is not None:
-            (export / "manifest.json").write_bytes(raw)
+            (directory / file).write_bytes(raw)
         elif changes:
-            edit_json(export / "manifest.json", changes)
-        return ["generate", str(export), "-p", "reverse 1", "--gen-length", "4"]
+            edit_json(directory / file, changes)
+        return ["generate", str(directory), "-p", "reverse 1", "--gen-length", "4"]
 
     return setup
+
+
+def manifest(changes: dict[str, Any] | None = None, raw: bytes | None = None,
+             before: Callable[[World, Path], object] | None = None) -> Setup:
+    return artifact("export", "manifest.json", changes, raw, before)
+
+
+def engine(changes: dict[str, Any] | None = None, raw: bytes | None = None) -> Setup:
+    return artifact("engine", "engine.json", changes, raw)
 
 
 def rehash(graph: str) -> Callable[[World, Path], None]:
@@ -144,18 +149,6 @@ def graph_link_outside(w: World, export: Path) -> None:
                                                                                .read_bytes()).hexdigest()})
 
 
-def engine(changes: dict[str, Any] | None = None, raw: bytes | None = None) -> Setup:
-    def setup(w: World) -> list[str]:
-        eng = w.copy("engine")
-        if raw is not None:
-            (eng / "engine.json").write_bytes(raw)
-        elif changes:
-            edit_json(eng / "engine.json", changes)
-        return ["generate", str(eng), "-p", "reverse 1", "--gen-length", "4"]
-
-    return setup
-
-
 OUT_CASES = [
     Case("build-out-foreign-engine-json", build_into(out_dir({"engine.json": "{}", "thesis.tex": "years"})),
          r"did not write \(engine.json, thesis.tex\)", OWNERSHIP),
@@ -175,7 +168,8 @@ OUT_CASES = [
     Case("export-max-seq-len-1", export_into(fresh_out, "--max-seq-len", "1"), "max.seq.len", PROGRESS),
     Case("export-max-seq-len-huge", export_into(fresh_out, "--max-seq-len", "100000"), "max.seq.len", PROGRESS),
     Case("export-bf16", export_into(fresh_out, "--dtype", "bf16"), "bf16"),
-    Case("export-missing-checkpoint", argv("export", "{root}/nowhere", "--out", "{root}/x"), "does not exist", PROGRESS),
+    Case("export-missing-checkpoint", argv("export", "{root}/nowhere", "--out", "{root}/x"), "does not exist",
+         PROGRESS),
     Case("export-seer-threshold-rejected", lambda w: ((w.root / "seer.json").write_text('{"abs_threshold": -1}'),
                                                       export_into(fresh_out, "--seer-config",
                                                                   str(w.root / "seer.json"))(w))[1],
@@ -226,9 +220,9 @@ ALL_CASES = OUT_CASES + MANIFEST_CASES
 
 
 @pytest.mark.parametrize("case", params(ALL_CASES))
-def test_bad_artifact_input(case: Case, world: World, capsys: pytest.CaptureFixture[str],
-                            monkeypatch: pytest.MonkeyPatch) -> None:
-    check_case(case, world, capsys, monkeypatch)
+def test_bad_artifact_input(case: Case, tmp_path: Path, sources: dict[str, Path],
+                            capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    check_case(case, World(tmp_path, sources), capsys, monkeypatch)
 
 
 MANIFEST_LEAVES = ["format_version", "model.layout", "model.config.d_model", "model.config.vocab_size",

@@ -30,11 +30,6 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return write_tiny_sources(tmp_path_factory.mktemp("sources"))
 
 
-@pytest.fixture
-def world(tmp_path: Path, sources: dict[str, Path]) -> World:
-    return World(tmp_path, sources)
-
-
 def flags(*extra: str, prompt: str = "reverse 1") -> Setup:
     return lambda w: generate(w.copy("ckpt"), *extra, prompt=prompt)
 
@@ -155,7 +150,8 @@ USAGE_CASES = [
 IMAGE_CASES = [
     Case("image-missing", argv("generate", "demo-vl", "--image", "{root}/no.png", "-p", "<image> describe"),
          "no.png' does not exist"),
-    Case("image-a-directory", argv("generate", "demo-vl", "--image", "{root}", "-p", "<image> describe"), "is not a file"),
+    Case("image-a-directory", argv("generate", "demo-vl", "--image", "{root}", "-p", "<image> describe"),
+         "is not a file"),
     Case("image-not-an-image", image(lambda p: p.write_text("a picture of a cat")), "not a readable image"),
     Case("image-truncated", image(truncated_png), "could not be read|not a readable image"),
     Case("image-bomb-past-pillow", image(png(8, 8, claim=(100_000, 100_000))), "larger than the 67108864 pixels"),
@@ -183,9 +179,9 @@ ALL_CASES = PROMPT_CASES + FLAG_CASES + USAGE_CASES + IMAGE_CASES + SEER_CASES
 
 
 @pytest.mark.parametrize("case", params(ALL_CASES))
-def test_bad_request(case: Case, world: World, capsys: pytest.CaptureFixture[str],
-                     monkeypatch: pytest.MonkeyPatch) -> None:
-    check_case(case, world, capsys, monkeypatch)
+def test_bad_request(case: Case, tmp_path: Path, sources: dict[str, Path],
+                     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    check_case(case, World(tmp_path, sources), capsys, monkeypatch)
 
 
 def test_the_table_is_large_enough() -> None:

@@ -151,4 +151,5 @@ def test_bad_vision_configs_are_named(siglip: dict[str, object], extra: dict[str
                                  "image": ImageConfig(16), **extra}
     with pytest.raises(CheckpointError, match=message):
         VisionConfig(**fields)  # type: ignore[arg-type]
-    assert VisionConfig(siglip=SIGLIP, lm_hidden_size=32, mm_hidden_size=24, image=ImageConfig(16)).tokens_per_image == 16
+    good = VisionConfig(siglip=SIGLIP, lm_hidden_size=32, mm_hidden_size=24, image=ImageConfig(16))
+    assert good.tokens_per_image == 16

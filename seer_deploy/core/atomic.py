@@ -225,7 +225,9 @@ def check_replaceable(out: Path, kind: str, fingerprint: str | None, force: bool
         raise ArtifactError(f"{exc} (refusing to replace {out}: remove it yourself if it is yours)") from exc
     listed = marker.get("files")
     if marker.get("format") != OWNER_FORMAT or not isinstance(listed, list):
-        raise ArtifactError(f"{marker_file} is not seer-deploy's marker; refusing to replace {out}: choose another {what}")
+        raise ArtifactError(
+            f"{marker_file} is not seer-deploy's marker; refusing to replace {out}: choose another {what}"
+        )
     if marker.get("kind") != kind:
         raise ArtifactError(
             f"{what} {out} holds a seer-deploy {marker.get('kind')!r} artifact, not an {kind!r} one; refusing to "

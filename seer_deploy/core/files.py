@@ -138,7 +138,8 @@ def read_json(
     value = parse_json(read_text(path, what, fix=fix, error=error, max_bytes=max_bytes), path, what, error=error)
     if not isinstance(value, expect):
         names: dict[type, str] = {dict: "an object", list: "an array", str: "a string"}
-        raise error(f"{what} {path} holds {_json_kind(value)}, not {names.get(expect, expect.__name__)}; check the file")
+        wanted = names.get(expect, expect.__name__)
+        raise error(f"{what} {path} holds {_json_kind(value)}, not {wanted}; check the file")
     return value
 
 
@@ -214,7 +215,8 @@ def _tensor_end(name: str, entry: Any, refuse: Callable[[str], SeerDeployError])
     assert isinstance(entry, dict) and isinstance(offsets, list) and isinstance(shape, list)
     width = SAFETENSORS_DTYPE_BYTES.get(str(entry.get("dtype")))
     if width is not None and math.prod(shape) * width != offsets[1] - offsets[0]:
-        raise refuse(f"tensor {name!r} ({entry.get('dtype')} {shape}) does not fill its {offsets[1] - offsets[0]} bytes")
+        size = offsets[1] - offsets[0]
+        raise refuse(f"tensor {name!r} ({entry.get('dtype')} {shape}) does not fill its {size} bytes")
     return int(offsets[1])
 
 

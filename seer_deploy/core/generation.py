@@ -64,7 +64,9 @@ class GenerationConfig:
         for name in ("gen_length", "steps"):
             value = getattr(self, name)
             if not int_in(value, 1, MAX_GEN_LENGTH):
-                raise ConfigError(f"{name} is {value!r}; it must be an integer from 1 to {MAX_GEN_LENGTH} ({_flag(name)})")
+                raise ConfigError(
+                    f"{name} is {value!r}; it must be an integer from 1 to {MAX_GEN_LENGTH} ({_flag(name)})"
+                )
         if self.block_length is not None and not int_in(self.block_length, 1, MAX_GEN_LENGTH):
             raise ConfigError(
                 f"block_length is {self.block_length!r}; it must be an integer from 1 to {MAX_GEN_LENGTH}, or unset "
@@ -76,7 +78,9 @@ class GenerationConfig:
         for name in ("temperature", "cfg_scale"):
             value = getattr(self, name)
             if not number_in(value, 0.0, MAX_SCALE):
-                raise ConfigError(f"{name} is {value!r}; it must be a finite number from 0 to {MAX_SCALE:g} ({_flag(name)})")
+                raise ConfigError(
+                    f"{name} is {value!r}; it must be a finite number from 0 to {MAX_SCALE:g} ({_flag(name)})"
+                )
         if max_seq_len is not None and prompt_len + self.gen_length > max_seq_len:
             raise ConfigError(
                 f"prompt ({prompt_len} tokens) + gen_length ({self.gen_length}) = {prompt_len + self.gen_length} "

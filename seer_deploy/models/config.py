@@ -166,7 +166,9 @@ def check_model_fields(values: Mapping[str, Any], keys: Mapping[str, str] | None
 
 def _require(raw: dict[str, Any], key: str, source: str) -> Any:
     if raw.get(key) is None:
-        raise CheckpointError(f"config.json ({source} fields) is missing '{key}'; add it to the checkpoint's config.json")
+        raise CheckpointError(
+            f"config.json ({source} fields) is missing '{key}'; add it to the checkpoint's config.json"
+        )
     return raw[key]
 
 
@@ -225,7 +227,9 @@ def _check_architecture(raw: dict[str, Any], style: str) -> None:
     """Refuse the block variants the mask predictor does not implement, naming the option."""
     if style == "llama":
         if raw.get("hidden_act", "silu") != "silu":
-            raise CheckpointError(f"config.json hidden_act {raw['hidden_act']!r} is not supported (only silu / SwiGLU MLPs)")
+            raise CheckpointError(
+                f"config.json hidden_act {raw['hidden_act']!r} is not supported (only silu / SwiGLU MLPs)"
+            )
         return
     if raw.get("activation_type", "silu") not in ("silu", "swiglu"):
         raise CheckpointError(

@@ -41,7 +41,7 @@ def check_prompt(text: object, where: str = "the prompt") -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ConfigError(f"{where} holds a character that is not valid Unicode (at {exc.start}); fix the text") from exc
+        raise ConfigError(f"{where} holds a character that is not valid Unicode (at {exc.start}); fix it") from exc
     for token, meaning in RESERVED_TEXTS.items():
         if token in text:
             raise ConfigError(

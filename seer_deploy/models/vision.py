@@ -32,7 +32,9 @@ SIGLIP_FIELDS: tuple[str, ...] = (
     "hidden_act",
     "layer_norm_eps",
 )
-SIGLIP_REQUIRED: tuple[str, ...] = ("hidden_size", "num_hidden_layers", "num_attention_heads", "image_size", "patch_size")
+SIGLIP_REQUIRED: tuple[str, ...] = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "image_size", "patch_size"
+)
 # Inclusive ranges of the integer fields (where present): generous for real towers (so400m: 1152 wide, 27 layers).
 SIGLIP_RANGES: dict[str, tuple[int, int]] = {
     "hidden_size": (1, 1 << 15),
@@ -115,7 +117,8 @@ class VisionConfig:
             )
         if self.siglip["patch_size"] > self.siglip["image_size"]:
             raise CheckpointError(
-                f"patch_size {self.siglip['patch_size']} exceeds image_size {self.siglip['image_size']}; fix vision_config"
+                f"patch_size {self.siglip['patch_size']} exceeds image_size {self.siglip['image_size']}; "
+                "fix vision_config"
             )
         projector_depth(self.projector_type)
         self.layers_to_run  # noqa: B018 - validates select_layer
