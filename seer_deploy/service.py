@@ -138,13 +138,14 @@ class Service:
             generation.validate()
             check_supported(generation, self.backend)
         pictures = self._pictures(requests)  # unreadable images fail before any model runs
+        ids = self._token_ids(requests, generation)  # so do prompts too long for the model
         seer = None if full_length else self.info.seer_for_engine(seer) if seer is not None else self.seer
         answers: list[Answer] = []
         steps_run = tokens_processed = 0
         start = time.perf_counter()
         for n, lo in enumerate(range(0, len(requests), self.batch_size)):
             batch = slice(lo, lo + self.batch_size)
-            prompts = self._prompt_ids(requests[batch], pictures[batch])
+            prompts = self._with_images(ids[batch], requests[batch], pictures[batch])
             out = run_generation(self.backend, prompts, generation, mask_id=self.info.mask_id,
                                  pad_id=self.info.pad_id, eos_id=self.info.eos_id, seed=self.options.seed + n,
                                  seer=seer)
@@ -159,16 +160,26 @@ class Service:
     def prompt_ids(self, requests: Sequence[Request]) -> list[list[int]]:
         """The requests as one batch of prompt ids; for a multimodal target their pictures are encoded and set as
         the backend's image table, which the ids point at until the next batch."""
-        return self._prompt_ids(requests, self._pictures(requests))
+        pictures = self._pictures(requests)
+        return self._with_images(self._token_ids(requests, self.options.generation), requests, pictures)
 
     def _pictures(self, requests: Sequence[Request]) -> list[list[Image.Image]]:
         check_request_images(requests, self.info.target, self.info.images is not None)
         return load_pictures(requests)
 
-    def _prompt_ids(self, requests: Sequence[Request], pictures: Sequence[list[Image.Image]]) -> list[list[int]]:
+    def _token_ids(self, requests: Sequence[Request], generation: GenerationConfig) -> list[list[int]]:
+        """The prompts' token ids (an `<image>` still one placeholder id); ConfigError for a prompt that, its
+        pictures' tokens included, leaves no room for gen_length."""
+        ids = [self.tokenizer.encode_prompt(r.prompt) for r in requests]
+        per_image = self.info.images.tokens_per_image - 1 if self.info.images is not None else 0
+        longest = max(len(t) + per_image * len(r.images) for t, r in zip(ids, requests, strict=True))
+        generation.validate(self.backend.max_seq_len, longest)
+        return ids
+
+    def _with_images(self, ids: list[list[int]], requests: Sequence[Request], pictures: Sequence[list[Image.Image]]
+                     ) -> list[list[int]]:
         """A batch's prompt ids; in a multimodal batch its pictures encoded into the image table, its placeholders
         into image ids."""
-        ids = [self.tokenizer.encode_prompt(r.prompt) for r in requests]
         images = self.info.images
         if images is None:
             return ids

@@ -158,3 +158,14 @@ def test_a_refused_option_is_one_line_and_exit_code_2(targets: dict[str, Path],
             main(argv)
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_prompt_too_long_fails_before_any_batch_runs(targets: dict[str, Path]) -> None:
+    service = Service(targets["checkpoint"], ServiceOptions(generation=CONFIG, batch_size=1, seer=False))
+    calls: list[int] = []
+    original = service.backend.step0
+    service.backend.step0 = lambda inputs: calls.append(1) or original(inputs)  # type: ignore[method-assign]
+    too_long = "reverse " + "1" * (service.info.config.max_seq_len + 1)
+    with pytest.raises(ConfigError, match="exceeds the model's"):
+        service.generate([Request("reverse 12"), Request(too_long)])
+    assert calls == []  # the first, valid batch did not run either
