@@ -287,3 +287,11 @@ def test_llama_style_names_are_used_in_messages() -> None:
     with pytest.raises(CheckpointError, match="'num_attention_heads' is 0"):
         config_from_dict(raw)
     assert config_from_dict({**raw, "num_attention_heads": 4, "num_key_value_heads": None}).n_kv_heads == 4
+
+
+def test_an_absurdly_large_config_is_refused_unread(make_checkpoint) -> None:
+    path = make_checkpoint("llada")
+    with open(path / "config.json", "r+b") as fh:
+        fh.truncate(300 << 20)  # sparse: 300 MiB on paper, nothing on disk
+    with pytest.raises(CheckpointError, match=r"config.json is larger than 256 MiB"):
+        load_checkpoint(path)

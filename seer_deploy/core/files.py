@@ -88,10 +88,11 @@ def read_bytes(
     file = regular_file(path, what, fix=fix, error=error)
     try:
         with open(file, "rb") as fh:
-            data = fh.read(max_bytes + 1)
+            too_large = os.fstat(fh.fileno()).st_size > max_bytes
+            data = b"" if too_large else fh.read(max_bytes + 1)  # the cap: a file may grow while it is read
     except OSError as exc:
         raise error(f"{what} {file} cannot be read ({exc.strerror}); {os_error_fix(exc)}") from exc
-    if len(data) > max_bytes:
+    if too_large or len(data) > max_bytes:
         raise error(f"{what} {file} is larger than {max_bytes >> 20} MiB; it cannot be a {what}: check the path")
     return data
 
