@@ -22,7 +22,7 @@ from seer_deploy.engines.build import BuildOptions, build_engines, file_sha256, 
 from seer_deploy.engines.manifest import MANIFEST_FILE, EngineManifest, RuntimeFacts, check_engine_compatible
 from seer_deploy.engines.ort import OrtBackend
 from seer_deploy.spec import sampling
-from seer_deploy.spec.export_manifest import ExportManifest, GraphSpec, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
+from seer_deploy.spec.export_manifest import ExportManifest, GraphRecord, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
 
 MAX_SEQ_LEN = 96
 BS = ["batch", "seq"]
@@ -81,7 +81,7 @@ def make_export(root: Path, fingerprint: str = "1" * 64) -> Path:
     for name, model in (("step0", step0_model()), ("step", step_model())):
         onnx.checker.check_model(model)
         onnx.save(model, root / f"{name}.onnx")
-        graphs[name] = GraphSpec(f"{name}.onnx", file_sha256(root / f"{name}.onnx"),
+        graphs[name] = GraphRecord(f"{name}.onnx", file_sha256(root / f"{name}.onnx"),
                                  _specs(list(model.graph.input)), _specs(list(model.graph.output)))
     (root / "weights.bin").write_bytes(b"\0" * 64)
     cfg = tiny_config(max_seq_len=MAX_SEQ_LEN)

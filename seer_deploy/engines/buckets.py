@@ -17,16 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.spec.graphs import INPUT_IDS, Axis, GraphIO
 
 DEFAULT_MIN_BUCKET = 16
 
 Histogram = Mapping[int, float] | Sequence[int]
-Axis = Literal["batch", "seq"] | int  # an input axis: the batch, the sequence (prompt + response), or fixed
+ProfileDim = Axis | int  # an input axis: Axis.BATCH, Axis.SEQ (prompt + response), or a fixed size
 
 
 def power_of_two_buckets(max_gen_length: int, min_bucket: int = DEFAULT_MIN_BUCKET) -> list[int]:
@@ -218,20 +218,34 @@ class ProfileLayout:
                 f"lower --max-prompt to {max_seq_len - self.buckets[-1]} or use smaller buckets"
             )
 
+    def check_batch(self, batch: int | None) -> None:
+        """ConfigError for a batch the profiles do not cover (None: not known, not checked)."""
+        if batch is not None and not 1 <= batch <= self.max_batch:
+            raise ConfigError(
+                f"batch {batch} is outside this engine's 1..{self.max_batch}; split the batch or rebuild with "
+                f"--max-batch {batch}"
+            )
 
-def input_axes(inputs: Mapping[str, Sequence[int | str]], anchor: str = "input_ids") -> dict[str, tuple[Axis, ...]]:
-    """Each graph input's axes as "batch", "seq" or a fixed size, from the shapes an export manifest records.
+    def largest_axes(self) -> dict[Axis, int]:
+        """The batch and sequence length of the largest call any profile takes (the last profile's maximum)."""
+        return {Axis.BATCH: self.max_batch, Axis.SEQ: self.max_prompt + self.buckets[-1]}
 
-    The anchor input ([batch, seq] by the export contract) names the two symbols; every other input's symbolic
-    axis must be one of them, so an input with an unknown dynamic axis is refused rather than guessed at.
+
+def input_axes(
+    inputs: Mapping[str, Sequence[int | str]], anchor: str = INPUT_IDS.name
+) -> dict[str, tuple[ProfileDim, ...]]:
+    """Each graph input's axes as Axis.BATCH, Axis.SEQ or a fixed size, from the shapes an export manifest records.
+
+    The anchor input ([batch, seq] by spec.graphs) names the two symbols; every other input's symbolic axis must be
+    one of them, so an input with an unknown dynamic axis (the image table's) is refused rather than guessed at.
     """
     if anchor not in inputs or len(inputs[anchor]) != 2 or not all(isinstance(d, str) for d in inputs[anchor]):
         raise ArtifactError(f"the graph's '{anchor}' input must have shape [batch, seq] with symbolic dims; re-export")
     batch_sym, seq_sym = inputs[anchor]
-    roles: dict[int | str, Axis] = {batch_sym: "batch", seq_sym: "seq"}
-    axes: dict[str, tuple[Axis, ...]] = {}
+    roles: dict[int | str, ProfileDim] = {batch_sym: Axis.BATCH, seq_sym: Axis.SEQ}
+    axes: dict[str, tuple[ProfileDim, ...]] = {}
     for name, shape in inputs.items():
-        dims: list[Axis] = []
+        dims: list[ProfileDim] = []
         for d in shape:
             if isinstance(d, int) and not isinstance(d, bool) and d > 0:
                 dims.append(d)
@@ -246,7 +260,7 @@ def input_axes(inputs: Mapping[str, Sequence[int | str]], anchor: str = "input_i
     return axes
 
 
-def profile_shapes(layout: ProfileLayout, inputs: Mapping[str, Sequence[Axis]]) -> list[Profile]:
+def profile_shapes(layout: ProfileLayout, inputs: Mapping[str, Sequence[ProfileDim]]) -> list[Profile]:
     """One profile per bucket, with every input's (min, opt, max) shape (axes from `input_axes`).
 
     Batch axes: min 1, opt = max = max_batch. Sequence axes: min = min_prompt + previous bucket + 1,
@@ -258,12 +272,12 @@ def profile_shapes(layout: ProfileLayout, inputs: Mapping[str, Sequence[Axis]]) 
     profiles = []
     lo = 0
     for index, bucket in enumerate(layout.buckets):
-        low = {"batch": 1, "seq": layout.min_prompt + lo + 1}
-        high = {"batch": layout.max_batch, "seq": layout.max_prompt + bucket}
+        low = {Axis.BATCH: 1, Axis.SEQ: layout.min_prompt + lo + 1}
+        high = {Axis.BATCH: layout.max_batch, Axis.SEQ: layout.max_prompt + bucket}
         shapes = {}
         for name, axes in inputs.items():
-            mins = tuple(low[a] if isinstance(a, str) else a for a in axes)
-            maxs = tuple(high[a] if isinstance(a, str) else a for a in axes)
+            mins = tuple(low[a] if isinstance(a, Axis) else a for a in axes)
+            maxs = tuple(high[a] if isinstance(a, Axis) else a for a in axes)
             shapes[name] = ShapeRange(min=mins, opt=maxs, max=maxs)
         profiles.append(Profile(index=index, bucket=bucket, lo=lo, shapes=shapes))
         lo = bucket
@@ -284,11 +298,7 @@ def choose_profile(
             f"prompt width {prompt_len} is outside this engine's [{layout.min_prompt}, {layout.max_prompt}]; "
             f"shorten the prompts or rebuild with --max-prompt {prompt_len}"
         )
-    if batch is not None and not 1 <= batch <= layout.max_batch:
-        raise ConfigError(
-            f"batch {batch} is outside this engine's 1..{layout.max_batch}; split the batch or rebuild with "
-            f"--max-batch {batch}"
-        )
+    layout.check_batch(batch)
     return index
 
 
@@ -312,9 +322,36 @@ def choose_profile_for_seq(seq_len: int, layout: ProfileLayout, *, batch: int | 
             f"bucket {layout.buckets[-1]} = {layout.max_prompt + layout.buckets[-1]}); shorten the prompt or "
             f"--gen-length, or rebuild with a larger --max-prompt or last bucket"
         )
-    if batch is not None and not 1 <= batch <= layout.max_batch:
-        raise ConfigError(
-            f"batch {batch} is outside this engine's 1..{layout.max_batch}; split the batch or rebuild with "
-            f"--max-batch {batch}"
-        )
+    layout.check_batch(batch)
     return index
+
+
+def buffer_shapes(graph: GraphIO, layout: ProfileLayout, engine_shapes: Mapping[str, Sequence[int]]
+                  ) -> dict[str, tuple[int, ...]]:
+    """The shape of the one device buffer each engine tensor needs: its largest over every profile.
+
+    `engine_shapes` are the engine's own tensor shapes (-1 where dynamic). The declaration (spec.graphs) says which
+    axes are the batch and the sequence, which take their largest values over the layout; every other dim is the
+    engine's fixed size. ArtifactError where the engine and the declaration disagree.
+    """
+    largest = layout.largest_axes()
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, dims in engine_shapes.items():
+        try:
+            declared = graph.tensor(name).shape
+        except KeyError as exc:
+            raise ArtifactError(f"the {graph.name} engine has a tensor '{name}' that its graph does not declare; "
+                                "rebuild the engine from a current export") from exc
+        if len(dims) != len(declared):
+            raise ArtifactError(f"the {graph.name} engine's {name} has rank {len(dims)}, {len(declared)} declared")
+        shape = []
+        for index, (want, have) in enumerate(zip(declared, dims, strict=True)):
+            if isinstance(want, Axis) and want in largest:
+                shape.append(largest[want])
+            elif isinstance(want, Axis) or have < 0 or (isinstance(want, int) and have != want):
+                raise ArtifactError(f"the {graph.name} engine's {name} has dim {index} = {have}, declared {want}; "
+                                    "engines are planned for the batch and sequence axes only")
+            else:
+                shape.append(have)
+        shapes[name] = tuple(shape)
+    return shapes

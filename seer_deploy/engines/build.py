@@ -24,11 +24,11 @@ from seer_deploy.engines.buckets import ProfileLayout, input_axes, plan_buckets,
 from seer_deploy.engines.manifest import MANIFEST_FILE, BackendName, EngineManifest, TensorRTFacts
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_MANIFEST_FILE
-from seer_deploy.spec.export_manifest import ExportManifest
+from seer_deploy.spec.export_manifest import ExportManifest, GraphRecord
+from seer_deploy.spec.graphs import STEP_GRAPH_NAMES, GraphIO, step_graphs
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 Progress = Callable[[str], None]
-GRAPHS: tuple[str, ...] = ("step0", "step")
 EXPORT_COPY = "export.json"
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -44,7 +44,6 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise ConfigError(f"size '{text}' must be positive, e.g. 4G")
     return int(value * _UNITS[unit])
-
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,7 @@ def check_destination(out: Path) -> None:
 
 def _check_export(export_dir: Path, export: ExportManifest) -> None:
     """The graph files exist and still hash to what the export manifest says (the engine will record it)."""
-    for name in GRAPHS:
+    for name in STEP_GRAPH_NAMES:
         path = export_dir / export.graphs[name].file
         if not path.is_file():
             raise ArtifactError(f"{path} ({name} graph) is missing; the export is incomplete, re-run `seer-deploy export`")
@@ -145,9 +144,9 @@ def _build_ort(export_dir: Path, export: ExportManifest, options: BuildOptions, 
 
     progress("opening ONNX Runtime sessions")
     backend = OrtBackend(export_dir, options.ort_session)
-    files = dict.fromkeys(GRAPHS, "")
+    files = dict.fromkeys(STEP_GRAPH_NAMES, "")
     if options.ort_save_optimized:
-        for name in GRAPHS:
+        for name in STEP_GRAPH_NAMES:
             progress(f"saving the optimised {name} graph")
             so = options.ort_session.session_options()
             files[name] = f"{name}.opt.onnx"
@@ -166,6 +165,16 @@ def _build_ort(export_dir: Path, export: ExportManifest, options: BuildOptions, 
     return files, session
 
 
+def _declared_inputs(io: GraphIO, graph: GraphRecord) -> dict[str, list[int | str]]:
+    """The recorded shapes of the graph's inputs, which must be the declared ones (spec.graphs), in their order."""
+    if list(graph.inputs) != io.input_names:
+        raise ArtifactError(
+            f"{graph.file} takes inputs {list(graph.inputs)}, the {io.name} graph is declared with {io.input_names}; "
+            "re-export the model with this seer-deploy"
+        )
+    return {name: graph.inputs[name].shape for name in io.input_names}
+
+
 def _build_tensorrt(export_dir: Path, export: ExportManifest, layout: ProfileLayout, options: BuildOptions,
                     tmp: Path, progress: Progress) -> tuple[dict[str, str], TensorRTFacts]:
     from seer_deploy.engines import tensorrt_engine as te
@@ -174,13 +183,13 @@ def _build_tensorrt(export_dir: Path, export: ExportManifest, layout: ProfileLay
     progress(f"TensorRT {te.tensorrt_version()} on {gpu_name} (compute capability {capability})")
     trt_options = te.TensorRTBuildOptions(workspace_bytes=options.workspace_bytes, timing_cache=options.timing_cache)
     files = {}
-    for name in GRAPHS:
-        graph = export.graphs[name]
-        profiles = profile_shapes(layout, input_axes({k: v.shape for k, v in graph.inputs.items()}))
-        progress(f"building the {name} engine ({len(profiles)} profiles)")
+    for io in step_graphs():
+        graph = export.graphs[io.name]
+        profiles = profile_shapes(layout, input_axes(_declared_inputs(io, graph)))
+        progress(f"building the {io.name} engine ({len(profiles)} profiles)")
         plan = te.build_serialized_engine(export_dir / graph.file, profiles, trt_options, progress)
-        files[name] = f"{name}.engine"
-        (tmp / files[name]).write_bytes(plan)  # inside the temp dir: the rename below makes it visible
+        files[io.name] = f"{io.name}.engine"
+        (tmp / files[io.name]).write_bytes(plan)  # inside the temp dir: the rename below makes it visible
     facts = TensorRTFacts(
         version=te.tensorrt_version(),
         gpu_name=gpu_name,
@@ -231,7 +240,7 @@ def build_engines(export_dir: Path, out: Path, options: BuildOptions, progress: 
             min_prompt=layout.min_prompt,
             max_prompt=layout.max_prompt,
             model_fingerprint=export.model.fingerprint,
-            graph_hashes={name: export.graphs[name].sha256 for name in GRAPHS},
+            graph_hashes={name: export.graphs[name].sha256 for name in STEP_GRAPH_NAMES},
             files=files,
             versions=_versions(options.backend),
             tensorrt=trt_facts,

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from seer_deploy.core.atomic import write_bytes_atomic
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.buckets import ProfileLayout, check_buckets
+from seer_deploy.spec.artifact_json import read_json
 
 ENGINE_FORMAT = "seer-deploy-engine"
 ENGINE_FORMAT_VERSION = 2  # 2: built from exports whose confidence is a log-probability (export format 2)
@@ -141,10 +142,7 @@ class EngineManifest:
                 f"{engine_dir} has no {MANIFEST_FILE}; it is not an engine dir "
                 f"(make one with: seer-deploy build EXPORT_DIR --out {engine_dir})"
             )
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ArtifactError(f"{path} is not valid JSON ({exc}); rebuild the engine") from exc
+        data = read_json(path, "rebuild the engine")
         if not isinstance(data, dict):
             raise ArtifactError(f"{path} is not a JSON object; rebuild the engine")
         return cls.from_dict(data, source=str(path))
@@ -177,13 +175,10 @@ def check_engine_compatible(engine: EngineManifest, facts: RuntimeFacts) -> None
     device). An ORT engine dir that saved optimised models is also tied to its ONNX Runtime version.
     """
     fix = _REBUILD.format(backend=engine.backend)
-    if facts.backend is not None and facts.backend != engine.backend:
-        raise ArtifactError(f"the engine dir holds a {engine.backend} engine, not {facts.backend}; {fix}")
-    if facts.model_fingerprint is not None and facts.model_fingerprint != engine.model_fingerprint:
-        raise ArtifactError(
-            f"the engine was built for model {engine.model_fingerprint[:12]}, the export is model "
-            f"{facts.model_fingerprint[:12]}; use the export it was built from, or {fix}"
-        )
+    _same(facts.backend, engine.backend, "the engine dir holds a {built} engine, not {here}; {fix}", fix)
+    _same(facts.model_fingerprint, engine.model_fingerprint,
+          "the engine was built for model {built:.12}, the export is model {here:.12}; use the export it was built "
+          "from, or {fix}", fix)
     if facts.graph_hashes is not None:
         for name, digest in engine.graph_hashes.items():
             have = facts.graph_hashes.get(name)
@@ -196,22 +191,19 @@ def check_engine_compatible(engine: EngineManifest, facts: RuntimeFacts) -> None
     if engine.backend == "tensorrt":
         trt = engine.tensorrt
         assert trt is not None  # validate() guarantees it
-        if facts.tensorrt_version is not None and facts.tensorrt_version != trt.version:
-            raise ArtifactError(
-                f"the engine was built with TensorRT {trt.version}, this machine has TensorRT "
-                f"{facts.tensorrt_version}; install TensorRT {trt.version} or {fix}"
-            )
-        if facts.gpu_name is not None and facts.gpu_name != trt.gpu_name:
-            raise ArtifactError(f"the engine was built on a {trt.gpu_name}, this GPU is a {facts.gpu_name}; {fix}")
-        if facts.compute_capability is not None and facts.compute_capability != trt.compute_capability:
-            raise ArtifactError(
-                f"the engine was built for compute capability {trt.compute_capability}, this GPU has "
-                f"{facts.compute_capability}; {fix}"
-            )
+        _same(facts.tensorrt_version, trt.version, "the engine was built with TensorRT {built}, this machine has "
+              "TensorRT {here}; install TensorRT {built} or {fix}", fix)
+        _same(facts.gpu_name, trt.gpu_name, "the engine was built on a {built}, this GPU is a {here}; {fix}", fix)
+        _same(facts.compute_capability, trt.compute_capability,
+              "the engine was built for compute capability {built}, this GPU has {here}; {fix}", fix)
     if engine.backend == "ort" and any(engine.files.values()):
         built = engine.versions.get("onnxruntime")
-        if facts.onnxruntime_version is not None and built is not None and facts.onnxruntime_version != built:
-            raise ArtifactError(
-                f"the engine dir's optimised models were saved by ONNX Runtime {built}, this is "
-                f"{facts.onnxruntime_version}; {fix}"
-            )
+        if built is not None:
+            _same(facts.onnxruntime_version, built, "the engine dir's optimised models were saved by ONNX Runtime "
+                  "{built}, this is {here}; {fix}", fix)
+
+
+def _same(here: str | None, built: str, message: str, fix: str) -> None:
+    """ArtifactError(message) when a fact known here (None: not known, not compared) differs from the build's."""
+    if here is not None and here != built:
+        raise ArtifactError(message.format(here=here, built=built, fix=fix))

@@ -1,7 +1,8 @@
 """The ONNX Runtime backend: runs an export directory's step0 / step graphs behind the runtime's `Backend` interface.
 
-The manifest says which inputs each graph takes and what the sparsity rows are; this module only checks the
-artifacts against it (graph hashes, weight file size), feeds the graphs and returns the compact outputs.
+spec.graphs declares what each graph takes and returns, the manifest what the sparsity rows are; this module checks
+the artifacts against both (graph hashes, weight file size, the sessions' inputs and outputs), feeds the graphs
+(spec.graph_calls) and returns the compact outputs.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import file_sha256
 from seer_deploy.spec.export_manifest import ExportManifest
-from seer_deploy.spec.sampling import step_feed
+from seer_deploy.spec.graph_calls import graph_feed, step0_output, step_output
+from seer_deploy.spec.graphs import GraphIO, step_graphs
+from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 GraphOptimization = Literal["disable", "basic", "extended", "all"]
 _OPT_LEVELS: dict[str, ort.GraphOptimizationLevel] = {
@@ -72,7 +75,6 @@ class OrtSessionOptions:
         return so
 
 
-
 class OrtBackend:
     """`Backend` over an export directory (step0.onnx, step.onnx, weights.bin, manifest.json)."""
 
@@ -88,13 +90,13 @@ class OrtBackend:
                 "turn it off or choose providers=('CPUExecutionProvider',)"
             )
         self._shared: dict[tuple[int, int, int, tuple[int, ...]], ort.OrtValue] = {}  # outlives the sessions
-        self._sessions = {name: self._session(name, providers) for name in ("step0", "step")}
-        active = self._sessions["step"].get_providers()
+        self._step0_io, self._step_io = self._declared_graphs()
+        self._sessions = {io.name: self._session(io, providers) for io in (self._step0_io, self._step_io)}
+        active = self._sessions[self._step_io.name].get_providers()
         self.providers: list[str] = active
         self.name = "onnxruntime-cuda" if active and active[0] == CUDA else "onnxruntime-cpu"
         self.max_seq_len: int = self.manifest.max_seq_len
         self.sparsity_rows: list[tuple[int, str]] = list(self.manifest.seer.sparsity_rows)
-        self._outputs = {name: list(self.manifest.graphs[name].outputs) for name in self._sessions}
 
     def _check_files(self) -> None:
         m = self.manifest
@@ -116,18 +118,26 @@ class OrtBackend:
                     "after export; re-run `seer-deploy export`"
                 )
 
-    def _session(self, name: str, providers: list[str]) -> ort.InferenceSession:
-        graph = self.manifest.graphs[name]
+    def _declared_graphs(self) -> tuple[GraphIO, GraphIO]:
+        """The declarations of the export's step0 and step graphs: a multimodal export's also take the image table."""
+        return step_graphs(multimodal=MULTIMODAL_KEY in self.manifest.extra)
+
+    def _session(self, io: GraphIO, providers: list[str]) -> ort.InferenceSession:
+        graph = self.manifest.graphs[io.name]
         so = self.options.session_options()
         if self.options.share_weights:
             self._add_shared_initializers(so, self.export_dir / graph.file)
         # By path, never by bytes: external data is resolved next to the file and protobuf's 2 GB limit never applies.
         session = ort.InferenceSession(str(self.export_dir / graph.file), sess_options=so, providers=providers)
         got = sorted(i.name for i in session.get_inputs())
-        if got != sorted(graph.inputs):
+        if got != sorted(io.input_names) or got != sorted(graph.inputs):
             raise ArtifactError(
-                f"{graph.file} takes inputs {got}, but the manifest lists {sorted(graph.inputs)}; re-run `seer-deploy export`"
+                f"{graph.file} takes inputs {got}, but the manifest lists {sorted(graph.inputs)} and the {io.name} "
+                f"graph is declared with {sorted(io.input_names)}; re-run `seer-deploy export`"
             )
+        missing = sorted(set(io.host_outputs) - {o.name for o in session.get_outputs()})
+        if missing:
+            raise ArtifactError(f"{graph.file} lacks the outputs {missing}; re-run `seer-deploy export`")
         return session
 
     def _add_shared_initializers(self, so: ort.SessionOptions, graph_file: Path) -> None:
@@ -149,19 +159,19 @@ class OrtBackend:
             so.add_initializer(init.name, self._shared[key])
         so.add_session_config_entry("session.disable_prepacking", "1")
 
-    def _feed(self, inputs: StepInput) -> dict[str, np.ndarray]:
+    def _run(self, io: GraphIO, inputs: StepInput) -> dict[str, np.ndarray]:
         checked = inputs.checked(self.max_seq_len)
-        return {"input_ids": checked.input_ids, "attention_mask": checked.attention_mask}
+        feed = graph_feed(io, checked, self._image_table(checked))
+        outputs = self._sessions[io.name].run(io.host_outputs, feed)
+        return dict(zip(io.host_outputs, outputs, strict=True))
+
+    def _image_table(self, checked: StepInput) -> np.ndarray | None:
+        """The multimodal graphs' image table for this call; a text export has none."""
+        return None
 
     def step0(self, inputs: StepInput) -> Step0Output:
-        feed = self._feed(inputs)
-        out = dict(zip(self._outputs["step0"], self._sessions["step0"].run(self._outputs["step0"], feed), strict=True))
-        return Step0Output(out["token_ids"], out["confidence"], out["eos_prob"], out["sparsity"])
+        return step0_output(self._run(self._step0_io, inputs))
 
     def step(self, inputs: StepInput) -> StepOutput:
-        """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see export.sampling)."""
-        feed = self._feed(inputs)
-        B, S = feed["input_ids"].shape
-        feed.update(step_feed(B, S, inputs.temperature, inputs.seed))
-        out = dict(zip(self._outputs["step"], self._sessions["step"].run(self._outputs["step"], feed), strict=True))
-        return StepOutput(out["token_ids"], out["confidence"])
+        """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see spec.sampling)."""
+        return step_output(self._run(self._step_io, inputs))

@@ -13,7 +13,8 @@ from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import file_sha256
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.models.image_prompts import image_table_np
-from seer_deploy.spec.multimodal import EMBEDS_OUTPUT, IMAGE_TABLE_INPUT, MULTIMODAL_KEY, PIXEL_INPUT
+from seer_deploy.spec.graphs import IMAGE_EMBEDS, PIXEL_VALUES, VISION, GraphIO, step_graphs
+from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 
 class MultimodalOrtBackend(OrtBackend):
@@ -25,14 +26,9 @@ class MultimodalOrtBackend(OrtBackend):
 
     def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None) -> None:
         super().__init__(export_dir, options)
-        section = self.manifest.extra.get(MULTIMODAL_KEY)
-        if not isinstance(section, dict) or "vision" not in section:
-            raise ArtifactError(
-                f"{self.export_dir} is a text-only export (no vision graph in its manifest); export a multimodal "
-                "checkpoint, or run it without images"
-            )
-        self.multimodal: dict[str, Any] = section
-        vision = section["vision"]
+        section: dict[str, Any] = self.manifest.extra[MULTIMODAL_KEY]  # _declared_graphs made sure it is there
+        self.multimodal = section
+        vision = section[VISION.name]
         file = self.export_dir / str(vision["file"])
         if not file.is_file():
             raise ArtifactError(f"{file} (vision graph) is missing; the export is incomplete, re-run the export")
@@ -41,6 +37,9 @@ class MultimodalOrtBackend(OrtBackend):
         self._vision = ort.InferenceSession(
             str(file), sess_options=self.options.session_options(), providers=self.options.resolved_providers()
         )
+        got = [i.name for i in self._vision.get_inputs()]
+        if got != VISION.input_names:
+            raise ArtifactError(f"{file} takes inputs {got}, not the declared {VISION.input_names}; re-run the export")
         cfg = self.manifest.model_config()
         self.width = cfg.d_model
         self.image_id_base = int(section["image_id_base"])
@@ -49,15 +48,24 @@ class MultimodalOrtBackend(OrtBackend):
         self.image_size = int(section["vision_config"]["image"]["image_size"])
         self._table = np.zeros((1, self.width), dtype=np.float32)
 
+    def _declared_graphs(self) -> tuple[GraphIO, GraphIO]:
+        section = self.manifest.extra.get(MULTIMODAL_KEY)
+        if not isinstance(section, dict) or VISION.name not in section:
+            raise ArtifactError(
+                f"{self.export_dir} is a text-only export (no vision graph in its manifest); export a multimodal "
+                "checkpoint, or run it without images"
+            )
+        return step_graphs(multimodal=True)
+
     def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
         """float32 [N, 3, H, W] -> float32 [N, tokens_per_image, D] (N = 0 gives an empty array)."""
         px = np.ascontiguousarray(pixel_values, dtype=np.float32)
         want = (3, self.image_size, self.image_size)
         if px.ndim != 4 or px.shape[1:] != want:
-            raise ConfigError(f"pixel_values must be [N, {', '.join(map(str, want))}], got {px.shape}")
+            raise ConfigError(f"{PIXEL_VALUES.name} must be [N, {', '.join(map(str, want))}], got {px.shape}")
         if px.shape[0] == 0:
             return np.zeros((0, self.tokens_per_image, self.width), dtype=np.float32)
-        (out,) = self._vision.run([EMBEDS_OUTPUT], {PIXEL_INPUT: px})
+        (out,) = self._vision.run([IMAGE_EMBEDS.name], {PIXEL_VALUES.name: px})
         return np.asarray(out)
 
     def set_image_table(self, table: np.ndarray | list[np.ndarray]) -> None:
@@ -67,13 +75,11 @@ class MultimodalOrtBackend(OrtBackend):
             raise ConfigError(f"the image table must be [tokens, {self.width}], got {rows.shape}")
         self._table = rows
 
-    def _feed(self, inputs: StepInput) -> dict[str, np.ndarray]:
-        feed = super()._feed(inputs)
-        top = int(feed["input_ids"].max(initial=0))
+    def _image_table(self, checked: StepInput) -> np.ndarray:
+        top = int(checked.input_ids.max(initial=0))
         if top >= self.image_id_base + self._table.shape[0]:
             raise ConfigError(
                 f"a prompt refers to image token {top - self.image_id_base}, but the image table has "
                 f"{self._table.shape[0]} rows; call set_image_table with the batch's image embeddings first"
             )
-        feed[IMAGE_TABLE_INPUT] = self._table
-        return feed
+        return self._table

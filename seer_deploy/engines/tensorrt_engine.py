@@ -4,15 +4,19 @@ running it (`TensorRTBackend`).
 Type-checked against tensorrt-stubs by .ci/mypy-tensorrt.sh; TensorRT itself is only on GPU machines, so this
 module imports without it and `require_tensorrt()` turns its absence into one clear error.
 
-Device buffers are torch CUDA tensors (torch is already a dependency; cuda-python would add one): inputs are
-copied with `tensor.to(device)`, outputs are allocated with `torch.empty`, TensorRT gets their `data_ptr()`, and
-execution is enqueued on torch's current stream so torch's own ordering and caching allocator stay correct.
-All of an engine's profiles share one execution-memory buffer (sized for the largest profile): calls run one at a
-time on one stream, so the per-profile contexts never use it concurrently.
+Device buffers are torch CUDA tensors (torch is already a dependency; cuda-python would add one), allocated once
+when an engine loads, as TensorRT's own demos do, never per step: one buffer per input and output, sized for the
+largest shape any profile takes (`buckets.buffer_shapes`, from the graph's declaration in spec.graphs). Every
+profile's context gets their addresses once; a call copies its feeds into views of the input buffers, sets the
+input shapes and reads the outputs from views of the output buffers. Execution is enqueued on torch's current
+stream so torch's own ordering stays correct. All of an engine's profiles share these buffers and one
+execution-memory buffer (sized for the largest profile): calls run one at a time on one stream and end by copying
+the outputs to the host, so the per-profile contexts never use them concurrently.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +28,11 @@ import torch
 from seer_deploy.core.atomic import write_bytes_atomic
 from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
 from seer_deploy.core.errors import ArtifactError, ConfigError
-from seer_deploy.engines.buckets import Profile, ProfileLayout, choose_profile_for_seq
+from seer_deploy.core.sparsity import SparsityRow
+from seer_deploy.engines.buckets import Profile, ProfileLayout, buffer_shapes, choose_profile_for_seq
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
-from seer_deploy.spec.sampling import step_feed
+from seer_deploy.spec.graph_calls import graph_feed, step0_output, step_output
+from seer_deploy.spec.graphs import GraphIO, step_graphs
 
 try:
     import tensorrt as trt
@@ -187,13 +193,40 @@ def _torch_dtype(dtype: trt.DataType) -> torch.dtype:
     return table[dtype]
 
 
-class _Engine:
-    """One deserialized engine, an execution context per profile, and the execution memory they share."""
+class IOBuffers:
+    """One device buffer per engine input and output, allocated once at its largest shape; calls get views of them.
 
-    def __init__(self, runtime: trt.Runtime, plan: bytes, n_profiles: int, device: torch.device, path: Path) -> None:
+    A view of shape s is the first prod(s) elements of the flat buffer: the dense, row-major layout TensorRT reads
+    and writes at a tensor's address, so the address is the same for every call whatever its shape.
+    """
+
+    def __init__(self, capacity: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, torch.dtype],
+                 device: torch.device) -> None:
+        self.capacity = dict(capacity)
+        self._flat = {name: torch.empty(max(math.prod(shape), 1), dtype=dtypes[name], device=device)
+                      for name, shape in capacity.items()}
+
+    def address(self, name: str) -> int:
+        return int(self._flat[name].data_ptr())
+
+    def view(self, name: str, shape: Sequence[int]) -> torch.Tensor:
+        """The buffer of `name` as a tensor of `shape`; ConfigError past its capacity."""
+        limit = self.capacity[name]
+        if len(shape) != len(limit) or any(d < 0 or d > m for d, m in zip(shape, limit, strict=True)):
+            raise ConfigError(f"{name} of shape {tuple(shape)} exceeds the engine's largest profile {limit}; "
+                              "check --max-batch/--max-prompt of the build")
+        return self._flat[name][: math.prod(shape)].view(tuple(shape))
+
+
+class _Engine:
+    """One deserialized engine, an execution context per profile, and the device memory they share."""
+
+    def __init__(self, runtime: trt.Runtime, plan: bytes, graph: GraphIO, layout: ProfileLayout,
+                 device: torch.device, path: Path) -> None:
         engine = runtime.deserialize_cuda_engine(plan)
         if engine is None:
             raise ArtifactError(f"TensorRT cannot load {path}; rebuild it with this TensorRT version on this GPU")
+        n_profiles = len(layout.buckets)
         if engine.num_optimization_profiles != n_profiles:
             raise ArtifactError(
                 f"{path} has {engine.num_optimization_profiles} optimization profiles, the manifest lists "
@@ -202,9 +235,12 @@ class _Engine:
         self.engine = engine
         self.device = device
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        # TensorRT drops graph inputs nothing uses: feed only what the engine has.
         self.inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-        self.dtypes = {n: _torch_dtype(engine.get_tensor_dtype(n)) for n in names}
+        dtypes = {n: _torch_dtype(engine.get_tensor_dtype(n)) for n in names}
+        capacity = buffer_shapes(graph, layout, {n: _dims(engine.get_tensor_shape(n)) for n in names})
+        self.buffers = IOBuffers(capacity, dtypes, device)
         size = max(engine.get_device_memory_size_for_profile_v2(i) for i in range(n_profiles))
         self._memory = torch.empty(max(size, 1), dtype=torch.uint8, device=device)
         stream = torch.cuda.current_stream(device).cuda_stream
@@ -216,33 +252,27 @@ class _Engine:
             context.set_device_memory(self._memory.data_ptr(), self._memory.numel())
             if not context.set_optimization_profile_async(i, stream):
                 raise ArtifactError(f"{path}: cannot select optimization profile {i}; rebuild the engine")
+            for name in names:
+                if not context.set_tensor_address(name, self.buffers.address(name)):
+                    raise ArtifactError(f"{path}: TensorRT refused the buffer of {name}; rebuild the engine")
             self.contexts.append(context)
 
     def run(self, profile: int, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Copy feeds to the device, run on torch's current stream, return every output on the host."""
+        """Copy feeds into the input buffers, run on torch's current stream, return every output on the host."""
         missing = sorted(set(self.inputs) - set(feeds))
         if missing:
             raise ConfigError(f"the engine needs inputs {missing} that the call did not give")
         context = self.contexts[profile]
-        keep = []  # device tensors must outlive the enqueued work
-        for name in self.inputs:  # TensorRT drops graph inputs nothing uses; feed only what the engine has
-            tensor = torch.from_numpy(np.ascontiguousarray(feeds[name])).to(self.device, self.dtypes[name])
-            keep.append(tensor)
-            if not context.set_input_shape(name, tuple(tensor.shape)):
-                raise ConfigError(f"input {name} of shape {tuple(tensor.shape)} is outside optimization profile "
+        for name in self.inputs:
+            host = torch.from_numpy(np.ascontiguousarray(feeds[name]))
+            if not context.set_input_shape(name, tuple(host.shape)):
+                raise ConfigError(f"input {name} of shape {tuple(host.shape)} is outside optimization profile "
                                   f"{profile}; check --max-batch/--max-prompt of the build")
-            context.set_tensor_address(name, tensor.data_ptr())
-        outputs = {}
-        for name in self.outputs:
-            shape = _dims(context.get_tensor_shape(name))
-            outputs[name] = torch.empty(shape, dtype=self.dtypes[name], device=self.device)
-            context.set_tensor_address(name, outputs[name].data_ptr())
+            self.buffers.view(name, host.shape).copy_(host)  # converts the dtype where the engine's differs
+        outputs = {name: self.buffers.view(name, _dims(context.get_tensor_shape(name))) for name in self.outputs}
         if not context.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
             raise ArtifactError(f"TensorRT failed to run profile {profile} (see its log above)")
-        host = {name: t.cpu().numpy() for name, t in outputs.items()}  # .cpu() waits for the stream
-        del keep
-        return host
-
+        return {name: t.cpu().numpy() for name, t in outputs.items()}  # .cpu() waits for the stream
 
 
 class TensorRTBackend:
@@ -254,15 +284,8 @@ class TensorRTBackend:
 
     name = "tensorrt"
 
-    def __init__(
-        self,
-        engine_dir: Path,
-        manifest: EngineManifest,
-        *,
-        sparsity_rows: list[tuple[int, str]],
-        max_seq_len: int,
-        device: int = 0,
-    ) -> None:
+    def __init__(self, engine_dir: Path, manifest: EngineManifest, *, sparsity_rows: list[SparsityRow],
+                 max_seq_len: int, device: int = 0) -> None:
         require_tensorrt()
         trt_facts = manifest.tensorrt
         if manifest.backend != "tensorrt" or trt_facts is None:
@@ -275,22 +298,16 @@ class TensorRTBackend:
         self._device = torch.device("cuda", device)
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)  # kept: the runtime must outlive the engines it deserialized
+        self._step0_io, self._step_io = step_graphs()  # engines are built from text exports only (engines.build)
         self._engines: dict[str, _Engine] = {}
-        for graph in ("step0", "step"):
-            path = engine_dir / manifest.files[graph]
-            self._engines[graph] = _Engine(self._runtime, path.read_bytes(), len(self.layout.buckets), self._device,
-                                           path)
+        for graph in (self._step0_io, self._step_io):
+            path = engine_dir / manifest.files[graph.name]
+            self._engines[graph.name] = _Engine(self._runtime, path.read_bytes(), graph, self.layout, self._device,
+                                                path)
 
     @classmethod
-    def open(
-        cls,
-        engine_dir: Path,
-        export_facts: RuntimeFacts,
-        *,
-        sparsity_rows: list[tuple[int, str]],
-        max_seq_len: int,
-        device: int = 0,
-    ) -> TensorRTBackend:
+    def open(cls, engine_dir: Path, export_facts: RuntimeFacts, *, sparsity_rows: list[SparsityRow],
+             max_seq_len: int, device: int = 0) -> TensorRTBackend:
         """Load an engine dir after checking it against the export (fingerprint, graph hashes) and this machine."""
         require_tensorrt()
         manifest = EngineManifest.load(engine_dir)
@@ -306,31 +323,15 @@ class TensorRTBackend:
         check_engine_compatible(manifest, facts)
         return cls(engine_dir, manifest, sparsity_rows=sparsity_rows, max_seq_len=max_seq_len, device=device)
 
-    def _feeds(self, inputs: StepInput) -> dict[str, np.ndarray]:
+    def _run(self, graph: GraphIO, inputs: StepInput) -> dict[str, np.ndarray]:
         checked = inputs.checked(self.max_seq_len)
-        assert checked.attention_mask is not None  # checked() always gives one
-        return {"input_ids": checked.input_ids, "attention_mask": checked.attention_mask}
-
-    def _run(self, graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        batch, seq = feeds["input_ids"].shape
+        batch, seq = checked.input_ids.shape
         profile = choose_profile_for_seq(seq, self.layout, batch=batch)
-        return self._engines[graph].run(profile, feeds)
+        return self._engines[graph.name].run(profile, graph_feed(graph, checked))
 
     def step0(self, inputs: StepInput) -> Step0Output:
-        out = self._run("step0", self._feeds(inputs))
-        return Step0Output(
-            token_ids=out["token_ids"].astype(np.int64, copy=False),
-            confidence=out["confidence"].astype(np.float32, copy=False),
-            eos_prob=out["eos_prob"].astype(np.float32, copy=False),
-            sparsity=out["sparsity"].astype(np.float32, copy=False),
-        )
+        return step0_output(self._run(self._step0_io, inputs))
 
     def step(self, inputs: StepInput) -> StepOutput:
-        feeds = self._feeds(inputs)
-        B, S = feeds["input_ids"].shape
-        feeds.update(step_feed(B, S, inputs.temperature, inputs.seed))
-        out = self._run("step", feeds)
-        return StepOutput(
-            token_ids=out["token_ids"].astype(np.int64, copy=False),
-            confidence=out["confidence"].astype(np.float32, copy=False),
-        )
+        """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see spec.sampling)."""
+        return step_output(self._run(self._step_io, inputs))

@@ -1,9 +1,11 @@
-"""`export_checkpoint`: checkpoint directory -> export directory (step0.onnx, step.onnx, weights.bin, manifest.json).
+"""`export_checkpoint`: checkpoint directory -> export directory (step0.onnx, step.onnx, weights.bin, manifest.json),
+and `ExportRun`, the path every export takes (the multimodal one too, seer_deploy.export.multimodal).
 
 Everything is written into a temporary directory next to the destination and renamed into place only after the
-ONNX checker and the ONNX Runtime vs torch comparison passed, so a failed or interrupted export leaves nothing at the
-destination. A destination that holds another model's export is refused unless forced; one that holds something
-other than an export is always refused (replacing it would delete the user's files).
+ONNX checker, the check of every traced graph's inputs and outputs against its declaration (spec.graphs) and the
+ONNX Runtime vs torch comparison passed, so a failed or interrupted export leaves nothing at the destination. A
+destination that holds another model's export is refused unless forced; one that holds something other than an
+export is always refused (replacing it would delete the user's files).
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import onnx_ir as ir
 import torch
+from torch import Tensor, nn
 
 import seer_deploy
 from seer_deploy.core.atomic import install_dir, temp_dir_beside
@@ -25,19 +29,37 @@ from seer_deploy.core.files import file_sha256
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.export.graphs import Step0Graph, StepGraph
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.export.trace import BATCH, SEQ, io_specs, trace_graph
-from seer_deploy.export.validate import check_graph_files, compare_with_torch, make_probes, torch_references
+from seer_deploy.export.trace import io_specs, trace_graph
+from seer_deploy.export.validate import (
+    check_graph_files,
+    check_interface,
+    compare_with_torch,
+    make_probes,
+    torch_references,
+)
 from seer_deploy.export.weights import SharedWeightFile
 from seer_deploy.models.checkpoint import DEMO_NAMES, checkpoint_fingerprint, load_checkpoint, resolve_checkpoint
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.config import ModelConfig
 from seer_deploy.spec import sampling
 from seer_deploy.spec.export_manifest import (
     MANIFEST_FILE,
     ExportManifest,
-    GraphSpec,
+    GraphRecord,
     ModelSpec,
     SeerSpec,
     WeightsSpec,
+)
+from seer_deploy.spec.graphs import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    SAMPLE_UNIFORM,
+    STEP,
+    STEP0,
+    STEP_GRAPH_NAMES,
+    TEMPERATURE,
+    Axis,
+    GraphIO,
+    Size,
 )
 
 STAGES: tuple[str, ...] = (
@@ -49,7 +71,8 @@ STAGES: tuple[str, ...] = (
     "validating with ONNX Runtime",
     "installing",
 )
-MAX_TRACE_BATCH = 4096  # the batch dim is dynamic; this only bounds torch.export's symbolic range
+MAX_TRACE_BATCH = 4096  # the batch and image dims are dynamic; these only bound torch.export's symbolic ranges
+MAX_IMAGE_TOKENS = 1 << 20
 Progress = Callable[[str], None]  # called with the name of each stage as it starts
 
 
@@ -59,6 +82,17 @@ class ExportResult:
     manifest: ExportManifest
     max_diff: dict[str, float]  # measured ORT vs torch differences per output (empty with verify=False)
     seconds: float
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """What one export traces and how it is checked: all that a text and a multimodal export differ in."""
+
+    modules: Sequence[tuple[GraphIO, nn.Module]]  # traced in this order
+    examples: Mapping[str, Tensor]  # a tracing example per input name
+    sizes: Mapping[Size, int]  # the declared Size dims, for this model (what the traced graphs must show)
+    validate: Callable[[Path], dict[str, float]]  # the staged export dir -> max |diff| per output, or raise
+    manifest_extra: Callable[[dict[str, GraphRecord]], dict[str, Any]] = field(default=lambda records: {})
 
 
 def check_destination(out: Path, fingerprint: str, force: bool) -> None:
@@ -89,7 +123,6 @@ def check_destination(out: Path, fingerprint: str, force: bool) -> None:
         )
 
 
-
 def export_versions() -> dict[str, str]:
     import onnx
     import onnxruntime
@@ -105,116 +138,151 @@ def export_versions() -> dict[str, str]:
     }
 
 
-def _trace_both(
-    model: MaskPredictor, spec: StatsSpec, options: ExportOptions, max_seq_len: int, tmp: Path, progress: Progress
-) -> tuple[dict[str, GraphSpec], SharedWeightFile]:
-    cfg = model.cfg
+def step_examples(cfg: ModelConfig, max_seq_len: int) -> dict[str, Tensor]:
+    """Tracing examples for the step graphs' token and sampling inputs: batch 2, up to 8 positions."""
     S = min(8, max_seq_len)
-    ids = torch.randint(0, cfg.vocab_size, (2, S), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones(2, S, dtype=torch.long)
-    bs, b = {0: BATCH, 1: SEQ}, {0: BATCH}
-    jobs = (
-        ("step0", Step0Graph(model, spec), (ids, mask), ("input_ids", "attention_mask"),
-         ("token_ids", "confidence", "eos_prob", "sparsity"), {"input_ids": bs, "attention_mask": bs}),
-        ("step", StepGraph(model), (ids, mask, torch.zeros(2), torch.ones(2, S)),
-         ("input_ids", "attention_mask", sampling.TEMPERATURE_INPUT, sampling.UNIFORM_INPUT), ("token_ids", "confidence"),
-         {"input_ids": bs, "attention_mask": bs, sampling.TEMPERATURE_INPUT: b, sampling.UNIFORM_INPUT: bs}),
-    )
-    graphs: dict[str, GraphSpec] = {}
+    return {
+        INPUT_IDS.name: torch.randint(0, cfg.vocab_size, (2, S), generator=torch.Generator().manual_seed(0)),
+        ATTENTION_MASK.name: torch.ones(2, S, dtype=torch.long),
+        TEMPERATURE.name: torch.zeros(2),
+        SAMPLE_UNIFORM.name: torch.ones(2, S),
+    }
+
+
+def trace_graphs(
+    plan: GraphPlan, options: ExportOptions, max_seq_len: int, tmp: Path, progress: Progress
+) -> tuple[dict[str, GraphRecord], SharedWeightFile]:
+    """Trace every graph of the plan into `tmp`, all weights into one shared file, each checked against its spec."""
+    bounds = {Axis.BATCH: MAX_TRACE_BATCH, Axis.SEQ: max_seq_len, Axis.IMAGES: MAX_TRACE_BATCH,
+              Axis.IMAGE_TOKENS: MAX_IMAGE_TOKENS}
+    records: dict[str, GraphRecord] = {}
     store = SharedWeightFile(tmp)
     with store:
-        for name, module, args, inputs, outputs, dyn in jobs:
-            progress(f"tracing {name}")
-            onnx_model = trace_graph(module, args, inputs, outputs, dyn, options.opset, MAX_TRACE_BATCH, max_seq_len)
+        for graph, module in plan.modules:
+            progress(f"tracing {graph.name}")
+            args = tuple(plan.examples[name] for name in graph.input_names)
+            onnx_model = trace_graph(module, args, graph, options.opset, bounds)
             store.externalize(onnx_model, options.inline_limit_bytes)
-            path = tmp / f"{name}.onnx"
+            path = tmp / graph.file
             ir.save(onnx_model, path)
-            graphs[name] = GraphSpec(
+            records[graph.name] = GraphRecord(
                 path.name, file_sha256(path), io_specs(onnx_model.graph.inputs), io_specs(onnx_model.graph.outputs)
             )
+            check_interface(graph, records[graph.name], plan.sizes)
             del onnx_model
-    return graphs, store
+    return records, store
 
 
-def export_checkpoint(
-    checkpoint: str | os.PathLike[str],
-    out: str | os.PathLike[str],
-    options: ExportOptions | None = None,
-    progress: Progress | None = None,
-) -> ExportResult:
+@dataclass(frozen=True)
+class ExportRun:
+    """One export under way: its settings, its destination, whom it reports to, when it started."""
+
+    options: ExportOptions
+    dest: Path
+    report: Progress
+    started: float
+
+    @classmethod
+    def begin(cls, out: str | os.PathLike[str], options: ExportOptions | None, progress: Progress | None) -> ExportRun:
+        options = options or ExportOptions()
+        options.validate()
+        run = cls(options, Path(out).expanduser().absolute(), progress or (lambda stage: None), time.perf_counter())
+        run.report("loading checkpoint")
+        return run
+
+    def claim(self, checkpoint_dir: Path) -> str:
+        """The checkpoint's fingerprint, once the destination may take its export (check_destination)."""
+        fingerprint = checkpoint_fingerprint(checkpoint_dir)
+        check_destination(self.dest, fingerprint, self.options.force)
+        return fingerprint
+
+    def write(self, model: ModelSpec, stats: StatsSpec, max_seq_len: int, plan: GraphPlan) -> ExportResult:
+        """Trace, write the manifest, check and validate in a temp dir beside the destination, then install it there;
+        on any failure (an interrupt too) nothing is left behind and the destination keeps what it had."""
+        options, report = self.options, self.report
+        cfg = ModelConfig(**model.config)
+        tmp = temp_dir_beside(self.dest, "export")
+        try:
+            records, store = trace_graphs(plan, options, max_seq_len, tmp, report)
+            manifest = ExportManifest(
+                model=model,
+                special_ids={"mask": cfg.mask_id, "eos": cfg.eos_id, "pad": cfg.pad_id, "bos": cfg.bos_id,
+                             "eot": cfg.eot_id},
+                dtype=options.dtype,
+                opset=options.opset,
+                max_seq_len=max_seq_len,
+                graphs={name: records[name] for name in STEP_GRAPH_NAMES},
+                seer=SeerSpec(
+                    stats_layers=list(stats.layers),
+                    stat_names=list(STAT_NAMES),
+                    abs_threshold=stats.abs_threshold,
+                    rel_threshold=stats.rel_threshold,
+                    sparsity_rows=stats.sparsity_rows,
+                ),
+                sampling=sampling.manifest_entry(),
+                versions=export_versions(),
+                weights=WeightsSpec(store.name, store.sha256(), store.size),
+                extra={
+                    "tensors_in_weights_file": store.tensors_written,
+                    "tensors_shared": store.tensors_shared,
+                    **plan.manifest_extra(records),
+                },
+            )
+            manifest.save(tmp)
+
+            report("checking graphs")
+            check_graph_files([tmp / record.file for record in records.values()])
+            max_diff: dict[str, float] = {}
+            if options.verify:
+                report("validating with ONNX Runtime")
+                max_diff = plan.validate(tmp)
+                manifest = replace(manifest, extra={**manifest.extra, "validation_max_diff": max_diff})
+                manifest.save(tmp)
+
+            report("installing")
+            check_destination(self.dest, model.fingerprint, options.force)  # again: another process may have written
+            install_dir(tmp, self.dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return ExportResult(self.dest, manifest, max_diff, time.perf_counter() - self.started)
+
+
+def export_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
+                      options: ExportOptions | None = None, progress: Progress | None = None) -> ExportResult:
     """Export both graphs of `checkpoint` ('demo' or a local directory) into `out`; see the module docstring."""
     from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 
-    options = options or ExportOptions()
-    options.validate()
-    report: Progress = progress or (lambda stage: None)
-    start = time.perf_counter()
-    dest = Path(out).expanduser().absolute()
-    report("loading checkpoint")
+    run = ExportRun.begin(out, options, progress)
     ckpt_path = resolve_checkpoint(checkpoint)
-    fingerprint = checkpoint_fingerprint(ckpt_path)
-    check_destination(dest, fingerprint, options.force)
+    fingerprint = run.claim(ckpt_path)
     ckpt = load_checkpoint(ckpt_path, dtype=torch.float32)
     cfg = ckpt.config
-    max_seq_len = options.max_seq_len or cfg.max_seq_len
+    max_seq_len = run.options.max_seq_len or cfg.max_seq_len
     if max_seq_len > cfg.max_seq_len:
         raise ConfigError(
             f"--max-seq-len {max_seq_len} exceeds the model's {cfg.max_seq_len} positions; use at most {cfg.max_seq_len}"
         )
     if max_seq_len < 2:
         raise ConfigError(f"--max-seq-len {max_seq_len} is too short; give at least 2 positions")
-    spec = options.seer.spec(cfg.n_layers)
+    stats = run.options.seer.spec(cfg.n_layers)
     model = ckpt.model
+    dtype = run.options.dtype
 
-    report("torch reference")
-    refs = torch_references(model, spec, make_probes(cfg, max_seq_len)) if options.verify else []
-    if options.dtype == "fp16":
+    run.report("torch reference")
+    refs = torch_references(model, stats, make_probes(cfg, max_seq_len)) if run.options.verify else []
+    if dtype == "fp16":
         model = model.to(torch.float16)
 
-    tmp = temp_dir_beside(dest, "export")
-    try:
-        graphs, store = _trace_both(model, spec, options, max_seq_len, tmp, report)
-        manifest = ExportManifest(
-            model=ModelSpec(
-                source=str(checkpoint) if str(checkpoint) in DEMO_NAMES else str(ckpt_path.absolute()),
-                layout=ckpt.layout,
-                fingerprint=fingerprint,
-                config=cfg.to_dict(),
-            ),
-            special_ids={"mask": cfg.mask_id, "eos": cfg.eos_id, "pad": cfg.pad_id, "bos": cfg.bos_id, "eot": cfg.eot_id},
-            dtype=options.dtype,
-            opset=options.opset,
-            max_seq_len=max_seq_len,
-            graphs=graphs,
-            seer=SeerSpec(
-                stats_layers=list(spec.layers),
-                stat_names=list(STAT_NAMES),
-                abs_threshold=spec.abs_threshold,
-                rel_threshold=spec.rel_threshold,
-                sparsity_rows=[(layer, stat) for layer in spec.layers for stat in STAT_NAMES],
-            ),
-            sampling=sampling.manifest_entry(),
-            versions=export_versions(),
-            weights=WeightsSpec(store.name, store.sha256(), store.size),
-            extra={"tensors_in_weights_file": store.tensors_written, "tensors_shared": store.tensors_shared},
-        )
-        manifest.save(tmp)
+    def validate(staged: Path) -> dict[str, float]:
+        backend = OrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
+        return compare_with_torch(backend, refs, cfg, dtype)
 
-        report("checking graphs")
-        check_graph_files([tmp / g.file for g in graphs.values()])
-        max_diff: dict[str, float] = {}
-        if options.verify:
-            report("validating with ONNX Runtime")
-            backend = OrtBackend(tmp, OrtSessionOptions(providers=("CPUExecutionProvider",)))
-            max_diff = compare_with_torch(backend, refs, cfg, options.dtype)
-            del backend
-            manifest = replace(manifest, extra={**manifest.extra, "validation_max_diff": max_diff})
-            manifest.save(tmp)
-
-        report("installing")
-        check_destination(dest, fingerprint, options.force)  # again: another process may have written there meanwhile
-        install_dir(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return ExportResult(dest, manifest, max_diff, time.perf_counter() - start)
+    plan = GraphPlan(
+        modules=((STEP0, Step0Graph(model, stats)), (STEP, StepGraph(model))),
+        examples=step_examples(cfg, max_seq_len),
+        sizes={Size.STAT_ROWS: len(stats.sparsity_rows)},
+        validate=validate,
+    )
+    source = str(checkpoint) if str(checkpoint) in DEMO_NAMES else str(ckpt_path.absolute())
+    return run.write(ModelSpec(source, ckpt.layout, fingerprint, cfg.to_dict()), stats, max_seq_len, plan)

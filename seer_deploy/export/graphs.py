@@ -1,4 +1,5 @@
-"""The two exported graphs as torch modules around `MaskPredictor`: the sampling head lives inside the graph.
+"""The exported graphs as torch modules around `MaskPredictor` (their I/O is declared in spec.graphs): the sampling
+head lives inside the graph.
 
 A step moves B x S numbers to the host rather than B x S x V logits, so argmax, the log-probability of the
 chosen token (the commit score, `models.confidence`), the EOS probability and Seer's sparsity statistics are
@@ -9,16 +10,24 @@ Sampling at temperature > 0 (step graph only) is inverse-CDF sampling from softm
 uniform number per position: index = #{v : cumsum(p)[v] < u}. That is an exact draw from the distribution LLaDA's
 Gumbel-max `argmax(exp(l) / (-log u)^T)` samples from, needs B x S noise instead of B x S x V, is reproducible from a
 host seed, and uses only Softmax / CumSum / Less / ReduceSum, which ONNX Runtime and TensorRT both run.
+
+The multimodal step graphs take one more input, the image table: prompt ids at and above the LM's embedding rows
+select a row of it in-graph (models.image_prompts.embed_with_images). The vision graph folds in the SigLIP tower, the
+selected layer, the projector and LLaVA's image_newline, and outputs float32 whatever the export dtype.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.confidence import greedy_head, log_prob_of
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.image_prompts import embed_with_images
+from seer_deploy.models.llada import MaskPredictor, ModelOutput
+from seer_deploy.models.vision import VisionEncoder
 
 
 class Step0Graph(nn.Module):
@@ -64,3 +73,52 @@ class StepGraph(nn.Module):
         drawn_conf = log_prob_of(logits, drawn, top, log_total)
         row_hot = hot[:, None]
         return torch.where(row_hot, drawn, greedy_ids), torch.where(row_hot, drawn_conf, greedy_conf)
+
+
+class _EmbedsModel(nn.Module):
+    """Step0Graph / StepGraph call model(ids, mask, stats=...); this adapter receives embeddings in the ids' place."""
+
+    def __init__(self, lm: MaskPredictor) -> None:
+        super().__init__()
+        self.lm = lm
+        self.cfg = lm.cfg
+
+    def forward(self, embeds: Tensor, attention_mask: Tensor | None = None, *, stats: StatsSpec | None = None) -> ModelOutput:
+        return self.lm(None, attention_mask, inputs_embeds=embeds, stats=stats)  # type: ignore[no-any-return]
+
+
+class MultimodalStep0Graph(nn.Module):
+    """Step0Graph with image ids: (input_ids, attention_mask, image_table) -> token, confidence, EOS prob, sparsity."""
+
+    def __init__(self, lm: MaskPredictor, spec: StatsSpec) -> None:
+        super().__init__()
+        self.head = Step0Graph(cast(MaskPredictor, _EmbedsModel(lm)), spec)  # registers the LM once, inside
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, image_table: Tensor) -> tuple[Tensor, ...]:
+        embeds = embed_with_images(cast(_EmbedsModel, self.head.model).lm.embed, input_ids, image_table)
+        return self.head(embeds, attention_mask)  # type: ignore[no-any-return]
+
+
+class MultimodalStepGraph(nn.Module):
+    """StepGraph with image ids: (input_ids, attention_mask, temperature, sample_uniform, image_table)."""
+
+    def __init__(self, lm: MaskPredictor) -> None:
+        super().__init__()
+        self.head = StepGraph(cast(MaskPredictor, _EmbedsModel(lm)))
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor, image_table: Tensor
+    ) -> tuple[Tensor, ...]:
+        embeds = embed_with_images(cast(_EmbedsModel, self.head.model).lm.embed, input_ids, image_table)
+        return self.head(embeds, attention_mask, temperature, sample_uniform)  # type: ignore[no-any-return]
+
+
+class VisionGraph(nn.Module):
+    """pixel_values [N, 3, H, W] (float32) -> image_embeds [N, tokens_per_image, D] (float32)."""
+
+    def __init__(self, vision: VisionEncoder) -> None:
+        super().__init__()
+        self.vision = vision
+
+    def forward(self, pixel_values: Tensor) -> Tensor:
+        return self.vision(pixel_values).float()

@@ -1,4 +1,5 @@
-"""torch module -> in-memory ONNX model (onnx_ir), with dynamic batch and sequence, reproducible byte for byte.
+"""torch module -> in-memory ONNX model (onnx_ir), with the dynamic axes its spec.graphs declaration names,
+reproducible byte for byte.
 
 The dynamo exporter records stack traces, FX node text and module paths as metadata on every node; they say where the
 exporter ran rather than what the graph computes, so they are dropped: the same checkpoint then gives the same graph.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,9 +19,9 @@ from torch import nn
 
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.spec.export_manifest import TensorSpec
+from seer_deploy.spec.graphs import Axis, GraphIO
 
 MIN_OPSET = 18  # the dynamo exporter's floor
-BATCH, SEQ = "batch", "seq"
 _DTYPE_NAMES = {
     ir.DataType.INT64: "int64",
     ir.DataType.FLOAT: "float32",
@@ -57,29 +58,26 @@ def quiet_exporter() -> Iterator[None]:
 def trace_graph(
     module: nn.Module,
     example_args: tuple[torch.Tensor, ...],
-    input_names: Sequence[str],
-    output_names: Sequence[str],
-    dynamic_dims: dict[str, dict[int, str]],
+    graph: GraphIO,
     opset: int,
-    max_batch: int,
-    max_seq_len: int,
+    bounds: Mapping[Axis, int],
 ) -> ir.Model:
-    """Export `module` with the named dims dynamic ('batch' up to max_batch, 'seq' up to max_seq_len)."""
+    """Export `module` under `graph`'s input and output names, its declared axes dynamic up to `bounds`."""
     check_opset(opset)
-    dims = {
-        BATCH: torch.export.Dim(BATCH, min=1, max=max_batch),
-        SEQ: torch.export.Dim(SEQ, min=1, max=max_seq_len),
-    }
+    dims: dict[Axis, torch.export.Dim] = {}
+    for axes in graph.dynamic_axes().values():
+        for axis in axes.values():
+            dims.setdefault(axis, torch.export.Dim(axis.value, min=1, max=bounds[axis]))
     dynamic_shapes: dict[str, Any] = {
-        name: {axis: dims[dim] for axis, dim in dynamic_dims.get(name, {}).items()} for name in input_names
+        name: {index: dims[axis] for index, axis in axes.items()} for name, axes in graph.dynamic_axes().items()
     }
     with quiet_exporter(), torch.no_grad():
         program = torch.onnx.export(
             module,
             example_args,
             dynamo=True,
-            input_names=list(input_names),
-            output_names=list(output_names),
+            input_names=graph.input_names,
+            output_names=graph.output_names,
             dynamic_shapes=dynamic_shapes,
             opset_version=opset,
             optimize=True,

@@ -1,4 +1,5 @@
-"""Export-time checks: the ONNX checker on each file, then ONNX Runtime against the torch model on probe prompts.
+"""Export-time checks: each traced graph's inputs and outputs against its declaration (spec.graphs), the ONNX checker
+on each file, then ONNX Runtime against the torch model on probe prompts.
 
 The torch side is the float32 model, so a float16 export is measured against the truth, not against itself. The
 reference logits are taken before the model is cast and traced, and compared in float64:
@@ -11,6 +12,7 @@ reference logits are taken before the model is cast and traced, and compared in 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,11 +20,13 @@ import numpy as np
 import onnx
 import torch
 
-from seer_deploy.core.backend import Backend, StepInput
+from seer_deploy.core.backend import Backend, StepInput, StepOutput
 from seer_deploy.core.errors import ArtifactError
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.spec.export_manifest import GraphRecord
+from seer_deploy.spec.graphs import GraphIO, RecordedShape, Size
 from seer_deploy.spec.sampling import draw_uniform
 
 
@@ -90,6 +94,23 @@ def torch_references(model: MaskPredictor, spec: StatsSpec, probes: list[Probe])
     return refs
 
 
+def check_interface(graph: GraphIO, record: GraphRecord, sizes: Mapping[Size, int]) -> None:
+    """The traced graph's inputs and outputs (names, order, dtypes, dynamic axes, sizes) are the declared ones."""
+    traced = [("input", name, t.dtype, list(t.shape)) for name, t in record.inputs.items()] + [
+        ("output", name, t.dtype, list(t.shape)) for name, t in record.outputs.items()
+    ]
+    declared = graph.interface(sizes)
+    if traced != declared:
+        raise ExportValidationError(
+            f"{record.file} does not have the inputs and outputs spec.graphs declares for the {graph.name} graph "
+            f"(traced: {_listing(traced)}; declared: {_listing(declared)}); nothing was written"
+        )
+
+
+def _listing(interface: list[tuple[str, str, str, RecordedShape]]) -> str:
+    return "; ".join(f"{kind} {name} {dtype} {shape}" for kind, name, dtype, shape in interface)
+
+
 def check_graph_files(paths: list[Path]) -> None:
     """The ONNX checker with shape inference, by path (a model over 2 GB cannot be checked as an in-memory proto)."""
     for path in paths:
@@ -152,6 +173,19 @@ class _Report:
             )
 
 
+def _step_at_row_temperatures(backend: Backend, p: Probe) -> StepOutput:
+    """A step in which row b samples at p.temperature[b]. StepInput has one temperature, so the whole batch runs once
+    per distinct value and each row keeps its own; every run draws the same uniforms from the probe's seed, and a
+    row's result depends only on its own temperature and uniforms, so this is what one per-row call would give."""
+    token_ids = np.zeros(p.input_ids.shape, dtype=np.int64)
+    confidence = np.zeros(p.input_ids.shape, dtype=np.float32)
+    for temperature in np.unique(p.temperature):
+        out = backend.step(StepInput(p.input_ids, p.attention_mask, temperature=float(temperature), seed=p.seed))
+        rows = p.temperature == temperature
+        token_ids[rows], confidence[rows] = out.token_ids[rows], out.confidence[rows]
+    return StepOutput(token_ids, confidence)
+
+
 def compare_with_torch(backend: Backend, refs: list[ProbeReference], cfg: ModelConfig, dtype: str) -> dict[str, float]:
     """Run both graphs on every probe; raise ExportValidationError listing each measured disagreement."""
     tol = TOLERANCES[dtype]
@@ -166,7 +200,7 @@ def compare_with_torch(backend: Backend, refs: list[ProbeReference], cfg: ModelC
         report.close("step0 eos_prob", s0.eos_prob, probs[..., cfg.eos_id], tol.prob_atol)
         report.sparsity(s0.sparsity, ref.stats, cfg.mlp_hidden)
 
-        st = backend.step(StepInput(p.input_ids, p.attention_mask, temperature=p.temperature, seed=p.seed))  # type: ignore[arg-type]
+        st = _step_at_row_temperatures(backend, p)
         report.close("step confidence", np.exp(st.confidence), _pick(probs, st.token_ids), tol.prob_atol)
         greedy = p.temperature == 0
         if greedy.any():

@@ -15,6 +15,8 @@ from typing import Any
 from seer_deploy.core.atomic import write_text_atomic
 from seer_deploy.core.errors import ArtifactError, CheckpointError
 from seer_deploy.models.config import ModelConfig
+from seer_deploy.spec.artifact_json import read_json
+from seer_deploy.spec.graphs import STEP_GRAPH_NAMES
 
 FORMAT = "seer-deploy-export"
 # 2: the graphs' `confidence` output is the log-probability of the chosen token (models.confidence); 1 returned
@@ -23,7 +25,6 @@ FORMAT_VERSION = 2
 MANIFEST_FILE = "manifest.json"
 DTYPES: tuple[str, ...] = ("fp32", "fp16")
 LAYOUTS: tuple[str, ...] = ("llada", "llama")
-GRAPH_NAMES: tuple[str, ...] = ("step0", "step")
 SPECIAL_ID_NAMES: tuple[str, ...] = ("mask", "eos", "pad", "bos", "eot")
 
 
@@ -39,7 +40,10 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
-class GraphSpec:
+class GraphRecord:
+    """What an export recorded about one graph file: its hash and its inputs and outputs as traced (spec.graphs
+    declares what they must be)."""
+
     file: str
     sha256: str  # of the .onnx file (its external-data references included; the weights have their own hash)
     inputs: dict[str, TensorSpec]
@@ -104,7 +108,7 @@ class ExportManifest:
     dtype: str
     opset: int
     max_seq_len: int
-    graphs: dict[str, GraphSpec]
+    graphs: dict[str, GraphRecord]
     seer: SeerSpec
     sampling: dict[str, Any]
     versions: dict[str, str]
@@ -148,11 +152,7 @@ class ExportManifest:
                 f"{root} has no {MANIFEST_FILE}: it is not a seer-deploy export; create one with "
                 f"`seer-deploy export CHECKPOINT --out {root}`"
             )
-        try:
-            raw = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ArtifactError(f"{path} is not valid JSON ({exc}); re-export the model") from exc
-        return cls.from_dict(raw, str(path))
+        return cls.from_dict(read_json(path, "re-export the model"), str(path))
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = MANIFEST_FILE) -> ExportManifest:
@@ -194,7 +194,7 @@ class ExportManifest:
         if not all(v is None or isinstance(v, int) for v in special.values()):
             raise ArtifactError(f"{where}: special_ids values must be integers or null")
         graphs_raw = r.obj(raw, "graphs")
-        graphs = {name: r.graph(graphs_raw, name) for name in GRAPH_NAMES}
+        graphs = {name: r.graph(graphs_raw, name) for name in STEP_GRAPH_NAMES}
         seer = r.obj(raw, "seer")
         rows_raw = r.array(seer, "sparsity_rows", "seer.sparsity_rows")
         try:
@@ -263,7 +263,7 @@ class _Reader:
     def number(self, obj: dict[str, Any], key: str, label: str | None = None) -> float:
         return float(self._get(obj, key, label, (int, float), "a number"))
 
-    def graph(self, graphs: dict[str, Any], name: str) -> GraphSpec:
+    def graph(self, graphs: dict[str, Any], name: str) -> GraphRecord:
         g = self.obj(graphs, name, f"graphs.{name}")
 
         def tensors(kind: str) -> dict[str, TensorSpec]:
@@ -275,7 +275,7 @@ class _Reader:
                 out[tname] = TensorSpec(self.string(spec, "dtype", f"{label}.dtype"), self.array(spec, "shape", f"{label}.shape"))
             return out
 
-        return GraphSpec(
+        return GraphRecord(
             file=self.string(g, "file", f"graphs.{name}.file"),
             sha256=self.string(g, "sha256", f"graphs.{name}.sha256"),
             inputs=tensors("inputs"),

@@ -1,8 +1,7 @@
-"""The names a multimodal export adds to a text export: the vision graph, its input and output, the step graphs'
-image-table input and the manifest section that describes them."""
+"""What a multimodal export adds to a text export's manifest: the section that describes the vision graph and the
+image settings. The graphs' tensors (the vision graph's, the step graphs' image table) are declared in spec.graphs."""
 
-VISION_FILE = "vision.onnx"
-IMAGE_TABLE_INPUT = "image_table"
-PIXEL_INPUT = "pixel_values"
-EMBEDS_OUTPUT = "image_embeds"
+from seer_deploy.spec.graphs import VISION
+
 MULTIMODAL_KEY = "multimodal"  # the manifest's extra[...] section
+VISION_FILE = VISION.file  # the vision graph's file, for listings (cli.export)

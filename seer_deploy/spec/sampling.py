@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-TEMPERATURE_INPUT = "temperature"
-UNIFORM_INPUT = "sample_uniform"
+from seer_deploy.spec.graphs import SAMPLE_UNIFORM, STEP, TEMPERATURE
 
 
 def draw_uniform(seed: int | None, shape: tuple[int, int]) -> np.ndarray:
@@ -35,17 +34,17 @@ def step_feed(
         uniform = draw_uniform(seed, (batch, seq))
     else:
         uniform = np.ones((batch, seq), dtype=np.float32)  # ignored by the graph
-    return {TEMPERATURE_INPUT: temps, UNIFORM_INPUT: uniform}
+    return {TEMPERATURE.name: temps, SAMPLE_UNIFORM.name: uniform}
 
 
 def manifest_entry() -> dict[str, Any]:
     """The manifest's `sampling` section: how temperature > 0 works, written out so nothing downstream guesses."""
     return {
         "method": "inverse_cdf",
-        "graph": "step",
+        "graph": STEP.name,
         "inputs": {
-            TEMPERATURE_INPUT: "float32 [batch]; 0 = greedy argmax (ties to the lowest id), > 0 = sample",
-            UNIFORM_INPUT: "float32 [batch, seq] in (0, 1]; ignored in rows whose temperature is 0",
+            TEMPERATURE.name: "float32 [batch]; 0 = greedy argmax (ties to the lowest id), > 0 = sample",
+            SAMPLE_UNIFORM.name: "float32 [batch, seq] in (0, 1]; ignored in rows whose temperature is 0",
         },
         "token": "where temperature > 0: min(#{v : cumsum(softmax(logits / temperature))[v] < u}, V - 1)",
         "confidence": "softmax(logits)[token] (temperature-free)",

@@ -1,0 +1,59 @@
+"""One call of an exported graph, by its declaration (spec.graphs): the feed made from a `StepInput`, and the outputs
+turned back into the `Step0Output` / `StepOutput` every backend returns. ONNX Runtime and TensorRT share both, so
+the two engines cannot disagree on what a call sends or what it gets back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.spec.graphs import (
+    ATTENTION_MASK,
+    CONFIDENCE,
+    EOS_PROB,
+    IMAGE_TABLE,
+    INPUT_IDS,
+    SPARSITY,
+    TEMPERATURE,
+    TOKEN_IDS,
+    GraphIO,
+    TensorIO,
+)
+from seer_deploy.spec.sampling import step_feed
+
+
+def graph_feed(graph: GraphIO, checked: StepInput, image_table: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """`graph`'s inputs for one call, named and ordered as declared: the ids and mask of a checked StepInput, the
+    step graph's sampling inputs (drawn from its temperature and seed) and, for the multimodal graphs, the table."""
+    assert checked.attention_mask is not None, "pass StepInput.checked(), which always has a mask"
+    values = {INPUT_IDS.name: checked.input_ids, ATTENTION_MASK.name: checked.attention_mask}
+    if graph.takes(TEMPERATURE):
+        batch, seq = checked.input_ids.shape
+        values.update(step_feed(batch, seq, checked.temperature, checked.seed))
+    if image_table is not None:
+        values[IMAGE_TABLE.name] = image_table
+    missing = [name for name in graph.input_names if name not in values]
+    if missing:
+        raise ConfigError(f"the {graph.name} graph needs {', '.join(missing)}, which this call does not give")
+    return {name: values[name] for name in graph.input_names}
+
+
+def _output(tensor: TensorIO, values: Mapping[str, np.ndarray]) -> np.ndarray:
+    """An output as a host array of its declared dtype (a no-op where the engine returned that type already)."""
+    return np.asarray(values[tensor.name]).astype(tensor.dtype, copy=False)
+
+
+def step0_output(values: Mapping[str, np.ndarray]) -> Step0Output:
+    return Step0Output(
+        token_ids=_output(TOKEN_IDS, values),
+        confidence=_output(CONFIDENCE, values),
+        eos_prob=_output(EOS_PROB, values),
+        sparsity=_output(SPARSITY, values),
+    )
+
+
+def step_output(values: Mapping[str, np.ndarray]) -> StepOutput:
+    return StepOutput(token_ids=_output(TOKEN_IDS, values), confidence=_output(CONFIDENCE, values))

@@ -1,0 +1,144 @@
+"""One declarative I/O description per exported graph (in the spirit of Optimum's OnnxConfig).
+
+Every place that names a graph tensor reads it from here: tracing (input/output names, dynamic shapes), the
+export's self-check, the ONNX Runtime and TensorRT feeds and output unpacking, TensorRT's optimization profiles and
+device buffers. A traced graph that drifts from its declaration fails the export instead of passing silently.
+
+A shape is a tuple of dims: an `Axis` (dynamic: the ONNX graph keeps it symbolic, under that name), a `Size` (fixed
+when a model is exported: the ONNX graph has a number there) or an int (the same for every export).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+
+class Axis(StrEnum):
+    """A dynamic axis; its value is the symbolic dim name the exported graph carries."""
+
+    BATCH = "batch"
+    SEQ = "seq"  # prompt + response positions
+    IMAGES = "images"
+    IMAGE_TOKENS = "image_tokens"  # rows of the image table: every image token of the batch
+
+
+class Size(StrEnum):
+    """A size fixed when a model is exported, named for what sets it."""
+
+    STAT_ROWS = "stat_rows"  # K = stats layers x statistics: the sparsity rows of step zero
+    D_MODEL = "d_model"
+    IMAGE_SIZE = "image_size"
+    TOKENS_PER_IMAGE = "tokens_per_image"
+
+
+Dim = Axis | Size | int
+RecordedShape = list[int | str]  # as an export manifest records a shape: dynamic axes by name, the rest as numbers
+
+
+@dataclass(frozen=True)
+class TensorIO:
+    """One graph input or output. `to_host` (outputs): copied to the host after every call; the step graphs' outputs
+    are compact (B x S or B x K x S numbers), the logits never leave the device."""
+
+    name: str
+    dtype: str  # ONNX element type name, as the export manifest records it ("int64", "float32")
+    shape: tuple[Dim, ...]
+    to_host: bool = True
+
+    def dynamic_axes(self) -> dict[int, Axis]:
+        return {i: d for i, d in enumerate(self.shape) if isinstance(d, Axis)}
+
+    def recorded_shape(self, sizes: Mapping[Size, int]) -> RecordedShape:
+        """The shape as an export of a model with these sizes records it."""
+        return [d.value if isinstance(d, Axis) else self._number(d, {}, sizes) for d in self.shape]
+
+    def concrete_shape(self, axes: Mapping[Axis, int], sizes: Mapping[Size, int]) -> tuple[int, ...]:
+        """The shape of one call (or of a buffer's capacity) with the dynamic axes set to `axes`."""
+        return tuple(self._number(d, axes, sizes) for d in self.shape)
+
+    def _number(self, dim: Dim, axes: Mapping[Axis, int], sizes: Mapping[Size, int]) -> int:
+        if isinstance(dim, Axis):
+            value = axes.get(dim)
+        elif isinstance(dim, Size):
+            value = sizes.get(dim)
+        else:
+            return dim
+        if value is None:
+            raise KeyError(f"{self.name}: no value given for its '{dim}' dim")
+        return int(value)
+
+
+@dataclass(frozen=True)
+class GraphIO:
+    """A graph's declared interface: its inputs and outputs, in the order the ONNX graph lists them."""
+
+    name: str  # "step0", "step", "vision": the manifest's key and the file stem
+    inputs: tuple[TensorIO, ...]
+    outputs: tuple[TensorIO, ...]
+
+    @property
+    def file(self) -> str:
+        return f"{self.name}.onnx"
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+    @property
+    def host_outputs(self) -> list[str]:
+        return [t.name for t in self.outputs if t.to_host]
+
+    def takes(self, tensor: TensorIO) -> bool:
+        return tensor in self.inputs
+
+    def tensor(self, name: str) -> TensorIO:
+        for t in (*self.inputs, *self.outputs):
+            if t.name == name:
+                return t
+        raise KeyError(f"the {self.name} graph declares no tensor '{name}'")
+
+    def dynamic_axes(self) -> dict[str, dict[int, Axis]]:
+        """Input name -> {axis index: Axis}: what tracing makes dynamic (the outputs follow from the inputs)."""
+        return {t.name: t.dynamic_axes() for t in self.inputs}
+
+    def with_inputs(self, *extra: TensorIO) -> GraphIO:
+        return replace(self, inputs=(*self.inputs, *extra))
+
+    def interface(self, sizes: Mapping[Size, int]) -> list[tuple[str, str, str, RecordedShape]]:
+        """(kind, name, dtype, shape) of every input, then every output, as an export with these sizes records them."""
+        return [("input", t.name, t.dtype, t.recorded_shape(sizes)) for t in self.inputs] + [
+            ("output", t.name, t.dtype, t.recorded_shape(sizes)) for t in self.outputs
+        ]
+
+
+_BS = (Axis.BATCH, Axis.SEQ)
+INPUT_IDS = TensorIO("input_ids", "int64", _BS)  # left-padded prompts, then response slots
+ATTENTION_MASK = TensorIO("attention_mask", "int64", _BS)  # 1 = a real token
+TEMPERATURE = TensorIO("temperature", "float32", (Axis.BATCH,))  # spec.sampling: 0 = greedy, > 0 = sample
+SAMPLE_UNIFORM = TensorIO("sample_uniform", "float32", _BS)  # spec.sampling: one uniform per position
+IMAGE_TABLE = TensorIO("image_table", "float32", (Axis.IMAGE_TOKENS, Size.D_MODEL))  # ids >= image_id_base pick a row
+PIXEL_VALUES = TensorIO("pixel_values", "float32", (Axis.IMAGES, 3, Size.IMAGE_SIZE, Size.IMAGE_SIZE))
+
+TOKEN_IDS = TensorIO("token_ids", "int64", _BS)  # x0: the argmax (or a sample) per position
+CONFIDENCE = TensorIO("confidence", "float32", _BS)  # log softmax probability of x0 (models.confidence)
+EOS_PROB = TensorIO("eos_prob", "float32", _BS)
+SPARSITY = TensorIO("sparsity", "float32", (Axis.BATCH, Size.STAT_ROWS, Axis.SEQ))  # manifest seer.sparsity_rows
+IMAGE_EMBEDS = TensorIO("image_embeds", "float32", (Axis.IMAGES, Size.TOKENS_PER_IMAGE, Size.D_MODEL))
+
+STEP0 = GraphIO("step0", (INPUT_IDS, ATTENTION_MASK), (TOKEN_IDS, CONFIDENCE, EOS_PROB, SPARSITY))
+STEP = GraphIO("step", (INPUT_IDS, ATTENTION_MASK, TEMPERATURE, SAMPLE_UNIFORM), (TOKEN_IDS, CONFIDENCE))
+VISION = GraphIO("vision", (PIXEL_VALUES,), (IMAGE_EMBEDS,))
+MULTIMODAL_STEP0 = STEP0.with_inputs(IMAGE_TABLE)
+MULTIMODAL_STEP = STEP.with_inputs(IMAGE_TABLE)
+STEP_GRAPH_NAMES: tuple[str, ...] = (STEP0.name, STEP.name)  # what every export has, text or multimodal
+
+
+def step_graphs(multimodal: bool = False) -> tuple[GraphIO, GraphIO]:
+    """(step0, step) of a text export, or of a multimodal one (which also take the image table)."""
+    return (MULTIMODAL_STEP0, MULTIMODAL_STEP) if multimodal else (STEP0, STEP)
