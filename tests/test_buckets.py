@@ -12,6 +12,7 @@ from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.buckets import (
     ProfileLayout,
     bucket_index,
+    buffer_shapes,
     choose_profile,
     choose_profile_for_seq,
     expected_padding,
@@ -21,6 +22,7 @@ from seer_deploy.engines.buckets import (
     power_of_two_buckets,
     profile_shapes,
 )
+from seer_deploy.spec.graphs import MULTIMODAL_STEP0, STEP, STEP0, GraphIO
 
 STEP_INPUTS = {
     "input_ids": ["batch", "seq"],
@@ -235,6 +237,40 @@ def test_choose_profile_for_seq_boundaries() -> None:
         choose_profile_for_seq(1, layout)
     with pytest.raises(ConfigError, match="batch 0"):
         choose_profile_for_seq(30, layout, batch=0)
+    layout.check_batch(None)
+    layout.check_batch(4)
+    with pytest.raises(ConfigError, match="batch 5 is outside this engine's 1..4"):
+        layout.check_batch(5)
+
+
+def test_device_buffers_hold_the_largest_call_of_any_profile() -> None:
+    """TensorRT's buffers are sized once: batch and sequence at the last profile's maximum, fixed dims as built."""
+    layout = ProfileLayout(buckets=(16, 32, 64), max_batch=4, max_prompt=20, min_prompt=2)
+    assert layout.largest_axes() == {"batch": 4, "seq": 20 + 64}
+    engine = {"input_ids": (-1, -1), "attention_mask": (-1, -1), "token_ids": (-1, -1), "confidence": (-1, -1),
+              "eos_prob": (-1, -1), "sparsity": (-1, 8, -1)}
+    assert buffer_shapes(STEP0, layout, engine) == {
+        "input_ids": (4, 84), "attention_mask": (4, 84), "token_ids": (4, 84), "confidence": (4, 84),
+        "eos_prob": (4, 84), "sparsity": (4, 8, 84),
+    }
+    for profile in profile_shapes(layout, input_axes(STEP_INPUTS)):  # every profile's calls fit
+        assert all(a <= b for a, b in zip(profile.shapes["input_ids"].max, (4, 84), strict=True))
+    # TensorRT drops inputs nothing reads (the engine may lack `temperature`); only what it has gets a buffer.
+    assert buffer_shapes(STEP, layout, {"input_ids": (-1, -1), "token_ids": (-1, -1)}) == {
+        "input_ids": (4, 84), "token_ids": (4, 84)}
+
+
+@pytest.mark.parametrize(("graph", "engine", "message"), [
+    (STEP0, {"logits": (-1, -1, 126)}, "does not declare"),
+    (STEP0, {"sparsity": (-1, -1)}, "rank 2"),
+    (STEP0, {"sparsity": (-1, -1, -1)}, "dim 1 = -1"),  # the declared stats rows are fixed in the engine
+    (MULTIMODAL_STEP0, {"image_table": (-1, 32)}, "batch and sequence axes only"),
+])
+def test_buffer_shapes_refuse_an_engine_that_is_not_the_declared_graph(
+    graph: GraphIO, engine: dict[str, tuple[int, ...]], message: str
+) -> None:
+    with pytest.raises(ArtifactError, match=message):
+        buffer_shapes(graph, ProfileLayout((16,), 1, 8), engine)
 
 
 def test_layout_validation() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,11 @@ from seer_deploy.export import validate as validate_module
 from seer_deploy.export.exporter import ExportResult, check_destination, export_checkpoint
 from seer_deploy.export.graphs import Step0Graph
 from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
-from seer_deploy.export.validate import ExportValidationError
+from seer_deploy.export.validate import ExportValidationError, check_interface
 from seer_deploy.models.checkpoint import Layout, checkpoint_fingerprint, load_checkpoint, save_checkpoint
 from seer_deploy.models.demo_tasks import write_tokenizer
-from seer_deploy.spec.export_manifest import ExportManifest
+from seer_deploy.spec.export_manifest import ExportManifest, TensorSpec
+from seer_deploy.spec.graphs import STEP0, Size, step_graphs
 
 EXPORT_FILES = {"manifest.json", "step0.onnx", "step.onnx", "weights.bin"}
 
@@ -116,6 +118,54 @@ def test_export_writes_graphs_weights_and_a_complete_manifest(exports: dict[str,
     assert set(result.max_diff) >= {"step0 confidence", "step0 eos_prob", "sparsity", "step confidence"}
 
 
+def onnx_interface(path: Path) -> list[tuple[str, str, str, list[int | str]]]:
+    """(kind, name, dtype, shape) of every input, then every output, read from the ONNX file itself."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+
+    def entries(kind: str, values: Any) -> list[tuple[str, str, str, list[int | str]]]:
+        return [
+            (kind, v.name, onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
+             [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim])
+            for v in values
+        ]
+
+    return entries("input", graph.input) + entries("output", graph.output)
+
+
+def check_export_against_spec(out: Path) -> None:
+    """Every step graph of the export at `out` has the inputs, outputs, dtypes and dynamic axes spec.graphs declares,
+    and the manifest records them so."""
+    m = ExportManifest.load(out)
+    sizes = {Size.STAT_ROWS: len(m.seer.sparsity_rows)}
+    for graph in step_graphs():
+        record = m.graphs[graph.name]
+        assert record.file == graph.file
+        assert onnx_interface(out / record.file) == graph.interface(sizes)
+        check_interface(graph, record, sizes)
+
+
+@pytest.mark.parametrize("layout", ["llada", "llama"])
+def test_the_graphs_are_what_spec_graphs_declares(exports: dict[str, Any], layout: str) -> None:
+    _, result = exports[layout]
+    check_export_against_spec(result.out)
+
+
+def test_a_graph_that_drifts_from_its_declaration_is_refused(exports: dict[str, Any]) -> None:
+    _, result = exports["llada"]
+    record = result.manifest.graphs["step0"]
+    sizes = {Size.STAT_ROWS: len(result.manifest.seer.sparsity_rows)}
+    check_interface(STEP0, record, sizes)
+    renamed = {("probability" if k == "eos_prob" else k): v for k, v in record.outputs.items()}
+    retyped = {**record.inputs, "attention_mask": TensorSpec("int32", ["batch", "seq"])}
+    fixed_seq = {**record.inputs, "input_ids": TensorSpec("int64", ["batch", 24])}
+    for drifted in (replace(record, outputs=renamed), replace(record, inputs=retyped),
+                    replace(record, inputs=fixed_seq), replace(record, inputs=dict(reversed(record.inputs.items())))):
+        with pytest.raises(ExportValidationError, match="spec.graphs declares for the step0 graph"):
+            check_interface(STEP0, drifted, sizes)
+    with pytest.raises(ExportValidationError):  # another stats layout than the model's
+        check_interface(STEP0, record, {Size.STAT_ROWS: sizes[Size.STAT_ROWS] + 1})
+
+
 def test_weights_are_external_and_shared_by_both_graphs(exports: dict[str, Any]) -> None:
     ckpt, result = exports["llada"]
     out: Path = result.out
@@ -191,6 +241,7 @@ def test_fp16_export_halves_the_weights_and_validates(exports: dict[str, Any], r
     # The outputs stay float32 whatever the weights are.
     assert result.manifest.graphs["step0"].outputs["confidence"].dtype == "float32"
     assert 0 < result.max_diff["step0 confidence"] <= validate_module.TOLERANCES["fp16"].prob_atol
+    check_export_against_spec(result.out)  # the interface does not depend on the dtype
 
 
 def test_large_model_path_puts_every_tensor_outside_the_graph_and_checks_by_path(

@@ -49,6 +49,24 @@ def test_without_tensorrt_every_entry_point_is_a_config_error(tmp_path: Path) ->
         TensorRTBackend(tmp_path / "ort-engine", manifest, sparsity_rows=[], max_seq_len=96)
 
 
+def test_io_buffers_are_allocated_once_and_handed_out_as_views() -> None:
+    """The buffer logic runs without TensorRT (here on the CPU): one allocation per tensor, views of any smaller shape
+    at the same address, in the dense row-major layout TensorRT reads and writes."""
+    buffers = tensorrt_engine.IOBuffers({"input_ids": (4, 84), "sparsity": (4, 8, 84)},
+                                        {"input_ids": torch.int64, "sparsity": torch.float32}, torch.device("cpu"))
+    address = buffers.address("input_ids")
+    for shape in ((1, 3), (4, 84), (2, 40)):
+        view = buffers.view("input_ids", shape)
+        assert tuple(view.shape) == shape and view.is_contiguous() and view.data_ptr() == address
+        view.copy_(torch.arange(view.numel()).reshape(shape))
+        assert buffers.view("input_ids", shape).flatten().tolist() == list(range(view.numel()))
+    assert buffers.view("sparsity", (2, 8, 5)).dtype == torch.float32
+    assert buffers.address("input_ids") == address  # nothing was reallocated
+    for bad in ((5, 3), (1, 85), (4,)):
+        with pytest.raises(ConfigError, match="exceeds the engine's largest profile"):
+            buffers.view("input_ids", bad)
+
+
 @pytest.fixture(scope="module")
 def trt() -> ModuleType:
     module = pytest.importorskip("tensorrt", reason="TensorRT is not installed (it needs an NVIDIA GPU machine)")

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_export import onnx_interface
 from test_multimodal import pictures, write_tiny_vl
 
 from seer_deploy.core.backend import StepInput
@@ -27,6 +28,8 @@ from seer_deploy.models.multimodal import load_multimodal
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
+from seer_deploy.spec.export_manifest import ExportManifest
+from seer_deploy.spec.graphs import VISION, Size, step_graphs
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 
@@ -49,6 +52,24 @@ def test_export_writes_three_graphs_and_a_manifest(exported) -> None:
     assert section["image_id_base"] == load_multimodal(ckpt).config.n_embed_rows
     diffs = manifest["extra"]["validation_max_diff"]
     assert diffs["vision"] < 1e-4 and diffs["step0 confidence"] < 1e-4
+
+
+def test_the_graphs_are_what_spec_graphs_declares(exported) -> None:
+    """vision.onnx and the image-aware step graphs have the declared inputs, outputs, dtypes and dynamic axes."""
+    _, out = exported
+    m = ExportManifest.load(out)
+    vision_config = m.extra[MULTIMODAL_KEY]["vision_config"]
+    sizes = {
+        Size.STAT_ROWS: len(m.seer.sparsity_rows),
+        Size.D_MODEL: m.model_config().d_model,
+        Size.IMAGE_SIZE: vision_config["image"]["image_size"],
+        Size.TOKENS_PER_IMAGE: vision_config["tokens_per_image"],
+    }
+    files = {graph.name: m.graphs[graph.name].file for graph in step_graphs(multimodal=True)}
+    files[VISION.name] = m.extra[MULTIMODAL_KEY]["vision"]["file"]
+    for graph in (VISION, *step_graphs(multimodal=True)):
+        assert files[graph.name] == graph.file
+        assert onnx_interface(out / graph.file) == graph.interface(sizes)
 
 
 def test_ort_runtime_tokens_equal_torch(exported) -> None:
