@@ -129,6 +129,15 @@ def test_ownership_our_artifact_of_the_same_model_is_replaceable(tmp_path: Path)
     assert marker["files"] == ["manifest.json", "step0.onnx"] and marker["kind"] == "export"
 
 
+def test_ownership_a_nested_artifact_of_ours_is_not_foreign(tmp_path: Path) -> None:
+    out = _artifact(tmp_path / "x", "export", "abc", {"manifest.json": "{}"})
+    _artifact(out / "engine", "engine", "abc", {"engine.json": "{}"})  # export --build adds it after the install
+    check_replaceable(out, "export", "abc", force=False)
+    (out / "seer.json").write_text("{}")  # a calibration result the user put there: replacing would delete it
+    with pytest.raises(ArtifactError, match=r"did not write there \(seer.json\)"):
+        check_replaceable(out, "export", "abc", force=True)
+
+
 def test_ownership_another_model_needs_force(tmp_path: Path) -> None:
     out = _artifact(tmp_path / "x", "engine", "abc", {"engine.json": "{}"})
     with pytest.raises(ArtifactError, match="holds the engine of another model .*pass --force"):

@@ -194,6 +194,16 @@ def claim(directory: Path, kind: str, fingerprint: str | None) -> Path:
     return write_text_atomic(directory / OWNER_FILE, json.dumps(marker, indent=1) + "\n")
 
 
+def _ours(path: Path) -> bool:
+    """A directory that carries a readable marker of its own: an artifact of ours nested later (export --build)."""
+    if path.is_symlink() or not (path / OWNER_FILE).is_file():
+        return False
+    try:
+        return read_json(path / OWNER_FILE, "ownership marker").get("format") == OWNER_FORMAT
+    except SeerDeployError:
+        return False
+
+
 def _names(paths: list[Path], limit: int = 5) -> str:
     shown = [p.name + ("/" if p.is_dir() else "") for p in sorted(paths)[:limit]]
     return ", ".join(shown) + (f" (+{len(paths) - limit} more)" if len(paths) > limit else "")
@@ -201,8 +211,9 @@ def _names(paths: list[Path], limit: int = 5) -> str:
 
 def check_replaceable(out: Path, kind: str, fingerprint: str | None, force: bool, what: str = "--out") -> None:
     """ArtifactError unless `out` may be replaced by a new `kind` artifact of the model `fingerprint`: it is missing,
-    an empty directory, or carries this tool's marker for `kind` and holds only the files listed there, and
-    (without `force`) is of the same model. `force` replaces our own artifact of another model, never anything
+    an empty directory, or carries this tool's marker for `kind` and holds only the files listed there (or
+    directories with a marker of their own: an engine built into an export), and (without `force`) is of the same
+    model. `force` replaces our own artifact of another model, never anything
     else. `what` names `out` in messages."""
     if out.is_symlink():
         raise ArtifactError(f"{what} {out} is a symbolic link; give the path of a real directory")
@@ -233,7 +244,7 @@ def check_replaceable(out: Path, kind: str, fingerprint: str | None, force: bool
             f"{what} {out} holds a seer-deploy {marker.get('kind')!r} artifact, not an {kind!r} one; refusing to "
             f"replace it: choose another {what}"
         )
-    foreign = [p for p in entries if p.name != OWNER_FILE and p.name not in listed]
+    foreign = [p for p in entries if p.name != OWNER_FILE and p.name not in listed and not _ours(p)]
     if foreign:
         raise ArtifactError(
             f"{what} {out} holds files seer-deploy did not write there ({_names(foreign)}); move them out or choose "

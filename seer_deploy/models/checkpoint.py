@@ -207,7 +207,7 @@ def load_checkpoint(
                             f"{path}: weight {external} has shape {tuple(tensor.shape)}, but config.json implies "
                             f"{shapes[internal]}; the config and the weights disagree"
                         )
-                    state[internal] = _finite(tensor.to(device=device, dtype=dtype), external, path)
+                    state[internal] = finite_weight(tensor.to(device=device, dtype=dtype), external, path)
         except (SafetensorError, OSError, ValueError) as exc:
             raise CheckpointError(f"{file} is not a readable safetensors file ({exc}); re-download or re-save it") from exc
     model.load_state_dict(state, strict=not cfg.tie_embeddings, assign=True)
@@ -217,7 +217,7 @@ def load_checkpoint(
     return LoadedCheckpoint(model=model, config=cfg, layout=layout, path=path)
 
 
-def _finite(tensor: torch.Tensor, name: str, path: Path) -> torch.Tensor:
+def finite_weight(tensor: torch.Tensor, name: str, path: Path) -> torch.Tensor:
     """The tensor, if every value is finite: NaN or infinite weights (or an overflow of the load dtype) would
     surface much later as garbage answers or as a disagreement between backends."""
     if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
