@@ -106,7 +106,7 @@ def test_config_round_trips_through_an_atomic_json_file(tmp_path: Path) -> None:
     "raw, message",
     [
         ({"detector": "magic"}, "detector 'magic' is unknown"),
-        ({"margin": -1}, "margin -1 is negative"),
+        ({"margin": -1}, "margin is -1; it must be a whole number"),
         ({"rows": [[3, "frac_bogus"]]}, "unknown statistic"),
         ({"stats_layers": [2], "rows": [[3, "frac_h_abs"]]}, "not in stats_layers"),
         ({"buckets": [32, 16]}, "strictly ascending"),

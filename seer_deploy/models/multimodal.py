@@ -23,9 +23,11 @@ from torch import Tensor
 
 from seer_deploy.core.atomic import install_dir, temp_dir_beside
 from seer_deploy.core.errors import CheckpointError, ConfigError
+from seer_deploy.core.files import confined, read_json
 from seer_deploy.models.checkpoint import (
     SINGLE_FILE,
     LoadedCheckpoint,
+    finite_weight,
     load_checkpoint,
     read_config,
     resolve_checkpoint,
@@ -78,11 +80,7 @@ def is_multimodal_checkpoint(name_or_path: str | os.PathLike[str]) -> bool:
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").is_file():
         return False
-    try:
-        raw = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return False  # the loaders report a malformed config.json
-    return isinstance(raw, dict) and is_multimodal(raw)
+    return is_multimodal(read_json(path / "config.json", "checkpoint config", error=CheckpointError))
 
 
 def _tower_fields(raw: dict[str, Any], path: Path | None) -> dict[str, Any]:
@@ -93,8 +91,11 @@ def _tower_fields(raw: dict[str, Any], path: Path | None) -> dict[str, Any]:
     elif isinstance(name, str) and _local_tower(name, path) is not None:
         tower_cfg = _local_tower(name, path)
         assert tower_cfg is not None
-        loaded = json.loads(tower_cfg.read_text())
-        fields = dict(loaded.get("vision_config", loaded))
+        loaded = read_json(tower_cfg, "vision tower config", error=CheckpointError)
+        tower = loaded.get("vision_config", loaded)
+        if not isinstance(tower, dict):
+            raise CheckpointError(f"{tower_cfg}: 'vision_config' must be an object; fix the vision tower config")
+        fields = dict(tower)
     elif isinstance(name, str) and name in KNOWN_TOWERS:
         fields = dict(KNOWN_TOWERS[name])
     else:
@@ -113,21 +114,22 @@ def _tower_fields(raw: dict[str, Any], path: Path | None) -> dict[str, Any]:
 
 
 def _local_tower(name: str, path: Path | None) -> Path | None:
-    for base in ([path] if path is not None else []) + [Path.cwd()]:
-        candidate = (base / name).expanduser()
-        if (candidate / "config.json").is_file():
-            return candidate / "config.json"
-    return None
+    """The config.json of a tower that mm_vision_tower names inside the checkpoint directory; never a directory
+    outside it (a name that leads outside is taken as a hub name, which is never downloaded)."""
+    if path is None:
+        return None
+    try:
+        candidate = confined(path, name, "vision tower", error=CheckpointError) / "config.json"
+    except CheckpointError:
+        return None
+    return candidate if candidate.is_file() else None
 
 
 def _image_config(raw: dict[str, Any], siglip: dict[str, Any], path: Path | None) -> ImageConfig:
     """Mean/std/size from preprocessor_config.json when the checkpoint has one, else config.json, else SigLIP's."""
     proc: dict[str, Any] = {}
     if path is not None and (path / PREPROCESSOR_FILE).is_file():
-        try:
-            proc = json.loads((path / PREPROCESSOR_FILE).read_text())
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{path / PREPROCESSOR_FILE} is not valid JSON ({exc})") from exc
+        proc = read_json(path / PREPROCESSOR_FILE, "image preprocessor config", error=CheckpointError)
     mean = proc.get("image_mean", raw.get("image_mean", siglip.get("image_mean", SIGLIP_MEAN)))
     std = proc.get("image_std", raw.get("image_std", siglip.get("image_std", SIGLIP_STD)))
     aspect = raw.get("image_aspect_ratio") or "square"
@@ -151,13 +153,13 @@ def vision_config_from_dict(raw: dict[str, Any], path: Path | None = None) -> Vi
     return VisionConfig(
         siglip=siglip,
         lm_hidden_size=lm.d_model,
-        mm_hidden_size=int(raw.get("mm_hidden_size") or siglip.get("hidden_size", 0)),
+        mm_hidden_size=raw.get("mm_hidden_size") or siglip.get("hidden_size", 0),
         image=_image_config(raw, siglip, path),
-        select_layer=int(raw.get("mm_vision_select_layer", -2)),
+        select_layer=raw.get("mm_vision_select_layer", -2),
         select_feature=str(raw.get("mm_vision_select_feature") or "patch"),
         projector_type=str(raw.get("mm_projector_type") or "linear"),
         patch_merge_type=str(raw.get("mm_patch_merge_type") or "flat"),
-        image_token_index=int(raw.get("image_token_index", LLAVA_IMAGE_TOKEN_INDEX)),
+        image_token_index=raw.get("image_token_index", LLAVA_IMAGE_TOKEN_INDEX),
     )
 
 
@@ -251,7 +253,7 @@ def load_vision(
                                 f"{path}: weight {external} has shape {tuple(tensor.shape)}, but the vision config "
                                 f"implies {tuple(params[internal].shape)}; the config and the weights disagree"
                             )
-                        params[internal].copy_(tensor)
+                        params[internal].copy_(finite_weight(tensor, external, file))
             except (SafetensorError, OSError, ValueError) as exc:
                 raise CheckpointError(f"{file} is not a readable safetensors file ({exc}); re-download or re-save it") from exc
     return encoder.to(dtype=dtype).eval().requires_grad_(False)

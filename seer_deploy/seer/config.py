@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from seer_deploy.core.atomic import write_text_atomic
+from seer_deploy.core.checks import int_in, number_in
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.files import read_json
 from seer_deploy.core.sparsity import STAT_NAMES, SparsityRow, StatsSpec
@@ -22,6 +23,8 @@ Score = Literal["t", "snr"]
 TailContext = int | Literal["all"]
 DETECTORS: tuple[str, ...] = ("sparsity", "eos", "fused")
 CONFIG_VERSION = 1
+MAX_SLOTS = 1 << 20  # response slots: far above any gen_length a model supports
+MAX_LAYER = 1 << 10
 CHECKPOINT_CONFIG_NAME = "seer.json"  # a calibration stored inside a checkpoint directory
 
 
@@ -96,15 +99,29 @@ class SeerConfig:
         """Raise ConfigError naming the bad setting and a fix."""
         if self.detector not in DETECTORS:
             raise ConfigError(f"seer detector '{self.detector}' is unknown; use one of {', '.join(DETECTORS)}")
-        if self.margin < 0:
-            raise ConfigError(f"seer margin {self.margin} is negative; use 0 or more response slots")
-        if self.eos_tolerance < 0 or self.min_tail < 1:
-            raise ConfigError("seer eos_tolerance must be >= 0 and min_tail >= 1")
+        for name, lo in (("margin", 0), ("eos_tolerance", 0), ("min_tail", 1)):
+            value = getattr(self, name)
+            if not int_in(value, lo, MAX_SLOTS):
+                raise ConfigError(f"seer {name} is {value!r}; it must be a whole number of response slots from {lo} "
+                                  f"to {MAX_SLOTS}")
+        for name, low, high in (("floor", 0.0, 1e6), ("eos_floor", 0.0, 1.0)):
+            number = getattr(self, name)
+            if not number_in(number, low, high):
+                raise ConfigError(f"seer {name} is {number!r}; it must be a finite number from {low:g} to {high:g}")
         if self.score not in ("t", "snr"):
             raise ConfigError(f"seer score '{self.score}' is unknown; use 't' or 'snr'")
-        if not (0 < self.abs_threshold and 0 < self.rel_threshold < 1):
-            raise ConfigError("seer abs_threshold must be > 0 and rel_threshold in (0, 1)")
+        if not (number_in(self.abs_threshold, 0.0, 1e6, above_lo=True)
+                and number_in(self.rel_threshold, 0.0, 1.0, above_lo=True) and self.rel_threshold < 1):
+            raise ConfigError("seer abs_threshold must be a finite number > 0 and rel_threshold one in (0, 1)")
+        if not all(int_in(layer, 0, MAX_LAYER) for layer in self.stats_layers):
+            raise ConfigError(f"seer stats_layers {list(self.stats_layers)} must be layer indices (whole numbers >= 0)")
+        if not all(number_in(w, -1e6, 1e6) for w in self.weights):
+            raise ConfigError(f"seer weights {list(self.weights)} must be finite numbers")
+        if not all(int_in(b, 1, MAX_SLOTS) for b in self.buckets):
+            raise ConfigError(f"seer buckets {list(self.buckets)} must be whole numbers of response slots >= 1")
         for layer, stat in self.rows:
+            if not int_in(layer, 0, MAX_LAYER):
+                raise ConfigError(f"seer row ({layer!r}, {stat!r}) names no layer; a row is [layer index, statistic]")
             if stat not in STAT_NAMES:
                 raise ConfigError(f"seer row ({layer}, '{stat}') names an unknown statistic; use one of {STAT_NAMES}")
             if self.stats_layers and layer not in self.stats_layers:
@@ -173,24 +190,15 @@ class SeerConfig:
             raise ConfigError(f"{source} has unknown keys {unknown}; remove them or upgrade seer-deploy")
         try:
             kwargs: dict[str, Any] = {k: v for k, v in raw.items() if k in known}
-            if "stats_layers" in kwargs:
-                kwargs["stats_layers"] = tuple(int(v) for v in kwargs["stats_layers"])
+            for key in ("stats_layers", "weights", "buckets"):  # JSON arrays; their values are checked by validate
+                if key in kwargs:
+                    kwargs[key] = tuple(kwargs[key])
             if "rows" in kwargs:
-                kwargs["rows"] = tuple((int(layer), str(stat)) for layer, stat in kwargs["rows"])
-            if "weights" in kwargs:
-                kwargs["weights"] = tuple(float(v) for v in kwargs["weights"])
+                kwargs["rows"] = tuple((layer, stat) for layer, stat in kwargs["rows"])
             if "trends" in kwargs:
                 kwargs["trends"] = tuple(Trend.from_dict(t) for t in kwargs["trends"])
-            if "buckets" in kwargs:
-                kwargs["buckets"] = tuple(int(v) for v in kwargs["buckets"])
             if "tail_context" in kwargs:
                 kwargs["tail_context"] = parse_tail_context(kwargs["tail_context"])
-            for key in ("margin", "eos_tolerance", "min_tail"):
-                if key in kwargs:
-                    kwargs[key] = int(kwargs[key])
-            for key in ("floor", "eos_floor", "abs_threshold", "rel_threshold"):
-                if key in kwargs:
-                    kwargs[key] = float(kwargs[key])
             return cls(**kwargs)
         except (TypeError, ValueError, KeyError) as exc:
             raise ConfigError(f"{source} is malformed ({exc}); recalibrate with `seer-deploy calibrate`") from exc
