@@ -20,7 +20,7 @@ class StepInput(NamedTuple):
 
     input_ids: np.ndarray  # int64 [B, S]: left-padded prompts, then response slots
     attention_mask: np.ndarray | None = None  # int64 [B, S], 1 = real token; None = every position is real
-    temperature: float = 0.0  # 0: argmax; > 0: a sample (step graphs only; step zero is greedy)
+    temperature: float | np.ndarray = 0.0  # 0: argmax; > 0: a sample; an exported step graph takes one per row [B]
     seed: int | None = None  # the sample's randomness at temperature > 0
     prompt_width: int = 0  # columns [0, prompt_width) hold the prompts: what classifier-free guidance masks
     guidance: float = 0.0  # classifier-free guidance scale; only backends with `supports_guidance` run it
@@ -35,7 +35,7 @@ class StepInput(NamedTuple):
             raise ConfigError(f"input_ids is empty ({ids.shape}); give at least one row with one token")
         if ids.shape[1] > max_seq_len:
             raise ConfigError(
-                f"the sequence has {ids.shape[1]} positions (prompt + response), more than the model's "
+                f"the sequence has {ids.shape[1]} positions (prompt + response), more than the model's max_seq_len "
                 f"{max_seq_len}; shorten the prompt or gen_length (or re-export with a larger --max-seq-len)"
             )
         if self.attention_mask is None:
@@ -44,7 +44,10 @@ class StepInput(NamedTuple):
             mask = np.asarray(self.attention_mask)
             if mask.shape != ids.shape:
                 raise ConfigError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}; they must match")
-        if not self.temperature >= 0:  # NaN fails too
+        temperature = np.asarray(self.temperature, dtype=np.float64)
+        if temperature.ndim > 1 or (temperature.ndim == 1 and temperature.shape[0] != ids.shape[0]):
+            raise ConfigError(f"temperature must be one number or one per row ({ids.shape[0]}), got {temperature.shape}")
+        if not bool(np.all(temperature >= 0)):  # NaN fails too
             raise ConfigError(f"temperature must be a number >= 0, got {self.temperature}")
         if not self.guidance >= 0:
             raise ConfigError(f"the guidance scale must be a number >= 0, got {self.guidance}")

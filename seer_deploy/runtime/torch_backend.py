@@ -77,15 +77,19 @@ class TorchBackend:
     @torch.inference_mode()
     def step(self, inputs: StepInput) -> StepOutput:
         """x0 (argmax, or LLaDA's Gumbel-max sample seeded by `seed` at temperature > 0) and log softmax(logits)[x0]."""
+        temperatures = np.unique(np.asarray(inputs.temperature, dtype=np.float64))
+        if temperatures.size != 1:
+            raise ConfigError("the torch backend samples every row of a step at one temperature; give one number")
+        temperature = float(temperatures[0])
         logits, _ = self._forward(inputs, None)
         generator = None
-        if inputs.temperature > 0:
+        if temperature > 0:
             generator = torch.Generator(device=logits.device)
             if inputs.seed is None:
                 generator.seed()
             else:
                 generator.manual_seed(inputs.seed)
-        token = gumbel_argmax(logits, inputs.temperature, generator)
+        token = gumbel_argmax(logits, temperature, generator)
         confidence = token_log_prob(logits, token)
         return StepOutput(token_ids=_numpy(token, np.int64), confidence=_numpy(confidence, np.float32))
 
