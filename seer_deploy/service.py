@@ -157,11 +157,13 @@ class Service:
             progress(len(prompts))
         return Run(answers, self.backend.name, seer, steps_run, tokens_processed, time.perf_counter() - start)
 
-    def prompt_ids(self, requests: Sequence[Request]) -> list[list[int]]:
-        """The requests as one batch of prompt ids; for a multimodal target their pictures are encoded and set as
-        the backend's image table, which the ids point at until the next batch."""
+    def prompt_ids(self, requests: Sequence[Request], generation: GenerationConfig | None = None) -> list[list[int]]:
+        """The requests as one batch of prompt ids (checked to leave room for `generation`'s gen_length, the
+        service's by default); for a multimodal target their pictures are encoded and set as the backend's image
+        table, which the ids point at until the next batch."""
         pictures = self._pictures(requests)
-        return self._with_images(self._token_ids(requests, self.options.generation), requests, pictures)
+        ids = self._token_ids(requests, generation or self.options.generation)
+        return self._with_images(ids, requests, pictures)
 
     def _pictures(self, requests: Sequence[Request]) -> list[list[Image.Image]]:
         check_request_images(requests, self.info.target, self.info.images is not None)

@@ -115,8 +115,8 @@ def test_oracle_rows_match_runs_at_their_true_length(make_checkpoint: Callable[.
     service = Service(make_checkpoint(), ServiceOptions(seer=False))
     backend, info = service.backend, service.info
     requests = [Request(e.prompt) for e in heldout_examples(3)]
-    prompts = service.prompt_ids(requests)
     G, lengths = 16, [5, 16, 1]
+    prompts = service.prompt_ids(requests, GenerationConfig(G, G))
     out = oracle_row(service, GenerationConfig(G, G), lengths)(requests, [0, 1, 2])
     assert out.kept == lengths
     assert out.forward_passes <= sum(lengths)  # rows share passes when the scheduler groups them

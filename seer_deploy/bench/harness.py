@@ -154,7 +154,7 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
     torch_service = service(settings.target)
     info = torch_service.info
     workload = picture_workload(settings.prompts, work_dir / "pictures") if multimodal else text_workload(settings.prompts)
-    prompts = torch_service.prompt_ids(workload.requests)
+    prompts = torch_service.prompt_ids(workload.requests, GenerationConfig(1, 1))  # lengths checked below
     longest = max(len(p) for p in prompts) + max(settings.gen_lengths)
     if longest > info.config.max_seq_len:
         raise ConfigError(

@@ -69,7 +69,7 @@ def reference_row(torch_service: Service, config: GenerationConfig) -> Runner:
     vision tower through the service)."""
 
     def run(requests: Sequence[Request], indices: Sequence[int]) -> BatchOutput:
-        prompts = torch_service.prompt_ids(requests)
+        prompts = torch_service.prompt_ids(requests, config)
         model = torch_service.backend.model  # type: ignore[attr-defined]  # a checkpoint's backend is torch
         out = generate(model, prompts, config, generator=torch.Generator().manual_seed(0))
         return BatchOutput(out.tokens.numpy().astype(np.int64), out.steps_run, out.tokens_processed, None)
@@ -111,7 +111,7 @@ def oracle_row(service: Service, config: GenerationConfig, true_lengths: Sequenc
     def run(requests: Sequence[Request], indices: Sequence[int]) -> BatchOutput:
         lengths = [min(G, max(1, int(true_lengths[i]))) for i in indices]
         plans = [oracle_plan(G, config.steps, config.block_length, n) for n in lengths]
-        out = run_planned(service.backend, service.prompt_ids(requests), config, plans, mask_id=info.mask_id,
+        out = run_planned(service.backend, service.prompt_ids(requests, config), config, plans, mask_id=info.mask_id,
                           pad_id=info.pad_id, eos_id=info.eos_id)
         return BatchOutput(out.tokens, out.steps_run, out.tokens_processed, lengths)
 
