@@ -13,7 +13,7 @@ exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -52,7 +52,6 @@ class GenerationResult:
     tokens: Tensor  # [B, gen_length] response ids
     steps_run: int  # forward passes of the loop
     tokens_processed: int  # sum over forward passes of the real (non-padding) tokens they ran
-    extras: dict[str, object] = field(default_factory=dict)
     seer: list[SeerReport] | None = None  # per request, when Seer (or a forced kept length) truncated the loop
 
 
