@@ -147,8 +147,36 @@ def test_missing_and_broken_files(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match="not valid JSON"):
         EngineManifest.load(tmp_path)
     (tmp_path / MANIFEST_FILE).write_text("[1, 2]")
-    with pytest.raises(ArtifactError, match="not a JSON object"):
+    with pytest.raises(ArtifactError, match="holds an array, not an object"):
         EngineManifest.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("../step0.engine", "outside"), ("/etc/passwd", "absolute path"), (".", "outside"),
+     ("sub/../../x.engine", "outside"), ("link.engine", "outside")],
+)
+def test_engine_files_must_lie_inside_the_engine_dir(tmp_path: Path, name: str, message: str) -> None:
+    engine_dir = tmp_path / "engine"
+    engine_dir.mkdir()
+    (tmp_path / "elsewhere.engine").write_bytes(b"plan")
+    (engine_dir / "link.engine").symlink_to(tmp_path / "elsewhere.engine")
+    mutate(engine_dir, lambda d: d["files"].update(step0=name))
+    with pytest.raises(ArtifactError, match=f"files.step0.*{message}"):
+        EngineManifest.load(engine_dir)
+
+
+def test_an_ort_engine_without_saved_graphs_names_no_files(tmp_path: Path) -> None:
+    ort_manifest().save(tmp_path)
+    assert set(EngineManifest.load(tmp_path).files.values()) == {""}
+
+
+def test_a_tensorrt_engine_file_is_resolved_inside_its_dir(tmp_path: Path) -> None:
+    manifest = trt_manifest()
+    assert manifest.file(tmp_path, "step0") == (tmp_path / manifest.files["step0"]).resolve()
+    empty = trt_manifest(files={"step0": "", "step": "step.engine"})
+    with pytest.raises(ArtifactError, match="files.step0 '' is not a file name"):
+        empty.file(tmp_path, "step0")  # what TensorRTBackend opens: an empty name is refused there
 
 
 # ---------------------------------------------------------------- compatibility

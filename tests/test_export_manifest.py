@@ -91,6 +91,23 @@ _DELETE = object()
         ("seer.abs_threshold", "low", "'seer.abs_threshold' must be a number"),
         ("weights", _DELETE, "'weights' is missing"),
         ("max_seq_len", True, "'max_seq_len' must be an integer"),
+        # Values a hostile manifest could use to crash a later step.
+        ("special_ids.mask", 1000, r"special_ids.mask is 1000.*0\.\.\d+"),
+        ("special_ids.pad", True, "special_ids.pad is True"),
+        ("special_ids.eot", -1, "special_ids.eot is -1"),
+        ("max_seq_len", -1, "'max_seq_len' is -1; it must lie in 2..128"),
+        ("max_seq_len", 129, "'max_seq_len' is 129"),
+        ("opset", 0, "'opset' is 0"),
+        ("seer.stats_layers", [2], "stats_layers"),
+        ("seer.stats_layers", ["1"], "stats_layers"),
+        ("seer.sparsity_rows", ["12"], "sparsity_rows must be"),
+        ("seer.sparsity_rows", [[1, "no_such_stat"]], "sparsity_rows must be"),
+        ("seer.sparsity_rows", [[1, "frac_h_abs"]], "reports 4 sparsity rows, seer.sparsity_rows lists 1"),
+        ("seer.rel_threshold", 0, "'seer.rel_threshold' is 0"),
+        ("weights.bytes", -5, "'weights.bytes' is -5"),
+        ("graphs.step.inputs.input_ids.shape", [None, "seq"], "shape"),
+        ("extra", "ab", "'extra' must be an object"),
+        ("extra", {"multimodal": []}, "'extra.multimodal' must be an object"),
     ],
 )
 def test_bad_manifests_name_the_problem(tmp_path: Path, path: str, value: Any, message: str) -> None:
@@ -106,7 +123,7 @@ def test_bad_manifests_name_the_problem(tmp_path: Path, path: str, value: Any, m
     [
         (lambda d: None, "has no manifest.json: it is not a seer-deploy export"),
         (lambda d: (d / MANIFEST_FILE).write_text("{oops"), "is not valid JSON"),
-        (lambda d: (d / MANIFEST_FILE).write_text("[1, 2]"), "expected a JSON object"),
+        (lambda d: (d / MANIFEST_FILE).write_text("[1, 2]"), "holds an array, not an object"),
     ],
 )
 def test_missing_or_unreadable_manifest(tmp_path: Path, setup: Callable[[Path], object], message: str) -> None:
@@ -118,3 +135,36 @@ def test_missing_or_unreadable_manifest(tmp_path: Path, setup: Callable[[Path], 
 def test_missing_directory(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match="does not exist.*seer-deploy export"):
         ExportManifest.load(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("graphs.step0.file", "../step0.onnx", "graphs.step0.file '../step0.onnx' resolves to .*, outside"),
+        ("graphs.step.file", "/etc/passwd", "graphs.step.file '/etc/passwd' is an absolute path"),
+        ("graphs.step.file", "~/step.onnx", "absolute path"),
+        ("weights.file", "sub/../../weights.bin", "weights.file .* outside"),
+        ("weights.file", "", "not a file name"),
+        ("graphs.step0.file", "link.onnx", "graphs.step0.file 'link.onnx' resolves to .*, outside"),
+    ],
+)
+def test_files_named_by_the_manifest_must_lie_inside_the_export(tmp_path: Path, path: str, value: Any,
+                                                                 message: str) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    (tmp_path / "elsewhere.onnx").write_bytes(b"graph")
+    (export / "link.onnx").symlink_to(tmp_path / "elsewhere.onnx")
+    raw = manifest().to_dict()
+    _edit(raw, path, value)
+    (export / MANIFEST_FILE).write_text(json.dumps(raw))
+    with pytest.raises(ArtifactError, match=message):
+        ExportManifest.load(export)
+
+
+def test_a_link_inside_the_export_is_allowed(tmp_path: Path) -> None:
+    (tmp_path / "graphs").mkdir()
+    (tmp_path / "step0-link.onnx").symlink_to(tmp_path / "graphs" / "step0.onnx")
+    raw = manifest().to_dict()
+    _edit(raw, "graphs.step0.file", "step0-link.onnx")
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(raw))
+    assert ExportManifest.load(tmp_path).graphs["step0"].file == "step0-link.onnx"

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from seer_deploy.core.atomic import write_bytes_atomic
 from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.core.files import confined, read_json
 from seer_deploy.engines.buckets import ProfileLayout, check_buckets
-from seer_deploy.spec.artifact_json import read_json
 
 ENGINE_FORMAT = "seer-deploy-engine"
 ENGINE_FORMAT_VERSION = 2  # 2: built from exports whose confidence is a log-probability (export format 2)
@@ -136,16 +136,24 @@ class EngineManifest:
 
     @classmethod
     def load(cls, engine_dir: Path) -> EngineManifest:
+        """Read and validate DIR/engine.json; the files it names must lie inside DIR (symlinks resolved)."""
         path = Path(engine_dir) / MANIFEST_FILE
         if not path.is_file():
             raise ArtifactError(
                 f"{engine_dir} has no {MANIFEST_FILE}; it is not an engine dir "
                 f"(make one with: seer-deploy build EXPORT_DIR --out {engine_dir})"
             )
-        data = read_json(path, "rebuild the engine")
-        if not isinstance(data, dict):
-            raise ArtifactError(f"{path} is not a JSON object; rebuild the engine")
-        return cls.from_dict(data, source=str(path))
+        data = read_json(path, "engine manifest", fix="rebuild the engine", error=ArtifactError)
+        manifest = cls.from_dict(data, source=str(path))
+        for graph, name in manifest.files.items():
+            if name:  # "": no file (an ORT engine dir that saved no optimised graph); refused where one is opened
+                manifest.file(engine_dir, graph)
+        return manifest
+
+    def file(self, engine_dir: Path, graph: str) -> Path:
+        """The resolved path of the engine file built for `graph`; ArtifactError unless it lies inside `engine_dir`."""
+        where = f"{Path(engine_dir) / MANIFEST_FILE}: files.{graph}"
+        return confined(engine_dir, self.files[graph], where, error=ArtifactError)
 
 
 @dataclass(frozen=True)

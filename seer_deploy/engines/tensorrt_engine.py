@@ -17,6 +17,7 @@ the outputs to the host, so the per-profile contexts never use them concurrently
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ import torch
 from seer_deploy.core.atomic import write_bytes_atomic
 from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
 from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.core.files import regular_file
 from seer_deploy.core.sparsity import SparsityRow
 from seer_deploy.engines.buckets import Profile, ProfileLayout, buffer_shapes, choose_profile_for_seq
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
@@ -56,6 +58,11 @@ def tensorrt_available() -> bool:
 def require_tensorrt() -> None:
     if not tensorrt_available():
         raise ConfigError(INSTALL_HINT)
+
+
+def _logger() -> trt.Logger:
+    """TensorRT's log on stderr: errors only, warnings too when debugging (SEER_DEPLOY_DEBUG=1)."""
+    return trt.Logger(trt.Logger.WARNING if os.environ.get("SEER_DEPLOY_DEBUG") else trt.Logger.ERROR)
 
 
 def tensorrt_version() -> str:
@@ -137,7 +144,7 @@ def build_serialized_engine(
 ) -> bytes:
     """Parse, add one optimization profile per bucket (profile i = bucket i), build, return the plan bytes."""
     require_tensorrt()
-    logger = trt.Logger(trt.Logger.WARNING)
+    logger = _logger()
     builder = trt.Builder(logger)
     network = _parse_onnx(builder, logger, onnx_path)
     _check_inputs(network, profiles, onnx_path)
@@ -296,12 +303,12 @@ class TensorRTBackend:
         self.sparsity_rows = sparsity_rows
         self.max_seq_len = min(max_seq_len, self.layout.max_prompt + self.layout.buckets[-1])
         self._device = torch.device("cuda", device)
-        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._logger = _logger()
         self._runtime = trt.Runtime(self._logger)  # kept: the runtime must outlive the engines it deserialized
         self._step0_io, self._step_io = step_graphs()  # engines are built from text exports only (engines.build)
         self._engines: dict[str, _Engine] = {}
         for graph in (self._step0_io, self._step_io):
-            path = engine_dir / manifest.files[graph.name]
+            path = regular_file(manifest.file(engine_dir, graph.name), "TensorRT engine", error=ArtifactError)
             self._engines[graph.name] = _Engine(self._runtime, path.read_bytes(), graph, self.layout, self._device,
                                                 path)
 
