@@ -206,7 +206,9 @@ class ProfileLayout:
         check_buckets(self.buckets)
         if self.max_batch < 1:
             raise ConfigError(f"--max-batch must be at least 1 (got {self.max_batch})")
-        if not 1 <= self.min_prompt <= self.max_prompt:
+        if self.min_prompt < 1:
+            raise ConfigError(f"--min-prompt must be at least 1 (got {self.min_prompt})")
+        if self.min_prompt > self.max_prompt:
             raise ConfigError(
                 f"prompt width range [{self.min_prompt}, {self.max_prompt}] is empty; --max-prompt must be >= "
                 f"{max(1, self.min_prompt)}"

@@ -2,22 +2,25 @@
 
 spec.graphs declares what each graph takes and returns, the manifest what the sparsity rows are; this module checks
 the artifacts against both (graph hashes, weight file size, the sessions' inputs and outputs), feeds the graphs
-(spec.graph_calls) and returns the compact outputs.
+(spec.graph_calls) and returns the compact outputs. A graph is opened only after every external-data file it names
+was found inside its own directory (`check_external_data`); ONNX Runtime would open any path a damaged graph names.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import onnxruntime as ort
 
 from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
 from seer_deploy.core.errors import ArtifactError, ConfigError
-from seer_deploy.core.files import file_sha256
+from seer_deploy.core.files import confined, file_sha256, os_error_fix
 from seer_deploy.spec.export_manifest import ExportManifest
 from seer_deploy.spec.graph_calls import graph_feed, step0_output, step_output
 from seer_deploy.spec.graphs import GraphIO, step_graphs
@@ -31,6 +34,67 @@ _OPT_LEVELS: dict[str, ort.GraphOptimizationLevel] = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+QUIET_LOG_LEVEL = 3  # errors only: ONNX Runtime's own warnings (unused initializers) are not the user's problem
+
+
+def library_logs_wanted() -> bool:
+    """ONNX Runtime's C++ log reaches stderr only when debugging (SEER_DEPLOY_DEBUG=1): a warning line before an
+    error line would break the one-line error surface."""
+    return bool(os.environ.get("SEER_DEPLOY_DEBUG"))
+
+
+def check_external_data(graph_file: Path) -> None:
+    """ArtifactError unless every external-data location the graph names lies inside the graph's directory
+    (symlinks resolved); checked on the graph structure alone, before ONNX Runtime or TensorRT opens anything."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        model = onnx.load(str(graph_file), load_external_data=False)
+    except OSError as exc:
+        raise ArtifactError(f"{graph_file} cannot be read ({exc.strerror}); {os_error_fix(exc)}") from exc
+    except (DecodeError, ValueError, RecursionError) as exc:
+        raise ArtifactError(f"{graph_file} is not a readable ONNX graph ({exc}); re-export it") from exc
+    locations = set()
+    functions = (_node_tensors(function.node) for function in model.functions)
+    for tensor in itertools.chain(_graph_tensors(model.graph), *functions):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            entries = {entry.key: entry.value for entry in tensor.external_data}
+            locations.add(entries.get("location", ""))
+    for location in sorted(locations):
+        confined(graph_file.parent, location, f"external data of {graph_file}", error=ArtifactError)
+
+
+def _graph_tensors(graph: Any) -> Iterator[Any]:
+    """Every tensor a graph holds: initializers, sparse initializers, node attributes and subgraphs."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    yield from _node_tensors(graph.node)
+
+
+def _node_tensors(nodes: Iterable[Any]) -> Iterator[Any]:
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _graph_tensors(sub)
+
+
+def open_session(graph_file: Path, options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+    """An ONNX Runtime session over `graph_file` (by path: external data resolves beside it and protobuf's 2 GB limit
+    never applies), after `check_external_data`; ONNX Runtime's refusal is one ArtifactError naming the file."""
+    check_external_data(graph_file)
+    try:
+        return ort.InferenceSession(str(graph_file), sess_options=options, providers=providers)
+    except Exception as exc:
+        if not type(exc).__module__.startswith("onnxruntime"):
+            raise
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise ArtifactError(f"ONNX Runtime cannot open {graph_file} ({detail}); the graph or its weights may be "
+                            "damaged or incomplete: re-export it") from exc
 
 
 @dataclass(frozen=True)
@@ -60,18 +124,28 @@ class OrtSessionOptions:
             raise ConfigError("OrtSessionOptions.providers is empty; give at least one provider or None for the default")
         return list(self.providers)
 
-    def session_options(self) -> ort.SessionOptions:
+    def check(self) -> None:
+        """ConfigError naming a bad setting, before any session is made."""
         if self.intra_op_threads < 0 or self.inter_op_threads < 0:
-            raise ConfigError("ONNX Runtime thread counts must be >= 0 (0 = ONNX Runtime's default)")
+            raise ConfigError(
+                f"ONNX Runtime threads must be 0 (its default) or more, got {self.intra_op_threads} (--threads) and "
+                f"{self.inter_op_threads} inter-op"
+            )
         if self.graph_optimization not in _OPT_LEVELS:
             raise ConfigError(
                 f"graph_optimization '{self.graph_optimization}' is unknown; use one of {', '.join(_OPT_LEVELS)}"
             )
+        self.resolved_providers()
+
+    def session_options(self) -> ort.SessionOptions:
+        self.check()
         so = ort.SessionOptions()
         so.intra_op_num_threads = self.intra_op_threads
         so.inter_op_num_threads = self.inter_op_threads
         so.graph_optimization_level = _OPT_LEVELS[self.graph_optimization]
-        so.log_severity_level = 3  # errors only: ORT's warnings about unused initializers are not the user's problem
+        if not library_logs_wanted():
+            so.log_severity_level = QUIET_LOG_LEVEL
+            ort.set_default_logger_severity(QUIET_LOG_LEVEL)  # the environment's log, outside any session
         return so
 
 
@@ -127,8 +201,7 @@ class OrtBackend:
         so = self.options.session_options()
         if self.options.share_weights:
             self._add_shared_initializers(so, self.export_dir / graph.file)
-        # By path, never by bytes: external data is resolved next to the file and protobuf's 2 GB limit never applies.
-        session = ort.InferenceSession(str(self.export_dir / graph.file), sess_options=so, providers=providers)
+        session = open_session(self.export_dir / graph.file, so, providers)
         got = sorted(i.name for i in session.get_inputs())
         if got != sorted(io.input_names) or got != sorted(graph.inputs):
             raise ArtifactError(
@@ -144,18 +217,26 @@ class OrtBackend:
         """Hand the session every external initializer as a view of one read-only memory map of weights.bin."""
         import onnx
 
-        weights = np.memmap(self.export_dir / self.manifest.weights.file, dtype=np.uint8, mode="r")
+        check_external_data(graph_file)
+        weights_file = self.export_dir / self.manifest.weights.file
+        weights = np.memmap(weights_file, dtype=np.uint8, mode="r")
         proto = onnx.load(str(graph_file), load_external_data=False)
         for init in proto.graph.initializer:
             if init.data_location != onnx.TensorProto.EXTERNAL:
                 continue
             ext = {e.key: e.value for e in init.external_data}
-            offset, length = int(ext.get("offset", 0)), int(ext["length"])
-            key = (offset, length, init.data_type, tuple(init.dims))
-            if key not in self._shared:
-                dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
-                array = weights[offset : offset + length].view(dtype).reshape(tuple(init.dims))
-                self._shared[key] = ort.OrtValue.ortvalue_from_numpy(array)
+            try:
+                offset, length = int(ext.get("offset") or 0), int(ext.get("length") or -1)
+                key = (offset, length, init.data_type, tuple(init.dims))
+                if ext.get("location") != self.manifest.weights.file or not 0 <= offset <= offset + length <= weights.size:
+                    raise ValueError(f"bytes {offset}..{offset + length} of {ext.get('location')}")
+                if key not in self._shared:
+                    dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
+                    array = weights[offset : offset + length].view(dtype).reshape(tuple(init.dims))
+                    self._shared[key] = ort.OrtValue.ortvalue_from_numpy(array)
+            except (ValueError, TypeError, KeyError) as exc:
+                raise ArtifactError(f"{graph_file}: initializer {init.name} does not fit {weights_file} ({exc}); "
+                                    "re-export the model") from exc
             so.add_initializer(init.name, self._shared[key])
         so.add_session_config_entry("session.disable_prepacking", "1")
 

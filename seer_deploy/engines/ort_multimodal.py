@@ -6,12 +6,11 @@ import os
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
-from seer_deploy.core.files import file_sha256
-from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
+from seer_deploy.core.files import confined, file_sha256
+from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, open_session
 from seer_deploy.models.image_prompts import image_table_np
 from seer_deploy.spec.graphs import IMAGE_EMBEDS, PIXEL_VALUES, VISION, GraphIO, step_graphs
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
@@ -29,14 +28,12 @@ class MultimodalOrtBackend(OrtBackend):
         section: dict[str, Any] = self.manifest.extra[MULTIMODAL_KEY]  # _declared_graphs made sure it is there
         self.multimodal = section
         vision = section[VISION.name]
-        file = self.export_dir / str(vision["file"])
+        file = confined(self.export_dir, vision["file"], "the vision graph", error=ArtifactError)
         if not file.is_file():
             raise ArtifactError(f"{file} (vision graph) is missing; the export is incomplete, re-run the export")
         if self.options.verify_hashes and file_sha256(file) != vision["sha256"]:
             raise ArtifactError(f"{file} does not match the sha256 in the manifest; re-run the export")
-        self._vision = ort.InferenceSession(
-            str(file), sess_options=self.options.session_options(), providers=self.options.resolved_providers()
-        )
+        self._vision = open_session(file, self.options.session_options(), self.options.resolved_providers())
         got = [i.name for i in self._vision.get_inputs()]
         if got != VISION.input_names:
             raise ArtifactError(f"{file} takes inputs {got}, not the declared {VISION.input_names}; re-run the export")
