@@ -1,8 +1,8 @@
 """Bad inputs around exports and engines, through the real command line: --out directories that are not ours
 (never deleted, --force or not), manifests and engine.json files that are damaged or name paths outside their
 directory, damaged graphs, and flags that must be refused before any export or build starts. The same promises as
-tests/test_bad_inputs.py (tests/bad_input_world.py). Cases that wait for export/, engines/, spec/ or the CLI verbs
-to be wired are strict xfails naming who wires them, so they flip when that lands."""
+tests/test_bad_inputs.py (tests/bad_input_world.py). A case that waits for a fix is a strict xfail naming who
+makes it (Case.wired_by), so it flips when that lands."""
 
 from __future__ import annotations
 
@@ -25,13 +25,6 @@ from hypothesis import strategies as st
 
 from seer_deploy.models.checkpoint import save_checkpoint
 from seer_deploy.models.demo_tasks import write_tokenizer
-
-OWNERSHIP = "wired by the lead: export/build call core.atomic.check_replaceable and claim"
-CONFINEMENT = "wired by the lead: spec/export_manifest and engines resolve file names through core.files.confined"
-EXTERNAL_DATA = "wired by the lead: engines/ort.py checks ONNX external-data locations with core.files.confined"
-MANIFEST_VALUES = "wired by the lead: manifest values (special ids, max_seq_len) checked in spec/export_manifest"
-FLAGS_FIRST = "wired by the lead: the verb checks its flags before any export or build starts"
-PROGRESS = "wired by the lead: the input is checked before the first progress line"
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +76,32 @@ def an_out_file(w: World) -> Path:
 
 def our_export_of_another_model(w: World) -> Path:
     return w.copy("export", "out")  # the tiny export, while --out is asked for 'other'
+
+
+def our_engine_of_another_model(w: World) -> Path:
+    """A copy of the tiny engine whose ownership marker says it was built for another model."""
+    out = w.copy("engine", "out")
+    edit_json(out / ".seer-deploy.json", {"fingerprint": "0" * 64})
+    return out
+
+
+def a_link_to_a_directory(w: World) -> Path:
+    (w.root / "real").mkdir()
+    (w.root / "out").symlink_to(w.root / "real")
+    return w.root / "out"
+
+
+def demo_into(files: dict[str, str]) -> Setup:
+    """`demo --work-dir W` where W/export already holds `files`."""
+
+    def setup(w: World) -> list[str]:
+        export = w.root / "work" / "export"
+        export.mkdir(parents=True)
+        for name, text in files.items():
+            (export / name).write_text(text)
+        return ["demo", "--work-dir", str(w.root / "work"), "--repeats", "1"]
+
+    return setup
 
 
 def artifact(source: str, file: str, changes: dict[str, Any] | None = None, raw: bytes | None = None,
@@ -151,36 +170,42 @@ def graph_link_outside(w: World, export: Path) -> None:
 
 OUT_CASES = [
     Case("build-out-foreign-engine-json", build_into(out_dir({"engine.json": "{}", "thesis.tex": "years"})),
-         r"did not write \(engine.json, thesis.tex\)", OWNERSHIP),
-    Case("build-out-only-engine-json", build_into(out_dir({"engine.json": "{}"})), r"did not write \(engine.json\)",
-         OWNERSHIP),
-    Case("build-out-foreign", build_into(out_dir({"notes.txt": "mine"})), "notes.txt", OWNERSHIP),
-    Case("build-out-a-file", build_into(an_out_file), "is a file", PROGRESS),
+         r"did not write \(engine.json, thesis.tex\)"),
+    Case("build-out-only-engine-json", build_into(out_dir({"engine.json": "{}"})), r"did not write \(engine.json\)"),
+    Case("build-out-foreign", build_into(out_dir({"notes.txt": "mine"})), "notes.txt"),
+    Case("build-out-a-file", build_into(an_out_file), "is a file"),
     Case("export-force-foreign-manifest", export_into(out_dir({"manifest.json": '{"mine": 1}', "data.csv": "1,2"}),
-                                                      "--force"), r"did not write \(data.csv, manifest.json\)",
-         OWNERSHIP),
-    Case("export-foreign-manifest", export_into(out_dir({"manifest.json": '{"mine": 1}'})), "manifest.json", OWNERSHIP),
-    Case("export-out-foreign", export_into(out_dir({"notes.txt": "mine"})), "notes.txt", OWNERSHIP),
-    Case("export-out-a-file", export_into(an_out_file), "is a file", PROGRESS),
+                                                      "--force"), r"did not write \(data.csv, manifest.json\)"),
+    Case("export-foreign-manifest", export_into(out_dir({"manifest.json": '{"mine": 1}'})), "manifest.json"),
+    Case("export-out-foreign", export_into(out_dir({"notes.txt": "mine"})), "notes.txt"),
+    Case("build-force-foreign-engine-json", build_into(out_dir({"engine.json": "{}", "thesis.tex": "years"}),
+                                                       "--force"), r"did not write \(engine.json, thesis.tex\)"),
+    Case("build-another-models-engine", build_into(our_engine_of_another_model), "another model.*--force"),
+    Case("build-into-its-export", lambda w: ["build", str(w.copy("export")), "--out", str(w.copy("export"))],
+         "'export' artifact, not an 'engine'"),
+    Case("build-out-a-link", build_into(a_link_to_a_directory), "symbolic link"),
+    Case("export-into-an-engine", export_into(lambda w: w.copy("engine", "out")), "'engine' artifact, not an 'export'"),
+    Case("export-out-a-file", export_into(an_out_file), "is a file"),
     Case("export-another-model", export_into(our_export_of_another_model, source="other"),
-         "another model.*--force", PROGRESS),
-    Case("export-opset-5", export_into(fresh_out, "--opset", "5"), "opset", PROGRESS),
-    Case("export-max-seq-len-1", export_into(fresh_out, "--max-seq-len", "1"), "max.seq.len", PROGRESS),
-    Case("export-max-seq-len-huge", export_into(fresh_out, "--max-seq-len", "100000"), "max.seq.len", PROGRESS),
+         "another model.*--force"),
+    Case("export-opset-5", export_into(fresh_out, "--opset", "5"), "opset"),
+    Case("export-max-seq-len-1", export_into(fresh_out, "--max-seq-len", "1"), "max.seq.len"),
+    Case("export-max-seq-len-huge", export_into(fresh_out, "--max-seq-len", "100000"), "max.seq.len"),
     Case("export-bf16", export_into(fresh_out, "--dtype", "bf16"), "bf16"),
-    Case("export-missing-checkpoint", argv("export", "{root}/nowhere", "--out", "{root}/x"), "does not exist",
-         PROGRESS),
+    Case("export-missing-checkpoint", argv("export", "{root}/nowhere", "--out", "{root}/x"), "does not exist"),
     Case("export-seer-threshold-rejected", lambda w: ((w.root / "seer.json").write_text('{"abs_threshold": -1}'),
                                                       export_into(fresh_out, "--seer-config",
                                                                   str(w.root / "seer.json"))(w))[1],
          "abs_threshold"),
-    Case("build-max-batch-0", build_into(fresh_out, "--max-batch", "0"), "max.batch", PROGRESS),
+    Case("build-max-batch-0", build_into(fresh_out, "--max-batch", "0"), "max.batch"),
     Case("build-buckets-word", build_into(fresh_out, "--buckets", "16,big"), "bucket"),
     Case("build-buckets-0", build_into(fresh_out, "--buckets", "0,16"), "bucket"),
-    Case("build-min-prompt-0", build_into(fresh_out, "--min-prompt", "0"), "prompt", PROGRESS),
-    Case("build-threads-negative", build_into(fresh_out, "--threads", "-2"), "threads", FLAGS_FIRST),
+    Case("build-min-prompt-0", build_into(fresh_out, "--min-prompt", "0"), "prompt"),
+    Case("build-threads-negative", build_into(fresh_out, "--threads", "-2"), "threads"),
     Case("build-workspace-word", build_into(fresh_out, "--workspace", "lots"), "'lots'"),
     Case("build-export-missing", argv("build", "{root}/nowhere", "--out", "{root}/x"), "nowhere"),
+    Case("demo-work-dir-not-ours", demo_into({"manifest.json": "{}", "notes.txt": "mine"}), "notes.txt"),
+    Case("demo-threads-negative", argv("demo", "--threads", "-1", "--work-dir", "{root}/demo"), "threads"),
     Case("demo-gen-length-0", argv("demo", "--gen-length", "0", "--work-dir", "{root}/demo"), "gen.length"),
     Case("demo-repeats-0", argv("demo", "--repeats", "0", "--work-dir", "{root}/demo"), "repeats"),
     Case("calibrate-gen-length-0", lambda w: ((w.root / "p.txt").write_text("reverse 1\n"),
@@ -191,12 +216,12 @@ OUT_CASES = [
 ]
 
 MANIFEST_CASES = [
-    Case("graph-parent", manifest({"graphs.step0.file": "../outside/canary.onnx"}), "outside", CONFINEMENT),
+    Case("graph-parent", manifest({"graphs.step0.file": "../outside/canary.onnx"}), "outside"),
     Case("graph-absolute", lambda w: manifest({"graphs.step0.file": str(w.outside / "canary.onnx")})(w),
-         "absolute path", CONFINEMENT),
-    Case("graph-symlink-out", manifest(before=graph_link_outside), "outside", CONFINEMENT),
-    Case("weights-parent", manifest({"weights.file": "../outside/canary.bin"}), "outside", CONFINEMENT),
-    Case("graph-external-data-out", manifest(before=external_data_outside), "outside", EXTERNAL_DATA),
+         "absolute path"),
+    Case("graph-symlink-out", manifest(before=graph_link_outside), "outside"),
+    Case("weights-parent", manifest({"weights.file": "../outside/canary.bin"}), "outside"),
+    Case("graph-external-data-out", manifest(before=external_data_outside), "outside"),
     Case("graph-truncated", manifest(before=truncated_graph), "step0.onnx", heavy_ok=True),
     Case("graph-modified", manifest(before=lambda w, e: (e / "step.onnx").write_bytes(b"\x08\x07")), "sha256"),
     Case("manifest-not-utf8", manifest(raw=b'{"format": "\xff"}'), r"manifest.json is not (UTF-8|valid JSON)"),
@@ -204,15 +229,22 @@ MANIFEST_CASES = [
     Case("manifest-array", manifest(raw=b"[]"), "manifest.json"),
     Case("manifest-old-version", manifest({"format_version": 1}), "older seer-deploy"),
     Case("manifest-n-heads-0", manifest({"model.config.n_heads": 0}), "'n_heads' is 0"),
-    Case("manifest-mask-beyond-vocab", manifest({"special_ids.mask": 1000}), "mask", MANIFEST_VALUES),
-    Case("manifest-max-seq-len-negative", manifest({"max_seq_len": -1}), "max_seq_len", MANIFEST_VALUES),
+    Case("manifest-mask-beyond-vocab", manifest({"special_ids.mask": 1000}), "mask"),
+    Case("manifest-max-seq-len-negative", manifest({"max_seq_len": -1}), "max_seq_len"),
     Case("manifest-dtype", manifest({"dtype": "int4"}), "dtype"),
+    Case("manifest-eos-negative", manifest({"special_ids.eos": -3}), "eos"),
+    Case("manifest-max-seq-len-past-the-model", manifest({"max_seq_len": 10**6}), "max_seq_len"),
+    Case("manifest-stats-layer-missing", manifest({"seer.stats_layers": [7]}), "stats_layers"),
+    Case("manifest-sparsity-row-a-string", manifest({"seer.sparsity_rows": ["12"]}), "sparsity_rows"),
+    Case("manifest-shape-null", manifest({"graphs.step0.inputs.input_ids.shape": [None, "seq"]}), "shape"),
+    Case("manifest-extra-a-string", manifest({"extra": "ab"}), "'extra' must be an object"),
+    Case("manifest-threshold-0", manifest({"seer.rel_threshold": 0}), "rel_threshold"),
     Case("engine-not-utf8", engine(raw=b'{"backend": "\xff"}'), r"engine.json is not (UTF-8|valid JSON)"),
     Case("engine-not-json", engine(raw=b"{backend"), "engine.json"),
     Case("engine-other-model", engine({"model_fingerprint": "0" * 64}), "built for model"),
     Case("engine-graph-hash", engine({"graph_hashes.step0": "0" * 64}), "step0"),
     Case("engine-buckets-0", engine({"buckets": [0, 16]}), "bucket"),
-    Case("engine-file-parent", engine({"files.step0": "../outside/canary.onnx"}), "outside", CONFINEMENT),
+    Case("engine-file-parent", engine({"files.step0": "../outside/canary.onnx"}), "outside"),
     Case("engine-backend", engine({"backend": "cuda"}), "backend"),
 ]
 

@@ -14,6 +14,7 @@ from conftest import tiny_config
 from onnx import TensorProto, helper
 
 from seer_deploy.cli import main
+from seer_deploy.core.atomic import claim
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines import tensorrt_engine
@@ -97,6 +98,7 @@ def make_export(root: Path, fingerprint: str = "1" * 64) -> Path:
         versions={"onnx": onnx.__version__},
         weights=WeightsSpec("weights.bin", "0" * 64, 64),
     ).save(root)
+    claim(root, "export", fingerprint)  # as seer-deploy export marks what it wrote
     return root
 
 
@@ -119,8 +121,12 @@ def test_ort_build_writes_a_manifest_that_matches_the_export(export_dir: Path, t
     stages: list[str] = []
     result = build_engines(export_dir, tmp_path / "engine", cpu_options(buckets=(16, 32, 48)), stages.append)
     out = tmp_path / "engine"
-    assert result.out == out and sorted(p.name for p in out.iterdir()) == ["engine.json", "export.json"]
+    assert result.out == out and sorted(p.name for p in out.iterdir()) == [".seer-deploy.json", "engine.json",
+                                                                             "export.json"]
     m = EngineManifest.load(out)
+    marker = json.loads((out / ".seer-deploy.json").read_text())
+    assert marker == {"format": "seer-deploy-owner", "kind": "engine", "fingerprint": m.model_fingerprint,
+                      "files": ["engine.json", "export.json"]}
     export = ExportManifest.load(export_dir)
     assert m.backend == "ort" and m.buckets == (16, 32, 48) and m.max_batch == 8
     assert m.max_prompt == MAX_SEQ_LEN - 48  # default: the positions the last bucket leaves
@@ -194,13 +200,52 @@ def test_destination_rules(export_dir: Path, tmp_path: Path) -> None:
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "notes.txt").write_text("mine")
-    with pytest.raises(ArtifactError, match="not a seer-deploy engine dir"):
-        build_engines(export_dir, precious, cpu_options())
-    assert (precious / "notes.txt").read_text() == "mine"
+    for force in (False, True):  # never delete a directory seer-deploy did not write
+        with pytest.raises(ArtifactError, match=r"did not write \(notes.txt\); refusing to replace it, with or without"):
+            build_engines(export_dir, precious, cpu_options(force=force))
+    assert [p.name for p in precious.iterdir()] == ["notes.txt"] and (precious / "notes.txt").read_text() == "mine"
+    with pytest.raises(ArtifactError, match="'export' artifact, not an 'engine' one"):
+        build_engines(export_dir, export_dir, cpu_options())  # the export itself is never replaced by its engine
     out = tmp_path / "engine"
     build_engines(export_dir, out, cpu_options(buckets=(16, 48)))
     build_engines(export_dir, out, cpu_options(buckets=(32, 48)))  # a rebuild replaces the old engine dir
     assert EngineManifest.load(out).buckets == (32, 48)
+    (out / "mine.txt").write_text("mine")  # a user's file inside our engine dir: refused, forced or not
+    for force in (False, True):
+        with pytest.raises(ArtifactError, match=r"did not write there \(mine.txt\)"):
+            build_engines(export_dir, out, cpu_options(force=force))
+    assert (out / "mine.txt").read_text() == "mine"
+
+
+def test_our_engine_of_another_model_is_replaced_only_with_force(tmp_path: Path) -> None:
+    export_a = make_export(tmp_path / "a", fingerprint="a" * 64)
+    export_b = make_export(tmp_path / "b", fingerprint="b" * 64)
+    out = tmp_path / "engine"
+    build_engines(export_a, out, cpu_options(buckets=(32,)))
+    with pytest.raises(ArtifactError, match="holds the engine of another model .*aaaaaaaaaaaa.*--force"):
+        build_engines(export_b, out, cpu_options(buckets=(32,)))
+    assert EngineManifest.load(out).model_fingerprint == "a" * 64
+    build_engines(export_b, out, cpu_options(buckets=(32,), force=True))
+    assert EngineManifest.load(out).model_fingerprint == "b" * 64
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "engine"]  # nothing left beside it
+
+
+def test_graph_external_data_outside_the_export_is_refused(export_dir: Path, tmp_path: Path) -> None:
+    """A graph whose weights are read from a file outside its directory is refused before any session opens it."""
+    model = onnx.load(str(export_dir / "step0.onnx"))
+    (tmp_path / "secret.bin").write_bytes(np.ones(1, np.float32).tobytes())
+    weight = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1])
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "../secret.bin"), ("offset", "0"), ("length", "4")):
+        weight.external_data.add(key=key, value=value)
+    model.graph.initializer.append(weight)
+    onnx.save(model, str(export_dir / "step0.onnx"))
+    manifest = json.loads((export_dir / "manifest.json").read_text())
+    manifest["graphs"]["step0"]["sha256"] = file_sha256(export_dir / "step0.onnx")
+    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="external data of .*step0.onnx '../secret.bin' resolves to .*, outside"):
+        build_engines(export_dir, tmp_path / "e", cpu_options())
+    assert not (tmp_path / "e").exists()
 
 
 @pytest.mark.parametrize(
@@ -292,7 +337,17 @@ def test_cli_refuses_a_foreign_engine_manifest_file(export_dir: Path, tmp_path: 
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "e"
     out.mkdir()
-    (out / MANIFEST_FILE).write_text("{}")  # looks like an engine dir: replaced by the rebuild
-    code, _, _ = run_main(["build", str(export_dir), "--out", str(out), "--provider", "CPUExecutionProvider"], capsys)
-    assert code == 0
-    assert EngineManifest.load(out).backend == "ort"
+    (out / MANIFEST_FILE).write_text("{}")  # looks like an engine dir, but seer-deploy's marker is missing
+    for force in ([], ["--force"]):
+        code, _, err = run_main(["build", str(export_dir), "--out", str(out), "--provider", "CPUExecutionProvider",
+                                 *force], capsys)
+        assert code == 2 and err.count("\n") == 1 and r"did not write (engine.json)" in err, err
+    assert [p.name for p in out.iterdir()] == [MANIFEST_FILE] and (out / MANIFEST_FILE).read_text() == "{}"
+
+
+def test_cli_checks_everything_before_the_first_progress_line(export_dir: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    for flags in (["--threads", "-1"], ["--max-batch", "0"], ["--min-prompt", "0"], ["--max-prompt", "96"]):
+        code, out, err = run_main(["build", str(export_dir), "--out", str(tmp_path / "e"), *flags], capsys)
+        assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1, (flags, err)
+    assert not (tmp_path / "e").exists()

@@ -22,7 +22,7 @@ from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.engines.ort import OrtBackend
 from seer_deploy.export import exporter as exporter_module
 from seer_deploy.export import validate as validate_module
-from seer_deploy.export.exporter import ExportResult, check_destination, export_checkpoint
+from seer_deploy.export.exporter import ExportResult, destination_fingerprint, export_checkpoint
 from seer_deploy.export.graphs import Step0Graph
 from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
 from seer_deploy.export.validate import ExportValidationError, check_interface
@@ -78,8 +78,11 @@ def exports(root: Path) -> dict[str, tuple[Path, ExportResult]]:
 def test_export_writes_graphs_weights_and_a_complete_manifest(exports: dict[str, Any], layout: str) -> None:
     ckpt, result = exports[layout]
     out: Path = result.out
-    assert {p.name for p in out.iterdir()} == EXPORT_FILES
+    assert {p.name for p in out.iterdir()} == EXPORT_FILES | {".seer-deploy.json"}
     assert leftovers(out.parent) == []
+    marker = json.loads((out / ".seer-deploy.json").read_text())  # ownership: what --out may later replace
+    assert marker == {"format": "seer-deploy-owner", "kind": "export", "fingerprint": checkpoint_fingerprint(ckpt),
+                      "files": sorted(EXPORT_FILES)}
     m = ExportManifest.load(out)
     cfg = load_checkpoint(ckpt).config
     raw = json.loads((out / "manifest.json").read_text())
@@ -292,22 +295,51 @@ def test_another_models_export_is_refused_without_force(exports: dict[str, Any],
 
 
 def test_destination_rules(tmp_path: Path, exports: dict[str, Any]) -> None:
-    _, result = exports["llada"]
-    fingerprint = result.manifest.model.fingerprint
-    check_destination(tmp_path / "new", fingerprint, force=False)  # absent: fine
+    ckpt, result = exports["llada"]
+    other = write_checkpoint(tmp_path, "llada", seed=3)
+    assert destination_fingerprint(tmp_path / "new", ckpt, force=False) is None  # absent: fine, nothing hashed
     (tmp_path / "empty").mkdir()
-    check_destination(tmp_path / "empty", fingerprint, force=False)
-    check_destination(result.out, fingerprint, force=False)  # same model: re-export allowed
-    with pytest.raises(ArtifactError, match="another model"):
-        check_destination(result.out, "0" * 64, force=False)
+    assert destination_fingerprint(tmp_path / "empty", ckpt, force=False) is None
+    same = destination_fingerprint(result.out, ckpt, force=False)  # same model: re-export allowed
+    assert same == result.manifest.model.fingerprint
+    with pytest.raises(ArtifactError, match="holds the export of another model.*--force"):
+        destination_fingerprint(result.out, other, force=False)
+    assert destination_fingerprint(result.out, other, force=True) is None  # forced: our export of any model
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "todo.txt").write_text("mine")
-    for force in (False, True):  # never delete a directory that is not an export
-        with pytest.raises(ArtifactError, match="not a seer-deploy export"):
-            check_destination(tmp_path / "notes", fingerprint, force=force)
+    (tmp_path / "notes" / "manifest.json").write_text("{}")  # a look-alike export
+    for force in (False, True):  # never delete a directory that seer-deploy did not write
+        with pytest.raises(ArtifactError, match=r"did not write \(manifest.json, todo.txt\)"):
+            destination_fingerprint(tmp_path / "notes", ckpt, force=force)
+    assert sorted(p.name for p in (tmp_path / "notes").iterdir()) == ["manifest.json", "todo.txt"]
     (tmp_path / "file").write_text("x")
     with pytest.raises(ArtifactError, match="is a file"):
-        check_destination(tmp_path / "file", fingerprint, force=False)
+        destination_fingerprint(tmp_path / "file", ckpt, force=False)
+
+
+def test_a_user_file_inside_our_export_is_never_deleted(exports: dict[str, Any], tmp_path: Path,
+                                                        cli_exit: Any) -> None:
+    ckpt, _ = exports["llama"]
+    out = tmp_path / "export"
+    export_checkpoint(ckpt, out, ExportOptions(verify=False))
+    (out / "notes.txt").write_text("mine")
+    for force in ([], ["--force"]):
+        code, _, err = cli_exit(["export", str(ckpt), "--out", str(out), "--no-verify", *force])
+        assert code == 2 and err.count("\n") == 1 and "did not write there (notes.txt)" in err, err
+    assert (out / "notes.txt").read_text() == "mine" and ExportManifest.load(out).model.layout == "llama"
+
+
+def test_cli_force_replaces_our_export_of_another_model(exports: dict[str, Any], tmp_path: Path,
+                                                        cli_exit: Any) -> None:
+    out = tmp_path / "export"
+    export_checkpoint(exports["llada"][0], out, ExportOptions(verify=False))
+    other = write_checkpoint(tmp_path, "llada", seed=4)
+    code, stdout, err = cli_exit(["export", str(other), "--out", str(out), "--no-verify"])
+    assert code == 2 and "another model" in err and stdout == "" and err.count("\n") == 1
+    code, _, err = cli_exit(["export", str(other), "--out", str(out), "--no-verify", "--force"])
+    assert code == 0, err
+    assert ExportManifest.load(out).model.fingerprint == checkpoint_fingerprint(other)
+    assert leftovers(tmp_path) == []
 
 
 def test_failed_validation_leaves_nothing_behind(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -43,7 +43,9 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_export_writes_three_graphs_and_a_manifest(exported) -> None:
     ckpt, out = exported
-    assert {p.name for p in out.iterdir()} == {"vision.onnx", "step0.onnx", "step.onnx", "weights.bin", "manifest.json"}
+    files = {"vision.onnx", "step0.onnx", "step.onnx", "weights.bin", "manifest.json"}
+    assert {p.name for p in out.iterdir()} == files | {".seer-deploy.json"}
+    assert json.loads((out / ".seer-deploy.json").read_text())["files"] == sorted(files)
     manifest = json.loads((out / "manifest.json").read_text())
     section = manifest["extra"][MULTIMODAL_KEY]
     assert section["vision"]["inputs"]["pixel_values"]["shape"][1:] == [3, 16, 16]
@@ -131,3 +133,26 @@ def test_export_refuses_a_too_short_max_seq_len(exported, tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match="cannot hold one image"):
         export_multimodal(ckpt, tmp_path / "short", ExportOptions(max_seq_len=10))
     assert not (tmp_path / "short").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: s["vision"].update(file="../vision.onnx"), r"extra.multimodal.vision.file '../vision.onnx'.*outside"),
+        (lambda s: s.update(image_id_base=3), "'extra.multimodal.image_id_base' is 3"),
+        (lambda s: s["vision_config"].update(tokens_per_image=0), "tokens_per_image' is 0"),
+        (lambda s: s["vision_config"].update(image_token_index=5), "image_token_index' is 5"),
+        (lambda s: s["vision_config"]["image"].update(mean=[1]), "image_mean"),
+        (lambda s: s["vision_config"]["image"].update(image_size="big"), "image_size' must be an integer"),
+        (lambda s: s.pop("vision_config"), "vision_config' is missing"),
+    ],
+)
+def test_a_damaged_multimodal_section_is_refused_on_load(exported, tmp_path: Path, change, message: str) -> None:
+    """The values the ONNX Runtime backend and the image pipeline read from the section are checked when the
+    manifest loads, so a damaged one is one ArtifactError, not a crash later."""
+    _, out = exported
+    manifest = json.loads((out / "manifest.json").read_text())
+    change(manifest["extra"][MULTIMODAL_KEY])
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=message):
+        ExportManifest.load(tmp_path)

@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-import json
+import math
 import time
 from pathlib import Path
 
 import click
 
+from seer_deploy.core.checks import int_in, number_in
 from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.files import read_json
+
+MAX_KEPT_LENGTH = 1 << 30
 
 
 def read_kept_lengths(path: Path) -> dict[int, float] | list[int]:
     """A calibration histogram: a JSON list of kept lengths, or a {"length": count} object."""
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--kept-lengths {path} is not JSON ({exc}); give a list of lengths or {{length: count}}") from exc
-    try:
-        if isinstance(data, dict):
-            return {int(k): float(v) for k, v in data.items()}
-        if isinstance(data, list):
-            return [int(v) for v in data]
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"--kept-lengths {path}: lengths must be integers and counts numbers ({exc})") from exc
-    raise ConfigError(f"--kept-lengths {path} must hold a JSON list of lengths or a {{length: count}} object")
+    data = read_json(path, "--kept-lengths", expect=object)
+    fix = "give a list of lengths or a {length: count} object"
+    if isinstance(data, list) and all(int_in(v, 1, MAX_KEPT_LENGTH) for v in data):
+        return list(data)
+    if isinstance(data, dict) and all(k.strip().isdigit() and number_in(v, 0, math.inf) for k, v in data.items()):
+        return {int(k): float(v) for k, v in data.items()}
+    raise ConfigError(f"--kept-lengths {path}: lengths must be positive integers and counts numbers >= 0; {fix}")
 
 
 @click.command("build")
@@ -50,10 +49,12 @@ def read_kept_lengths(path: Path) -> dict[int, float] | list[int]:
 @click.option("--graph-optimization", type=click.Choice(["disable", "basic", "extended", "all"]), default="all",
               show_default=True, help="ONNX Runtime graph optimisation level.")
 @click.option("--ort-save-optimized", is_flag=True, help="Also save ONNX Runtime's optimised graphs in the engine dir.")
+@click.option("--force", is_flag=True, help="Replace an engine dir of another model in --out (never a directory "
+              "holding files seer-deploy did not write).")
 def command(export_dir: Path, out: Path, backend: str, buckets: str | None, max_gen_length: int | None,
             max_batch: int, max_prompt: int | None, min_prompt: int, kept_lengths: Path | None,
             max_buckets: int | None, timing_cache: Path | None, workspace: str | None, providers: tuple[str, ...],
-            threads: int, graph_optimization: str, ort_save_optimized: bool) -> None:
+            threads: int, graph_optimization: str, ort_save_optimized: bool, force: bool) -> None:
     """Build an engine dir from EXPORT_DIR (made by `seer-deploy export`).
 
     \b
@@ -61,7 +62,7 @@ def command(export_dir: Path, out: Path, backend: str, buckets: str | None, max_
     tensorrt:  one engine per graph, one optimization profile per length bucket (needs TensorRT and a GPU).
     """
     from seer_deploy.engines.buckets import parse_buckets
-    from seer_deploy.engines.build import BuildOptions, build_engines, parse_size
+    from seer_deploy.engines.build import BuildOptions, parse_size, prepare_build
     from seer_deploy.engines.ort import OrtSessionOptions
 
     if buckets is not None and kept_lengths is not None:
@@ -83,13 +84,15 @@ def command(export_dir: Path, out: Path, backend: str, buckets: str | None, max_
             graph_optimization=graph_optimization,  # type: ignore[arg-type]
         ),
         ort_save_optimized=ort_save_optimized,
+        force=force,
     )
+    run = prepare_build(export_dir, out, options)  # every check before the first progress line
     start = time.perf_counter()
 
     def progress(message: str) -> None:
         click.echo(f"[{time.perf_counter() - start:7.1f}s] {message}", err=True)
 
-    result = build_engines(export_dir, out, options, progress)
+    result = run.start(progress)
     m = result.manifest
     click.echo(f"engine dir: {result.out} ({m.backend}, buckets {list(m.buckets)}, batch 1..{m.max_batch}, "
                f"prompt {m.min_prompt}..{m.max_prompt}) in {result.seconds:.1f}s")

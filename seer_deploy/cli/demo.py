@@ -75,17 +75,17 @@ def run_demo(work_dir: Path, gen_length: int, repeats: int, threads: int, say: S
     from seer_deploy.core.generation import GenerationConfig
     from seer_deploy.engines.build import BuildOptions, build_engines
     from seer_deploy.engines.ort import OrtSessionOptions
-    from seer_deploy.export.exporter import export_checkpoint
+    from seer_deploy.export.exporter import prepare_export
     from seer_deploy.models.demo_tasks import solve
 
+    session = OrtSessionOptions(providers=("CPUExecutionProvider",), intra_op_threads=threads)
+    export = prepare_export("demo", work_dir / "export", export_options())  # refuses a directory that is not ours
     stage("export: demo checkpoint -> ONNX (step0, step), checked against torch")
-    exported = export_checkpoint("demo", work_dir / "export", export_options(),
-                                 progress=lambda s: stage(f"export: {s}"))
+    exported = export.start(progress=lambda s: stage(f"export: {s}"))
     m = exported.manifest
     say(f"exported {m.model.source} ({m.model.config['n_layers']} layers, d_model {m.model.config['d_model']}, "
         f"{m.weights.bytes / 2**20:.1f} MiB of weights) to {exported.out} in {exported.seconds:.1f}s")
     stage("build: ONNX Runtime engine dir")
-    session = OrtSessionOptions(providers=("CPUExecutionProvider",), intra_op_threads=threads)
     built = build_engines(exported.out, exported.out / "engine", BuildOptions(backend="ort", ort_session=session),
                           progress=lambda s: stage(f"build: {s}"))
     stage(f"load: {built.out}")
@@ -115,18 +115,19 @@ def run_multimodal_demo(work_dir: Path, gen_length: int, n: int, say: Say, stage
     """`seer-deploy demo --vl`: export demo-vl (vision.onnx, step0.onnx, step.onnx), answer n held-out pictures
     through ONNX Runtime with Seer (when calibrated), then the same pictures at full length for the comparison."""
     from seer_deploy.core.generation import GenerationConfig
-    from seer_deploy.export.multimodal import export_multimodal
+    from seer_deploy.export.multimodal import prepare_multimodal
     from seer_deploy.export.options import ExportOptions, SeerStats
     from seer_deploy.models.demo_vl_tasks import heldout_examples
     from seer_deploy.models.multimodal import DEMO_VL_NAME, load_multimodal
 
     seer = find_seer_config(DEMO_VL_NAME)
+    export = prepare_multimodal(DEMO_VL_NAME, work_dir / "demo-vl-onnx", ExportOptions(seer=SeerStats.for_config(seer)))
     loaded = load_multimodal(DEMO_VL_NAME)
     n_params = loaded.lm.model.num_parameters() + loaded.vision.num_parameters()
     say(f"demo-vl checkpoint: {loaded.path} ({n_params / 1e6:.2f}M parameters, SigLIP tower + "
         f"{loaded.vision_config.projector_type} projector + LLaDA-style LM)")
     stage("export: demo-vl -> ONNX (vision, step0, step), checked against torch")
-    exported = export_multimodal(DEMO_VL_NAME, work_dir / "demo-vl-onnx", ExportOptions(seer=SeerStats.for_config(seer)))
+    exported = export.start()
     say(f"exported demo-vl to {exported.out} (vision.onnx, step0.onnx, step.onnx; checked against torch) in "
         f"{exported.seconds:.1f}s")
     cases = []
@@ -180,9 +181,11 @@ def command(gen_length: int, work_dir: Path | None, repeats: int, threads: int, 
     length."""
     from seer_deploy.core.errors import ConfigError
     from seer_deploy.core.generation import GenerationConfig
+    from seer_deploy.engines.ort import OrtSessionOptions
 
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")
+    OrtSessionOptions(intra_op_threads=threads).check()
     GenerationConfig(gen_length, gen_length).validate()  # bad settings fail before the export starts
     start = time.perf_counter()
 

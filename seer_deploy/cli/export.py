@@ -28,7 +28,8 @@ import click
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="JSON with stats_layers / abs_threshold / rel_threshold for the step-zero statistics [default: all layers].",
 )
-@click.option("--force", is_flag=True, help="Replace an export of another model in --out.")
+@click.option("--force", is_flag=True, help="Replace an export of another model in --out (never a directory holding "
+              "files seer-deploy did not write).")
 @click.option("--no-verify", is_flag=True, help="Skip the ONNX Runtime vs torch comparison (the ONNX checker still runs).")
 @click.option("--build", "build", type=click.Choice(["ort", "tensorrt"]), default=None,
               help="Then build an engine dir for this backend into OUT/engine (default build settings).")
@@ -47,8 +48,9 @@ def command(
 
     A multimodal CHECKPOINT (LLaDA-V's layout) also gets vision.onnx: pixels -> image embeddings."""
     from seer_deploy.core.errors import ConfigError
-    from seer_deploy.export.exporter import STAGES, export_checkpoint
-    from seer_deploy.export.multimodal import export_multimodal
+    from seer_deploy.engines.build import BuildOptions, build_engines
+    from seer_deploy.export.exporter import STAGES, prepare_export
+    from seer_deploy.export.multimodal import prepare_multimodal
     from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
     from seer_deploy.models.multimodal import is_multimodal_checkpoint
     from seer_deploy.spec.multimodal import VISION_FILE
@@ -68,10 +70,12 @@ def command(
             f"{checkpoint} is a multimodal checkpoint: TensorRT engines are built from text exports only (no profile "
             "plan covers the image-table input yet); use --build ort, or export without --build"
         )
-    if build == "tensorrt":  # before the export: the user learns at once
-        from seer_deploy.engines.tensorrt_engine import require_tensorrt
-
-        require_tensorrt()
+    build_options = BuildOptions(backend="tensorrt" if build == "tensorrt" else "ort")
+    if build is not None:
+        build_options.check()  # TensorRT installed, before the export: the user learns at once
+    run = (prepare_multimodal if multimodal else prepare_export)(checkpoint, out, options)
+    if build is not None:
+        build_options.layout(run.max_seq_len)  # the default profiles fit the export's length
     with click.progressbar(
         length=len(STAGES), label="exporting", file=sys.stderr, item_show_func=lambda s: s, show_eta=False
     ) as bar:
@@ -82,8 +86,7 @@ def command(
             bar.update(max(index - done[0], 0), stage)
             done[0] = max(index, done[0])
 
-        exporter = export_multimodal if multimodal else export_checkpoint
-        result = exporter(checkpoint, out, options, progress=progress)
+        result = run.start(progress)
         bar.update(len(STAGES) - done[0], "done")
     m = result.manifest
     weights_mb = m.weights.bytes / 2**20
@@ -103,11 +106,7 @@ def command(
     else:
         click.echo("  not compared with torch (--no-verify)")
     if build is not None:
-        from seer_deploy.engines.build import BuildOptions, build_engines
-        from seer_deploy.engines.manifest import BackendName
-
-        backend: BackendName = "tensorrt" if build == "tensorrt" else "ort"
         say = lambda message: click.echo(f"  {message}", err=True)
-        built = build_engines(result.out, result.out / "engine", BuildOptions(backend=backend), progress=say)
+        built = build_engines(result.out, result.out / "engine", build_options, progress=say)
         click.echo(f"  engine dir: {built.out} ({build}, buckets {list(built.manifest.buckets)}) in {built.seconds:.1f}s; "
                    f"run it with: seer-deploy generate {built.out} -p PROMPT")

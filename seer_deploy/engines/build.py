@@ -2,9 +2,12 @@
 
 ONNX Runtime "engines" are the sessions' settings (provider, threads, graph optimisation level), checked by
 opening the sessions once, and optionally ORT-optimised copies of the graphs. TensorRT engines are one serialized
-plan per graph with one optimization profile per bucket. Either way the engine dir is written in a temp dir next
-to the destination and renamed into place, so a failed build leaves nothing half-written; a copy of the export's
-manifest travels with it (`export.json`) so the engine dir says what it was built from.
+plan per graph with one optimization profile per bucket. Everything is checked before any work starts
+(`prepare_build`: the flags, the export, the profile layout, the destination), then built (`BuildRun.start`). Either
+way the engine dir is written in a temp dir next to the destination and renamed into place, so a failed build leaves
+nothing half-written; a copy of the export's manifest travels with it (`export.json`) so the engine dir says what it
+was built from, and it carries this tool's ownership marker (core.atomic.claim): a rebuild replaces only an engine
+dir of ours (of another model only with `force`), never a directory holding anything else.
 """
 
 from __future__ import annotations
@@ -17,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import seer_deploy
-from seer_deploy.core.atomic import install_dir, temp_dir_beside
+from seer_deploy.core.atomic import check_replaceable, claim, install_dir, staging_dir
 from seer_deploy.core.errors import ArtifactError, ConfigError
-from seer_deploy.core.files import file_sha256
+from seer_deploy.core.files import confined, file_sha256, regular_file
 from seer_deploy.engines.buckets import ProfileLayout, input_axes, plan_buckets, profile_shapes
-from seer_deploy.engines.manifest import MANIFEST_FILE, BackendName, EngineManifest, TensorRTFacts
-from seer_deploy.engines.ort import OrtSessionOptions
+from seer_deploy.engines.manifest import BackendName, EngineManifest, TensorRTFacts
+from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, check_external_data, open_session
 from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_MANIFEST_FILE
 from seer_deploy.spec.export_manifest import ExportManifest, GraphRecord
 from seer_deploy.spec.graphs import STEP_GRAPH_NAMES, GraphIO, step_graphs
@@ -30,6 +33,7 @@ from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 Progress = Callable[[str], None]
 EXPORT_COPY = "export.json"
+ARTIFACT_KIND = "engine"  # the ownership marker's kind (core.atomic.claim)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -62,6 +66,22 @@ class BuildOptions:
     workspace_bytes: int | None = None
     ort_session: OrtSessionOptions = field(default_factory=OrtSessionOptions)
     ort_save_optimized: bool = False
+    force: bool = False  # replace our engine dir of another model (never a directory seer-deploy did not write)
+
+    def check(self) -> None:
+        """The settings that need no export: the backend, its library, the flags that belong to it."""
+        if self.backend == "tensorrt":
+            from seer_deploy.engines import tensorrt_engine
+
+            tensorrt_engine.require_tensorrt()  # before any work: the user learns at once
+            if self.timing_cache is not None and self.timing_cache.exists():
+                regular_file(self.timing_cache, "--timing-cache")
+        elif self.backend != "ort":
+            raise ConfigError(f"backend '{self.backend}' is unknown; use ort or tensorrt")
+        elif self.workspace_bytes is not None or self.timing_cache is not None:
+            raise ConfigError("--workspace and --timing-cache apply to --backend tensorrt only; drop them for ort")
+        else:
+            self.ort_session.check()
 
     def layout(self, max_seq_len: int) -> ProfileLayout:
         """The profile layout for an export with `max_seq_len` positions; ConfigError if it cannot fit."""
@@ -96,23 +116,10 @@ class BuildResult:
     seconds: float
 
 
-def check_destination(out: Path) -> None:
-    """Only an empty or missing directory, or an earlier engine dir (a rebuild), may be replaced."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise ArtifactError(f"--out {out} is a file; give a directory path for the engine")
-    if any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
-        raise ArtifactError(
-            f"--out {out} is a non-empty directory that is not a seer-deploy engine dir; refusing to replace it. "
-            f"Choose a new or empty directory"
-        )
-
-
 def _check_export(export_dir: Path, export: ExportManifest) -> None:
     """The graph files exist and still hash to what the export manifest says (the engine will record it)."""
     for name in STEP_GRAPH_NAMES:
-        path = export_dir / export.graphs[name].file
+        path = confined(export_dir, export.graphs[name].file, f"the {name} graph", error=ArtifactError)
         if not path.is_file():
             raise ArtifactError(f"{path} ({name} graph) is missing; the export is incomplete, re-run `seer-deploy export`")
         if file_sha256(path) != export.graphs[name].sha256:
@@ -120,6 +127,7 @@ def _check_export(export_dir: Path, export: ExportManifest) -> None:
                 f"{path} does not match the sha256 in {export_dir / EXPORT_MANIFEST_FILE}: it was modified after "
                 f"export; re-run `seer-deploy export`"
             )
+        check_external_data(path)  # ONNX Runtime and TensorRT's parser open whatever the graph names
 
 
 def _versions(backend: BackendName) -> dict[str, str]:
@@ -138,10 +146,6 @@ def _versions(backend: BackendName) -> dict[str, str]:
 def _build_ort(export_dir: Path, export: ExportManifest, options: BuildOptions, tmp: Path,
                progress: Progress) -> tuple[dict[str, str], dict[str, Any]]:
     """Open the sessions once (provider availability, graph/manifest agreement), optionally save optimised graphs."""
-    import onnxruntime as ort
-
-    from seer_deploy.engines.ort import OrtBackend
-
     progress("opening ONNX Runtime sessions")
     backend = OrtBackend(export_dir, options.ort_session)
     files = dict.fromkeys(STEP_GRAPH_NAMES, "")
@@ -154,8 +158,7 @@ def _build_ort(export_dir: Path, export: ExportManifest, options: BuildOptions, 
             # Weights go to a side file: an inline >2 GB model cannot be serialized.
             so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                         f"{files[name]}.data")
-            ort.InferenceSession(str(export_dir / export.graphs[name].file), sess_options=so,
-                                 providers=backend.providers)
+            open_session(export_dir / export.graphs[name].file, so, backend.providers)
     session = {
         "providers": list(backend.providers),
         "intra_op_threads": options.ort_session.intra_op_threads,
@@ -200,20 +203,59 @@ def _build_tensorrt(export_dir: Path, export: ExportManifest, layout: ProfileLay
     return files, facts
 
 
-def build_engines(export_dir: Path, out: Path, options: BuildOptions, progress: Progress = lambda _: None
-                  ) -> BuildResult:
-    """Build the engine dir `out` from `export_dir`; ConfigError/ArtifactError name what is wrong."""
-    start = time.perf_counter()
-    export_dir, out = Path(export_dir), Path(out)
-    if options.backend == "tensorrt":
-        from seer_deploy.engines import tensorrt_engine
+@dataclass(frozen=True)
+class BuildRun:
+    """A build whose input passed every check that needs no heavy work (prepare_build); `start` builds it."""
 
-        tensorrt_engine.require_tensorrt()  # before any work: the user learns at once
-    elif options.backend != "ort":
-        raise ConfigError(f"backend '{options.backend}' is unknown; use ort or tensorrt")
-    elif options.workspace_bytes is not None or options.timing_cache is not None:
-        raise ConfigError("--workspace and --timing-cache apply to --backend tensorrt only; drop them for ort")
-    progress(f"reading {export_dir / EXPORT_MANIFEST_FILE}")
+    export_dir: Path
+    out: Path
+    export: ExportManifest
+    layout: ProfileLayout
+    options: BuildOptions
+
+    def start(self, progress: Progress = lambda _: None) -> BuildResult:
+        """Build into a temp dir beside `out`, then install it there; on any failure nothing is left behind."""
+        started = time.perf_counter()
+        export_dir, out, export, layout, options = self.export_dir, self.out, self.export, self.layout, self.options
+        progress(f"buckets {list(layout.buckets)}, batch 1..{layout.max_batch}, "
+                 f"prompt {layout.min_prompt}..{layout.max_prompt}")
+        with staging_dir(out, "build") as tmp:
+            trt_facts: TensorRTFacts | None = None
+            ort_session: dict[str, Any] | None = None
+            if options.backend == "tensorrt":
+                files, trt_facts = _build_tensorrt(export_dir, export, layout, options, tmp, progress)
+            else:
+                files, ort_session = _build_ort(export_dir, export, options, tmp, progress)
+            manifest = EngineManifest(
+                backend=options.backend,
+                buckets=layout.buckets,
+                max_batch=layout.max_batch,
+                min_prompt=layout.min_prompt,
+                max_prompt=layout.max_prompt,
+                model_fingerprint=export.model.fingerprint,
+                graph_hashes={name: export.graphs[name].sha256 for name in STEP_GRAPH_NAMES},
+                files=files,
+                versions=_versions(options.backend),
+                tensorrt=trt_facts,
+                ort_session=ort_session,
+                extra={"export_dir": str(export_dir.resolve()), "max_seq_len": export.max_seq_len},
+            )
+            manifest.validate()
+            shutil.copyfile(export_dir / EXPORT_MANIFEST_FILE, tmp / EXPORT_COPY)
+            manifest.save(tmp)
+            progress(f"installing {out}")
+            check_replaceable(out, ARTIFACT_KIND, export.model.fingerprint, options.force)  # again: another process
+            claim(tmp, ARTIFACT_KIND, export.model.fingerprint)
+            install_dir(tmp, out)
+        return BuildResult(out=out, manifest=manifest, seconds=time.perf_counter() - started)
+
+
+def prepare_build(export_dir: Path, out: Path, options: BuildOptions) -> BuildRun:
+    """Check a build of `export_dir` into `out` before any work: the options, the export (manifest, graph hashes,
+    external-data paths), the profile layout it allows, the destination's ownership. ConfigError / ArtifactError
+    name the first problem."""
+    export_dir, out = Path(export_dir), Path(out).expanduser().absolute()
+    options.check()
     export = ExportManifest.load(export_dir)
     if options.backend == "tensorrt" and MULTIMODAL_KEY in export.extra:
         raise ConfigError(
@@ -221,39 +263,12 @@ def build_engines(export_dir: Path, out: Path, options: BuildOptions, progress: 
             "covers the step graphs' image-table input yet); use --backend ort, or run the export directory itself"
         )
     layout = options.layout(export.max_seq_len)
-    progress(f"buckets {list(layout.buckets)}, batch 1..{layout.max_batch}, "
-             f"prompt {layout.min_prompt}..{layout.max_prompt}")
     _check_export(export_dir, export)
-    check_destination(out)
-    tmp = temp_dir_beside(out, "build")
-    try:
-        trt_facts: TensorRTFacts | None = None
-        ort_session: dict[str, Any] | None = None
-        if options.backend == "tensorrt":
-            files, trt_facts = _build_tensorrt(export_dir, export, layout, options, tmp, progress)
-        else:
-            files, ort_session = _build_ort(export_dir, export, options, tmp, progress)
-        manifest = EngineManifest(
-            backend=options.backend,
-            buckets=layout.buckets,
-            max_batch=layout.max_batch,
-            min_prompt=layout.min_prompt,
-            max_prompt=layout.max_prompt,
-            model_fingerprint=export.model.fingerprint,
-            graph_hashes={name: export.graphs[name].sha256 for name in STEP_GRAPH_NAMES},
-            files=files,
-            versions=_versions(options.backend),
-            tensorrt=trt_facts,
-            ort_session=ort_session,
-            extra={"export_dir": str(export_dir.resolve()), "max_seq_len": export.max_seq_len},
-        )
-        manifest.validate()
-        shutil.copyfile(export_dir / EXPORT_MANIFEST_FILE, tmp / EXPORT_COPY)
-        manifest.save(tmp)
-        progress(f"installing {out}")
-        install_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return BuildResult(out=out, manifest=manifest, seconds=time.perf_counter() - start)
+    check_replaceable(out, ARTIFACT_KIND, export.model.fingerprint, options.force)
+    return BuildRun(export_dir, out, export, layout, options)
 
+
+def build_engines(export_dir: Path, out: Path, options: BuildOptions, progress: Progress = lambda _: None
+                  ) -> BuildResult:
+    """Build the engine dir `out` from `export_dir`; ConfigError/ArtifactError name what is wrong."""
+    return prepare_build(export_dir, out, options).start(progress)

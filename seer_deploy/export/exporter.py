@@ -1,17 +1,19 @@
 """`export_checkpoint`: checkpoint directory -> export directory (step0.onnx, step.onnx, weights.bin, manifest.json),
 and `ExportRun`, the path every export takes (the multimodal one too, seer_deploy.export.multimodal).
 
-Everything is written into a temporary directory next to the destination and renamed into place only after the
-ONNX checker, the check of every traced graph's inputs and outputs against its declaration (spec.graphs) and the
-ONNX Runtime vs torch comparison passed, so a failed or interrupted export leaves nothing at the destination. A
-destination that holds another model's export is refused unless forced; one that holds something other than an
-export is always refused (replacing it would delete the user's files).
+An export is checked before any work starts (`prepare_export`: options, the checkpoint's config, the length, the
+statistics, the destination), then run (`ExportRun.start`). Everything is written into a temporary directory next to
+the destination and renamed into place only after the ONNX checker, the check of every traced graph's inputs and
+outputs against its declaration (spec.graphs) and the ONNX Runtime vs torch comparison passed, so a failed or
+interrupted export leaves nothing at the destination. The installed directory carries this tool's ownership marker
+(core.atomic.claim): a destination that holds another model's export is refused unless forced; one that holds
+anything seer-deploy did not write there is always refused (replacing it would delete the user's files).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,8 +25,15 @@ import torch
 from torch import Tensor, nn
 
 import seer_deploy
-from seer_deploy.core.atomic import install_dir, temp_dir_beside
-from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.core.atomic import (
+    OWNER_FILE,
+    check_replaceable,
+    claim,
+    install_dir,
+    remove_stale_temporaries,
+    staging_dir,
+)
+from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.files import file_sha256
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.export.graphs import Step0Graph, StepGraph
@@ -38,11 +47,17 @@ from seer_deploy.export.validate import (
     torch_references,
 )
 from seer_deploy.export.weights import SharedWeightFile
-from seer_deploy.models.checkpoint import DEMO_NAMES, checkpoint_fingerprint, load_checkpoint, resolve_checkpoint
-from seer_deploy.models.config import ModelConfig
+from seer_deploy.models.checkpoint import (
+    DEMO_NAMES,
+    checkpoint_fingerprint,
+    load_checkpoint,
+    read_config,
+    resolve_checkpoint,
+)
+from seer_deploy.models.config import ModelConfig, config_from_dict
+from seer_deploy.models.tokenizer import special_ids_from_tokenizer_file
 from seer_deploy.spec import sampling
 from seer_deploy.spec.export_manifest import (
-    MANIFEST_FILE,
     ExportManifest,
     GraphRecord,
     ModelSpec,
@@ -73,7 +88,9 @@ STAGES: tuple[str, ...] = (
 )
 MAX_TRACE_BATCH = 4096  # the batch and image dims are dynamic; these only bound torch.export's symbolic ranges
 MAX_IMAGE_TOKENS = 1 << 20
+ARTIFACT_KIND = "export"  # the ownership marker's kind (core.atomic.claim)
 Progress = Callable[[str], None]  # called with the name of each stage as it starts
+NESTED_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.\w+-\d+-[0-9a-f]{8}(?:\.old)?$")  # core.atomic.temp_dir_beside's
 
 
 @dataclass(frozen=True)
@@ -93,34 +110,6 @@ class GraphPlan:
     sizes: Mapping[Size, int]  # the declared Size dims, for this model (what the traced graphs must show)
     validate: Callable[[Path], dict[str, float]]  # the staged export dir -> max |diff| per output, or raise
     manifest_extra: Callable[[dict[str, GraphRecord]], dict[str, Any]] = field(default=lambda records: {})
-
-
-def check_destination(out: Path, fingerprint: str, force: bool) -> None:
-    """Refuse to replace anything but an empty directory or an export of the same model (or any export if forced)."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise ArtifactError(f"--out {out} is a file; give a directory path for the export")
-    if not any(out.iterdir()):
-        return
-    if not (out / MANIFEST_FILE).is_file():
-        raise ArtifactError(
-            f"--out {out} is a non-empty directory that is not a seer-deploy export; refusing to replace it. "
-            "Choose a new or empty directory"
-        )
-    try:
-        existing: ExportManifest | None = ExportManifest.load(out)
-    except ArtifactError:
-        existing = None
-    if force:
-        return
-    if existing is None:
-        raise ArtifactError(f"--out {out} holds an export with an unreadable manifest; pass --force to replace it")
-    if existing.model.fingerprint != fingerprint:
-        raise ArtifactError(
-            f"--out {out} holds the export of another model ({existing.model.source}, fingerprint "
-            f"{existing.model.fingerprint[:12]}); pass --force to replace it, or choose another --out"
-        )
 
 
 def export_versions() -> dict[str, str]:
@@ -173,36 +162,91 @@ def trace_graphs(
     return records, store
 
 
+def checkpoint_config(path: Path) -> ModelConfig:
+    """The model configuration of a checkpoint directory, as load_checkpoint reads it, without its weights."""
+    return config_from_dict(read_config(path), special_ids_from_tokenizer_file(path / "tokenizer.json"))
+
+
+def destination_fingerprint(dest: Path, checkpoint: Path, force: bool) -> str | None:
+    """Refuse a destination this export may not replace (check_replaceable); the checkpoint's fingerprint, when the
+    check needed it (an export is there and no --force), so that a checkpoint is hashed up front only then."""
+    remove_nested_debris(dest)
+    check_replaceable(dest, ARTIFACT_KIND, None, force)
+    if force or not dest.is_dir() or not any(dest.iterdir()):
+        return None
+    fingerprint = checkpoint_fingerprint(checkpoint)
+    check_replaceable(dest, ARTIFACT_KIND, fingerprint, force)
+    return fingerprint
+
+
+def remove_nested_debris(dest: Path) -> None:
+    """In our own export only: remove what a killed `export --build` left inside it (the engine's temporary
+    directory beside DIR/engine), which would otherwise count as a file seer-deploy did not write there."""
+    if dest.is_symlink() or not (dest / OWNER_FILE).is_file():
+        return
+    for entry in list(dest.iterdir()):
+        match = NESTED_TEMPORARY.match(entry.name)
+        if match is not None:
+            remove_stale_temporaries(dest / match["name"])  # temporaries of live writers stay
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What loading the checkpoint gives an export: the weight layout and the graphs to trace."""
+
+    layout: str
+    plan: GraphPlan
+
+
 @dataclass(frozen=True)
 class ExportRun:
-    """One export under way: its settings, its destination, whom it reports to, when it started."""
+    """An export whose input passed every check that needs no heavy work; `start` loads, traces, checks and
+    installs it. `load` is what a text and a multimodal export differ in."""
 
     options: ExportOptions
     dest: Path
-    report: Progress
-    started: float
+    checkpoint: Path
+    source: str  # what the manifest records as the model's source: 'demo', or the checkpoint's absolute path
+    config: ModelConfig
+    max_seq_len: int
+    stats: StatsSpec
+    fingerprint: str | None  # known once the destination check needed it
+    load: Callable[[ExportRun, Progress], Loaded]
 
     @classmethod
-    def begin(cls, out: str | os.PathLike[str], options: ExportOptions | None, progress: Progress | None) -> ExportRun:
-        options = options or ExportOptions()
+    def check(cls, checkpoint: Path, source: str, config: ModelConfig, out: str | os.PathLike[str],
+              options: ExportOptions, load: Callable[[ExportRun, Progress], Loaded],
+              shortest: tuple[int, str] = (2, "give at least 2 positions")) -> ExportRun:
+        """Options, the length against the model's positions and `shortest` (positions, why), the statistics'
+        layers, the destination's ownership: each ConfigError / ArtifactError before any work."""
         options.validate()
-        run = cls(options, Path(out).expanduser().absolute(), progress or (lambda stage: None), time.perf_counter())
-        run.report("loading checkpoint")
-        return run
+        max_seq_len = options.max_seq_len or config.max_seq_len
+        if max_seq_len > config.max_seq_len:
+            raise ConfigError(f"--max-seq-len {max_seq_len} exceeds the model's {config.max_seq_len} positions; use at "
+                              f"most {config.max_seq_len}")
+        if max_seq_len < shortest[0]:
+            raise ConfigError(f"--max-seq-len {max_seq_len} is too short: {shortest[1]}")
+        stats = options.seer.spec(config.n_layers)
+        dest = Path(out).expanduser().absolute()
+        fingerprint = destination_fingerprint(dest, checkpoint, options.force)
+        return cls(options, dest, checkpoint, source, config, max_seq_len, stats, fingerprint, load)
 
-    def claim(self, checkpoint_dir: Path) -> str:
-        """The checkpoint's fingerprint, once the destination may take its export (check_destination)."""
-        fingerprint = checkpoint_fingerprint(checkpoint_dir)
-        check_destination(self.dest, fingerprint, self.options.force)
-        return fingerprint
+    def start(self, progress: Progress | None = None) -> ExportResult:
+        """Load the checkpoint, then trace, check, validate and install (write); `progress` hears each stage."""
+        report = progress or (lambda stage: None)
+        started = time.perf_counter()
+        report("loading checkpoint")
+        fingerprint = self.fingerprint or checkpoint_fingerprint(self.checkpoint)
+        loaded = self.load(self, report)
+        model = ModelSpec(self.source, loaded.layout, fingerprint, self.config.to_dict())
+        return self.write(model, loaded.plan, report, started)
 
-    def write(self, model: ModelSpec, stats: StatsSpec, max_seq_len: int, plan: GraphPlan) -> ExportResult:
+    def write(self, model: ModelSpec, plan: GraphPlan, report: Progress, started: float) -> ExportResult:
         """Trace, write the manifest, check and validate in a temp dir beside the destination, then install it there;
         on any failure (an interrupt too) nothing is left behind and the destination keeps what it had."""
-        options, report = self.options, self.report
+        options, stats, max_seq_len = self.options, self.stats, self.max_seq_len
         cfg = ModelConfig(**model.config)
-        tmp = temp_dir_beside(self.dest, "export")
-        try:
+        with staging_dir(self.dest, ARTIFACT_KIND) as tmp:
             records, store = trace_graphs(plan, options, max_seq_len, tmp, report)
             manifest = ExportManifest(
                 model=model,
@@ -240,37 +284,37 @@ class ExportRun:
                 manifest.save(tmp)
 
             report("installing")
-            check_destination(self.dest, model.fingerprint, options.force)  # again: another process may have written
+            check_replaceable(self.dest, ARTIFACT_KIND, model.fingerprint, options.force)  # again: another process
+            claim(tmp, ARTIFACT_KIND, model.fingerprint)
             install_dir(tmp, self.dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return ExportResult(self.dest, manifest, max_diff, time.perf_counter() - self.started)
+        return ExportResult(self.dest, manifest, max_diff, time.perf_counter() - started)
+
+
+def prepare_export(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
+                   options: ExportOptions | None = None) -> ExportRun:
+    """Check an export of `checkpoint` ('demo' or a local directory) into `out` (ExportRun.check); `.start()` runs
+    it."""
+    options = options or ExportOptions()
+    options.validate()  # flags first: before the checkpoint is read
+    path = resolve_checkpoint(checkpoint)
+    source = str(checkpoint) if str(checkpoint) in DEMO_NAMES else str(path.absolute())
+    return ExportRun.check(path, source, checkpoint_config(path), out, options, _load_text)
 
 
 def export_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
                       options: ExportOptions | None = None, progress: Progress | None = None) -> ExportResult:
     """Export both graphs of `checkpoint` ('demo' or a local directory) into `out`; see the module docstring."""
+    return prepare_export(checkpoint, out, options).start(progress)
+
+
+def _load_text(run: ExportRun, report: Progress) -> Loaded:
+    """A text checkpoint's weights, the torch references (with verify) and the step0 / step graphs to trace."""
     from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 
-    run = ExportRun.begin(out, options, progress)
-    ckpt_path = resolve_checkpoint(checkpoint)
-    fingerprint = run.claim(ckpt_path)
-    ckpt = load_checkpoint(ckpt_path, dtype=torch.float32)
-    cfg = ckpt.config
-    max_seq_len = run.options.max_seq_len or cfg.max_seq_len
-    if max_seq_len > cfg.max_seq_len:
-        raise ConfigError(
-            f"--max-seq-len {max_seq_len} exceeds the model's {cfg.max_seq_len} positions; use at most {cfg.max_seq_len}"
-        )
-    if max_seq_len < 2:
-        raise ConfigError(f"--max-seq-len {max_seq_len} is too short; give at least 2 positions")
-    stats = run.options.seer.spec(cfg.n_layers)
-    model = ckpt.model
-    dtype = run.options.dtype
-
-    run.report("torch reference")
-    refs = torch_references(model, stats, make_probes(cfg, max_seq_len)) if run.options.verify else []
+    ckpt = load_checkpoint(run.checkpoint, dtype=torch.float32)
+    cfg, model, dtype, stats = ckpt.config, ckpt.model, run.options.dtype, run.stats
+    report("torch reference")
+    refs = torch_references(model, stats, make_probes(cfg, run.max_seq_len)) if run.options.verify else []
     if dtype == "fp16":
         model = model.to(torch.float16)
 
@@ -280,9 +324,8 @@ def export_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLike
 
     plan = GraphPlan(
         modules=((STEP0, Step0Graph(model, stats)), (STEP, StepGraph(model))),
-        examples=step_examples(cfg, max_seq_len),
+        examples=step_examples(cfg, run.max_seq_len),
         sizes={Size.STAT_ROWS: len(stats.sparsity_rows)},
         validate=validate,
     )
-    source = str(checkpoint) if str(checkpoint) in DEMO_NAMES else str(ckpt_path.absolute())
-    return run.write(ModelSpec(source, ckpt.layout, fingerprint, cfg.to_dict()), stats, max_seq_len, plan)
+    return Loaded(ckpt.layout, plan)

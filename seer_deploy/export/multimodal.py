@@ -7,7 +7,7 @@ runtime loop, Seer's truncation and regrouped batches work on plain ids, and the
 those of a text-only export. The vision graph outputs float32 whatever the export dtype, so the table's type never
 depends on it.
 
-The export directory and manifest are the text export's (written by seer_deploy.export.exporter.write_export) with
+The export directory and manifest are the text export's (written by seer_deploy.export.exporter.ExportRun) with
 the vision graph and the image settings under `extra["multimodal"]`; the weights of all three graphs share one
 weights.bin.
 """
@@ -21,18 +21,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from seer_deploy.core.errors import ConfigError
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
-from seer_deploy.export.exporter import ExportResult, ExportRun, GraphPlan, Progress, step_examples
+from seer_deploy.export.exporter import (
+    ExportResult,
+    ExportRun,
+    GraphPlan,
+    Loaded,
+    Progress,
+    checkpoint_config,
+    step_examples,
+)
 from seer_deploy.export.graphs import MultimodalStep0Graph, MultimodalStepGraph, VisionGraph
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.validate import ExportValidationError, Probe, compare_with_torch, make_probes, torch_references
+from seer_deploy.models.checkpoint import read_config
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.image_prompts import ImageConditionedModel
-from seer_deploy.models.multimodal import DEMO_VL_NAME, load_multimodal, resolve_multimodal
+from seer_deploy.models.multimodal import DEMO_VL_NAME, load_multimodal, resolve_multimodal, vision_config_from_dict
 from seer_deploy.models.vision import VisionConfig
-from seer_deploy.spec.export_manifest import GraphRecord, ModelSpec
+from seer_deploy.spec.export_manifest import GraphRecord
 from seer_deploy.spec.graphs import (
     IMAGE_TABLE,
     INPUT_IDS,
@@ -71,6 +79,19 @@ def image_probes(cfg: ModelConfig, max_seq_len: int, n_table: int, seed: int = 1
     return probes
 
 
+def prepare_multimodal(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
+                       options: ExportOptions | None = None) -> ExportRun:
+    """Check an export of a LLaDA-V-layout checkpoint (or 'demo-vl') into `out` before any work (ExportRun.check,
+    and room for one image and a response); `.start()` runs it."""
+    options = options or ExportOptions()
+    options.validate()  # flags first: before the checkpoint is read
+    path = resolve_multimodal(checkpoint)
+    tokens = vision_config_from_dict(read_config(path), path).tokens_per_image
+    source = DEMO_VL_NAME if str(checkpoint) == DEMO_VL_NAME else str(path.absolute())
+    why = f"it cannot hold one image ({tokens} tokens) and a response; raise it"
+    return ExportRun.check(path, source, checkpoint_config(path), out, options, _load_multimodal, (tokens + 1, why))
+
+
 def export_multimodal(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
                       options: ExportOptions | None = None, progress: Progress | None = None) -> ExportResult:
     """Export a LLaDA-V-layout checkpoint (or 'demo-vl'): vision.onnx, step0.onnx, step.onnx, weights.bin, manifest.
@@ -78,24 +99,18 @@ def export_multimodal(checkpoint: str | os.PathLike[str], out: str | os.PathLike
     As the text exporter: written into a temporary directory, checked (declared interfaces, ONNX checker, ONNX Runtime
     vs torch on image-bearing probes and on pixels) and renamed into place only when everything passed.
     """
-    run = ExportRun.begin(out, options, progress)
-    path = resolve_multimodal(checkpoint)
-    fingerprint = run.claim(path)
-    loaded = load_multimodal(path, dtype=torch.float32)
-    cfg, vcfg = loaded.config, loaded.vision_config
-    max_seq_len = run.options.max_seq_len or cfg.max_seq_len
-    if not 2 <= max_seq_len <= cfg.max_seq_len:
-        raise ConfigError(f"--max-seq-len {max_seq_len} must lie in [2, {cfg.max_seq_len}] (the model's positions)")
-    if max_seq_len <= vcfg.tokens_per_image:
-        raise ConfigError(
-            f"--max-seq-len {max_seq_len} cannot hold one image ({vcfg.tokens_per_image} tokens) and a response; "
-            "raise it"
-        )
-    stats = run.options.seer.spec(cfg.n_layers)
+    return prepare_multimodal(checkpoint, out, options).start(progress)
+
+
+def _load_multimodal(run: ExportRun, report: Progress) -> Loaded:
+    """The language model and the vision tower, the torch references on pixels and image-bearing probes (with
+    verify), and the vision / step0 / step graphs to trace."""
+    loaded = load_multimodal(run.checkpoint, dtype=torch.float32)
+    cfg, vcfg, stats, max_seq_len = loaded.config, loaded.vision_config, run.stats, run.max_seq_len
     lm, vision = loaded.lm.model, loaded.vision
     dtype = run.options.dtype
 
-    run.report("torch reference")
+    report("torch reference")
     size = vcfg.image.image_size
     pixels = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 3, size, size)).astype(np.float32))
     with torch.no_grad():
@@ -138,8 +153,7 @@ def export_multimodal(checkpoint: str | os.PathLike[str], out: str | os.PathLike
         validate=validate,
         manifest_extra=manifest_section,
     )
-    source = DEMO_VL_NAME if str(checkpoint) == DEMO_VL_NAME else str(path.absolute())
-    return run.write(ModelSpec(source, loaded.lm.layout, fingerprint, cfg.to_dict()), stats, max_seq_len, plan)
+    return Loaded(loaded.lm.layout, plan)
 
 
 def _examples(cfg: ModelConfig, vcfg: VisionConfig, max_seq_len: int) -> dict[str, torch.Tensor]:

@@ -6,13 +6,13 @@ its keys `stats_layers`, `abs_threshold` and `rel_threshold` matter here, the re
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from seer_deploy.core.checks import number_in
 from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.files import read_json
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.export.weights import INLINE_LIMIT_BYTES
 
@@ -20,7 +20,18 @@ if TYPE_CHECKING:
     from seer_deploy.seer.config import SeerConfig
 
 DEFAULT_OPSET = 20
+MIN_OPSET = 18  # the dynamo exporter's floor
+MAX_ABS_THRESHOLD = 1e6
 EXPORT_DTYPES: tuple[str, ...] = ("fp32", "fp16")
+
+
+def check_opset(opset: int) -> None:
+    """ConfigError unless the exporter and the installed onnx both support `opset`."""
+    import onnx
+
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        raise ConfigError(f"--opset {opset} is out of range: the exporter supports opsets {MIN_OPSET} to {newest}")
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,7 @@ class ExportOptions:
             )
         if self.dtype not in EXPORT_DTYPES:
             raise ConfigError(f"--dtype {self.dtype} is unknown; use one of {', '.join(EXPORT_DTYPES)}")
+        check_opset(self.opset)
         if self.max_seq_len is not None and self.max_seq_len < 1:
             raise ConfigError(f"--max-seq-len must be positive, got {self.max_seq_len}")
         if self.inline_limit_bytes < 0:
@@ -86,25 +98,18 @@ def load_seer_stats(path: str | os.PathLike[str]) -> SeerStats:
 
     An absent (or null) stats_layers means every layer; an empty list means the last layer (as SeerConfig reads it).
     """
-    file = Path(path)
-    try:
-        raw: Any = json.loads(file.read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"--seer-config {file} does not exist") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--seer-config {file} is not valid JSON ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"--seer-config {file} must hold a JSON object")
+    raw: dict[str, Any] = read_json(path, "--seer-config", fix="give a Seer config such as seer.json")
     kwargs: dict[str, Any] = {}
-    for key in ("abs_threshold", "rel_threshold"):
+    for key, most in (("abs_threshold", MAX_ABS_THRESHOLD), ("rel_threshold", 1.0)):  # SeerConfig's ranges
         if key in raw:
             value = raw[key]
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ConfigError(f"--seer-config {file}: {key} must be a positive number, got {value!r}")
+            if not number_in(value, 0.0, most, above_lo=True) or (key == "rel_threshold" and value == 1):
+                raise ConfigError(f"--seer-config {path}: {key} must be a positive number below {most:g}, got "
+                                  f"{value!r}")
             kwargs[key] = float(value)
     layers = raw.get("stats_layers")
     if layers is not None:
         if not isinstance(layers, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in layers):
-            raise ConfigError(f"--seer-config {file}: stats_layers must be a list of layer indices, got {layers!r}")
+            raise ConfigError(f"--seer-config {path}: stats_layers must be a list of layer indices, got {layers!r}")
         kwargs["stats_layers"] = tuple(layers)
     return SeerStats(**kwargs)

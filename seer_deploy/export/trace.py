@@ -17,11 +17,10 @@ import onnx_ir as ir
 import torch
 from torch import nn
 
-from seer_deploy.core.errors import ConfigError
+from seer_deploy.export.options import check_opset
 from seer_deploy.spec.export_manifest import TensorSpec
 from seer_deploy.spec.graphs import Axis, GraphIO
 
-MIN_OPSET = 18  # the dynamo exporter's floor
 _DTYPE_NAMES = {
     ir.DataType.INT64: "int64",
     ir.DataType.FLOAT: "float32",
@@ -29,14 +28,6 @@ _DTYPE_NAMES = {
     ir.DataType.BFLOAT16: "bfloat16",
     ir.DataType.BOOL: "bool",
 }
-
-
-def check_opset(opset: int) -> None:
-    import onnx
-
-    newest = onnx.defs.onnx_opset_version()
-    if not MIN_OPSET <= opset <= newest:
-        raise ConfigError(f"--opset {opset} is out of range: the exporter supports opsets {MIN_OPSET} to {newest}")
 
 
 @contextmanager
