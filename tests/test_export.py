@@ -317,6 +317,26 @@ def test_destination_rules(tmp_path: Path, exports: dict[str, Any]) -> None:
         destination_fingerprint(tmp_path / "file", ckpt, force=False)
 
 
+def test_debris_of_a_killed_build_is_removed_only_inside_our_export(exports: dict[str, Any], tmp_path: Path) -> None:
+    """A dead writer's temporary (PID past any real one) inside our export goes before the ownership check; the
+    same name in a directory seer-deploy did not mark, or under a marker of another kind, stays and is refused."""
+    ckpt, _ = exports["llada"]
+    dead = ".engine.build-4194305-0123abcd"
+    ours = tmp_path / "ours"
+    export_checkpoint(ckpt, ours, ExportOptions(verify=False))
+    (ours / dead).mkdir()
+    assert destination_fingerprint(ours, ckpt, force=False) is not None and not (ours / dead).exists()
+    for name, marker in (("foreign", None), ("engine-kind", {"format": "seer-deploy-owner", "kind": "engine",
+                                                              "fingerprint": None, "files": []})):
+        directory = tmp_path / name
+        (directory / dead).mkdir(parents=True)
+        if marker is not None:
+            (directory / ".seer-deploy.json").write_text(json.dumps(marker))
+        with pytest.raises(ArtifactError):
+            destination_fingerprint(directory, ckpt, force=True)
+        assert (directory / dead).is_dir()
+
+
 def test_a_user_file_inside_our_export_is_never_deleted(exports: dict[str, Any], tmp_path: Path,
                                                         cli_exit: Any) -> None:
     ckpt, _ = exports["llama"]

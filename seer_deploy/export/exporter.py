@@ -27,14 +27,15 @@ from torch import Tensor, nn
 import seer_deploy
 from seer_deploy.core.atomic import (
     OWNER_FILE,
+    OWNER_FORMAT,
     check_replaceable,
     claim,
     install_dir,
     remove_stale_temporaries,
     staging_dir,
 )
-from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.files import file_sha256
+from seer_deploy.core.errors import ConfigError, SeerDeployError
+from seer_deploy.core.files import file_sha256, read_json
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.export.graphs import Step0Graph, StepGraph
 from seer_deploy.export.options import ExportOptions
@@ -183,6 +184,12 @@ def remove_nested_debris(dest: Path) -> None:
     """In our own export only: remove what a killed `export --build` left inside it (the engine's temporary
     directory beside DIR/engine), which would otherwise count as a file seer-deploy did not write there."""
     if dest.is_symlink() or not (dest / OWNER_FILE).is_file():
+        return
+    try:
+        marker = read_json(dest / OWNER_FILE, "ownership marker")
+    except SeerDeployError:
+        return  # check_replaceable names the problem
+    if marker.get("format") != OWNER_FORMAT or marker.get("kind") != ARTIFACT_KIND:
         return
     for entry in list(dest.iterdir()):
         match = NESTED_TEMPORARY.match(entry.name)
