@@ -77,7 +77,7 @@ class SeerConfig:
     detector: Detector = "eos"
     margin: int = 4
     floor: float = 5.0  # sparsity: the split score below which there is no clear boundary (no truncation)
-    eos_floor: float = 0.5  # eos: the EOS probability at the first tail position below which there is no cut
+    eos_floor: float = 0.5  # eos: the EOS probability at the first tail position below which there is no cut (> 1: never)
     eos_tolerance: int = 0  # eos: stray non-EOS predictions allowed inside the tail
     stats_layers: tuple[int, ...] = ()  # layers whose MLP statistics step zero reports; () = the last layer
     abs_threshold: float = 0.05
@@ -104,7 +104,7 @@ class SeerConfig:
             if not int_in(value, lo, MAX_SLOTS):
                 raise ConfigError(f"seer {name} is {value!r}; it must be a whole number of response slots from {lo} "
                                   f"to {MAX_SLOTS}")
-        for name, low, high in (("floor", 0.0, 1e6), ("eos_floor", 0.0, 1.0)):
+        for name, low, high in (("floor", 0.0, 1e6), ("eos_floor", 0.0, 1e6)):  # an eos_floor above 1: never cut
             number = getattr(self, name)
             if not number_in(number, low, high):
                 raise ConfigError(f"seer {name} is {number!r}; it must be a finite number from {low:g} to {high:g}")
