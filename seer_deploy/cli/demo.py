@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from seer_deploy.models.requests import image_name
 from seer_deploy.runtime.targets import find_seer_config
 from seer_deploy.service import Request, Run, Service, ServiceOptions
 
@@ -130,19 +129,15 @@ def run_multimodal_demo(work_dir: Path, gen_length: int, n: int, say: Say, stage
     exported = export.start()
     say(f"exported demo-vl to {exported.out} (vision.onnx, step0.onnx, step.onnx; checked against torch) in "
         f"{exported.seconds:.1f}s")
-    cases = []
-    for i, example in enumerate(heldout_examples(n)):
-        file = work_dir / f"demo-vl-{i}.png"
-        example.image().save(file)
-        cases.append((Request(example.prompt, (str(file),)), example.answer))
+    cases = [(Request(e.prompt, (e.image(),)), e.answer) for e in heldout_examples(n)]  # pictures in memory
     requests = [request for request, _ in cases]
     service = Service(exported.out, ServiceOptions(GenerationConfig(gen_length, gen_length), batch_size=n), warn=stage)
     run = service.generate(requests)
     full = service.generate(requests, full_length=True)
-    for (request, expected), answer in zip(cases, run.answers, strict=True):
+    for i, ((request, expected), answer) in enumerate(zip(cases, run.answers, strict=True)):
         mark = "ok" if answer.text == expected else f"expected {expected}"
         kept = f"kept {answer.seer.kept:2d}/{gen_length}" if answer.seer is not None else ""
-        say(f"  picture {image_name(request.images[0]):14s} {request.prompt:18s} -> {answer.text:40s} {kept} [{mark}]")
+        say(f"  picture {i:<3d} {request.prompt:18s} -> {answer.text:40s} {kept} [{mark}]")
     same = sum(a.text == b.text for a, b in zip(run.answers, full.answers, strict=True))
     say(f"{n} pictures as one batch, gen_length {gen_length}, {run.backend}: Seer: {seer_note(run.seer)}: "
         f"{run.steps_run} passes, {run.tokens_processed} tokens processed, {run.seconds:.2f}s; full length: "
