@@ -32,9 +32,9 @@ SCRIPTS = (
     ("hybrid.md", "Batch throughput after Seer's cut: hybrid execution against padding to the longest and one by one",
      "python benchmarks/bench_hybrid.py --threads 2"),
     ("redesign_check.md", "The core redesign (issue 20): the same bench before and after, on one machine",
-     "seer-deploy bench demo --gen-lengths 64,256 --batch-sizes 1,8 --prompts 8 --repeats 3 --threads 0 --no-scaling "
-     "--tail-context 0 --no-tensorrt --out DIR, at a47acab and after the redesign, then "
-     "python benchmarks/compare_runs.py BEFORE/bench.json AFTER/bench.json --labels a47acab,redesign"),
+     ("seer-deploy bench demo --gen-lengths 64,256 --batch-sizes 1,8 --prompts 8 --repeats 3 --threads 0 --no-scaling "
+      "--tail-context 0 --no-tensorrt --out DIR, at a47acab and after the redesign, then "
+      "python benchmarks/compare_runs.py BEFORE/bench.json AFTER/bench.json --labels a47acab,redesign")),
 )
 
 

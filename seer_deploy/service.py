@@ -26,7 +26,7 @@ from seer_deploy.models.image_prompts import expand_placeholders
 from seer_deploy.models.requests import Request, check_request_images, load_pictures
 from seer_deploy.runtime.loop import check_supported, run_generation
 from seer_deploy.runtime.openers import open_target
-from seer_deploy.runtime.targets import BackendChoice, TargetOptions, find_seer_config
+from seer_deploy.runtime.targets import BackendChoice, TargetOptions, find_seer_config, target_kind
 from seer_deploy.seer.config import SeerConfig, TailContext
 from seer_deploy.seer.plan import SeerReport
 
@@ -52,6 +52,8 @@ class ServiceOptions:
         self.generation.validate()
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.seed < 0:
+            raise ConfigError(f"--seed must be >= 0, got {self.seed}")
         if self.tail_context is not None and self.seer is False:
             raise ConfigError("--tail-context applies to Seer runs; drop --no-seer or --tail-context")
 
@@ -111,6 +113,13 @@ class Service:
                  warn: Callable[[str], None] = lambda message: None) -> None:
         self.options = options or ServiceOptions()
         self.options.check()
+        guidance = self.options.generation.cfg_scale
+        if guidance > 0 and (self.options.backend not in (None, "torch") or target_kind(target) != "checkpoint"):
+            raise ConfigError(
+                f"cfg_scale {guidance} (classifier-free guidance) mixes two full logit tensors, which only the torch "
+                f"backend has; exported graphs return just the chosen token and its probability: run the "
+                f"checkpoint itself (torch), or set cfg_scale to 0"
+            )
         seer = resolve_seer(target, self.options, warn)
         self.backend: Backend
         self.backend, self.info = open_target(
@@ -138,7 +147,7 @@ class Service:
             generation.validate()
             check_supported(generation, self.backend)
         pictures = self._pictures(requests)  # unreadable images fail before any model runs
-        ids = self._token_ids(requests, generation)  # so do prompts too long for the model
+        ids = self.token_ids(requests, generation)  # so do prompts too long for the model
         seer = None if full_length else self.info.seer_for_engine(seer) if seer is not None else self.seer
         answers: list[Answer] = []
         steps_run = tokens_processed = 0
@@ -162,20 +171,20 @@ class Service:
         service's by default); for a multimodal target their pictures are encoded and set as the backend's image
         table, which the ids point at until the next batch."""
         pictures = self._pictures(requests)
-        ids = self._token_ids(requests, generation or self.options.generation)
+        ids = self.token_ids(requests, generation or self.options.generation)
         return self._with_images(ids, requests, pictures)
 
     def _pictures(self, requests: Sequence[Request]) -> list[list[Image.Image]]:
         check_request_images(requests, self.info.target, self.info.images is not None)
         return load_pictures(requests)
 
-    def _token_ids(self, requests: Sequence[Request], generation: GenerationConfig) -> list[list[int]]:
+    def token_ids(self, requests: Sequence[Request], generation: GenerationConfig) -> list[list[int]]:
         """The prompts' token ids (an `<image>` still one placeholder id); ConfigError for a prompt that, its
         pictures' tokens included, leaves no room for gen_length."""
         ids = [self.tokenizer.encode_prompt(r.prompt) for r in requests]
         per_image = self.info.images.tokens_per_image - 1 if self.info.images is not None else 0
         longest = max(len(t) + per_image * len(r.images) for t, r in zip(ids, requests, strict=True))
-        generation.validate(self.backend.max_seq_len, longest)
+        generation.validate(self.backend.max_seq_len, longest, image_tokens=per_image > 0)
         return ids
 
     def _with_images(self, ids: list[list[int]], requests: Sequence[Request], pictures: Sequence[list[Image.Image]]
@@ -186,7 +195,7 @@ class Service:
         if images is None:
             return ids
         backend: ImageBackend = self.backend  # type: ignore[assignment]  # a multimodal target's backend
-        flat = [p for per_request in pictures for p in per_request]
+        flat = [p for per_request in pictures for p in per_request]  # none for a batch of text-only requests
         embeds = backend.encode_images(pixel_batch(flat, images.image))
         backend.set_image_table([embeds])
         counts = [len(r.images) for r in requests]
@@ -194,6 +203,7 @@ class Service:
 
 
 def generate(requests: Sequence[Request], target: str | os.PathLike[str], options: ServiceOptions | None = None,
-             progress: Callable[[int], None] = lambda done: None) -> Run:
+             progress: Callable[[int], None] = lambda done: None,
+             warn: Callable[[str], None] = lambda message: None) -> Run:
     """Answer `requests` with TARGET: open it, run, return the answers (see `Service`)."""
-    return Service(target, options).generate(requests, progress)
+    return Service(target, options, warn).generate(requests, progress)

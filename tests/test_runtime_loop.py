@@ -159,13 +159,16 @@ def test_temperature_and_per_step_seeds_reach_the_backend() -> None:
     config = GenerationConfig(gen_length=4, steps=4, temperature=0.7)
     result = run_generation(backend, [[5, 6]], config, mask_id=MASK, pad_id=PAD, seed=3)
     kinds = [c["kind"] for c in backend.calls]
-    assert kinds == ["step0", "step", "step", "step", "step"]  # step zero is greedy: a sampled pass commits
-    seeds = [c["seed"] for c in backend.calls[1:]]
-    assert all(c["temperature"] == 0.7 for c in backend.calls[1:]) and len(set(seeds)) == 4
-    assert result.steps_run == 5 and result.tokens_processed == 5 * 6
+    assert kinds == ["step", "step", "step", "step"]  # without Seer nobody reads step zero: its sampled pass alone
+    seeds = [c["seed"] for c in backend.calls]
+    assert all(c["temperature"] == 0.7 for c in backend.calls) and len(set(seeds)) == 4
+    assert result.steps_run == 4 and result.tokens_processed == 4 * 6
     again = ScriptedBackend()
     run_generation(again, [[5, 6]], config, mask_id=MASK, pad_id=PAD, seed=3)
-    assert [c["seed"] for c in again.calls[1:]] == seeds
+    assert [c["seed"] for c in again.calls] == seeds
+    cut = ScriptedBackend()  # with Seer step zero's statistics are read: the greedy step0, then a sampled pass commits
+    run_generation(cut, [[5, 6]], config, mask_id=MASK, pad_id=PAD, seed=3, kept_lengths=[4])
+    assert [c["kind"] for c in cut.calls][:2] == ["step0", "step"]
     greedy = ScriptedBackend()
     run_generation(greedy, [[5, 6]], GenerationConfig(gen_length=4, steps=4), mask_id=MASK, pad_id=PAD)
     assert [c["kind"] for c in greedy.calls] == ["step0", "step", "step", "step"]
@@ -267,3 +270,13 @@ def test_torch_backend_step_matches_step0_at_temperature_zero() -> None:
     a, b = backend.step(StepInput(x)), backend.step0(StepInput(x))
     np.testing.assert_array_equal(a.token_ids, b.token_ids)
     np.testing.assert_array_equal(a.confidence, b.confidence)
+
+
+def test_sampling_without_seer_runs_one_pass_a_step() -> None:
+    """At temperature > 0 without Seer, step zero is the sampled step alone (nobody reads its statistics): as many
+    forward passes as the reference loop's steps."""
+    model = tiny_model(seed=2)
+    config = GenerationConfig(gen_length=8, steps=8, temperature=0.7)
+    out = run_generation(TorchBackend(model), [[10, 14, 1, 13]], config, **_ids(model))
+    assert out.steps_run == generate(model, [[10, 14, 1, 13]], config).steps_run == 8
+    assert not (out.tokens == model.cfg.mask_id).any()

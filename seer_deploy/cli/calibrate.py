@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from seer_deploy.cli.options import generation_config
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.seer.config import parse_tail_context
 
@@ -55,7 +56,8 @@ def parse_buckets(text: str | None) -> tuple[int, ...]:
 @click.option("--identity-margin-span", type=int, default=16, show_default=True,
               help="With --target-identical: margins tried, from the safe-rate one up to this many more in steps of 2.")
 @click.option("--batch-size", type=int, default=64, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the calibration/validation split.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the calibration/validation split.")
 def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_length: int, steps: int | None,
             block_length: int | None, detector: str, holdout: float, min_margin: int, buckets: str | None,
             tail_context: str, target_identical: float | None, identity_tail_contexts: str,
@@ -70,7 +72,6 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
     from seer_deploy.calibration.detector_fit import CalibrationOptions, calibrate_model, split_indices
     from seer_deploy.calibration.identity_fit import check_target_identical, fit_identity_on_split
     from seer_deploy.calibration.prompt_set import prepare_prompts
-    from seer_deploy.core.generation import GenerationConfig
     from seer_deploy.models.requests import read_prompts_file
 
     options = CalibrationOptions(target_safe=target_safe, holdout=holdout, seed=seed, detector=detector,
@@ -84,8 +85,7 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
         raise ConfigError(f"--identity-margin-span {identity_margin_span} must be >= 0")
     if try_contexts and target_identical is None:
         raise ConfigError("--identity-tail-contexts needs --target-identical (the share they are tried to reach)")
-    config = GenerationConfig(gen_length=gen_length, steps=steps or gen_length, block_length=block_length)
-    config.validate()
+    config = generation_config(gen_length, steps, block_length, 0.0, "low_confidence", 0.0)
     if batch_size < 1:
         raise ConfigError("--batch-size must be >= 1")
     prompts = read_prompts_file(prompts_file)

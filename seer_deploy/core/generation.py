@@ -58,7 +58,7 @@ class GenerationConfig:
     def steps_per_block(self) -> int:
         return steps_per_block(self.gen_length, self.steps, self.block_length)[1]
 
-    def validate(self, max_seq_len: int | None = None, prompt_len: int = 0) -> None:
+    def validate(self, max_seq_len: int | None = None, prompt_len: int = 0, image_tokens: bool = False) -> None:
         """Raise ConfigError naming the bad setting (and its flag) and a fix; every value is checked for its type,
         finiteness and range before anything runs: `--temperature nan` or `--block-length 0` never mean a default."""
         for name in ("gen_length", "steps"):
@@ -83,7 +83,8 @@ class GenerationConfig:
                 )
         if max_seq_len is not None and prompt_len + self.gen_length > max_seq_len:
             raise ConfigError(
-                f"prompt ({prompt_len} tokens) + gen_length ({self.gen_length}) = {prompt_len + self.gen_length} "
+                f"prompt ({prompt_len} tokens{', image tokens included' if image_tokens else ''}) + gen_length "
+                f"({self.gen_length}) = {prompt_len + self.gen_length} "
                 f"exceeds the model's {max_seq_len} positions; shorten the prompt or lower --gen-length"
             )
 

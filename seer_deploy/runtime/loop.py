@@ -90,12 +90,12 @@ def run_generation(
     first = full_length_plan(G, config.steps, config.block_length).blocks[0]
     left = ctx.core.masks_left(x, np.full(B, P + first.start, np.int64), np.full(B, P + first.end, np.int64), mask_id)
     schedule = ctx.core.transfer_schedule(left, first.steps)
-    out0 = step_zero(ctx, x, mask, P, P + first.end, schedule[:, 0], tally, real)
+    truncating = seer is not None or kept_lengths is not None
+    out0 = step_zero(ctx, x, mask, P, P + first.end, schedule[:, 0], tally, real, truncating)
     responses = x[:, P:].copy()
     # The prompts as step zero left them: masks inside a prompt are candidates too, and its commits stand.
     prompts = [x[b, P - len(p) : P].tolist() for b, p in enumerate(prompts)]
-    truncating = seer is not None or kept_lengths is not None
-    if truncating:
+    if out0 is not None and truncating:
         plans = plan_batch(out0, list(backend.sparsity_rows), P, responses, seer=seer, eos_id=eos, mask_id=mask_id,
                            gen_length=G, steps=config.steps, block_length=config.block_length,
                            kept_lengths=kept_lengths)
@@ -153,19 +153,24 @@ def step_zero(
     k: np.ndarray,
     tally: Tally,
     real: np.ndarray,
-) -> Step0Output:
+    truncating: bool,
+) -> Step0Output | None:
     """The first denoising step, at full length: commits k[b] masks before `hi` in x, returns what Seer reads.
 
     The Backend's step0 is greedy; at temperature > 0 the commit uses a sampled step at the same input (one more
-    forward pass, counted) so the loop samples from its first step on.
+    forward pass, counted) so the loop samples from its first step on; a run that does not truncate needs only that
+    sampled step (None is returned: nobody reads step zero's statistics).
     """
     B = x.shape[0]
-    out0 = ctx.backend.step0(StepInput(x, mask, prompt_width=prompt_width, guidance=ctx.config.cfg_scale))
-    tally.count(ctx, real)
-    committed: StepOutput | Step0Output = out0
+    out0 = None
+    if truncating or ctx.config.temperature == 0:
+        out0 = ctx.backend.step0(StepInput(x, mask, prompt_width=prompt_width, guidance=ctx.config.cfg_scale))
+        tally.count(ctx, real)
+    committed: StepOutput | Step0Output | None = out0
     if ctx.config.temperature > 0:
         committed = ctx.backend.step(ctx.step_input(x, mask, prompt_width))
         tally.count(ctx, real)
+    assert committed is not None  # greedy runs commit step zero's own tokens
     ctx.commit(x, committed, np.full(B, hi, np.int64), k)
     return out0
 

@@ -110,7 +110,9 @@ class MultimodalTorchBackend(TorchBackend):
 
     @torch.inference_mode()
     def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
-        """float32 [N, 3, H, W] -> float32 [N, tokens_per_image, D]."""
+        """float32 [N, 3, H, W] -> float32 [N, tokens_per_image, D] (N = 0 gives an empty array)."""
+        if len(pixel_values) == 0:
+            return np.zeros((0, self.vision.cfg.tokens_per_image, self.width), dtype=np.float32)
         return _numpy(self.vision(torch.from_numpy(np.ascontiguousarray(pixel_values, np.float32))), np.float32)
 
     def set_image_table(self, table: np.ndarray | list[np.ndarray]) -> None:

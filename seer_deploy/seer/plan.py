@@ -25,7 +25,7 @@ from seer_deploy.core.generation import steps_per_block
 from seer_deploy.core.sparsity import SparsityRow
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.detect import Boundary, detect
-from seer_deploy.seer.response_profile import ResponseProfile, profiles_from_step0
+from seer_deploy.seer.response_profile import profiles_from_step0
 
 
 @dataclass(frozen=True)
@@ -132,22 +132,6 @@ def make_plan(
         gen_length=gen_length, kept=kept, blocks=blocks, full_steps=steps, boundary=boundary, context=context
     )
 
-
-def plan_request(
-    profile: ResponseProfile,
-    seer: SeerConfig,
-    eos_id: int,
-    gen_length: int,
-    steps: int,
-    block_length: int | None,
-    *,
-    still_masked: np.ndarray | None = None,
-) -> TruncationPlan:
-    """Detect the boundary of one response and plan its truncation: the one call a loop makes per request."""
-    boundary = detect(profile, seer, eos_id)
-    kept = kept_length(boundary.position, seer.margin, gen_length, seer.buckets)
-    return make_plan(gen_length, steps, block_length, kept, still_masked=still_masked, boundary=boundary,
-                     context=seer.context_slots(kept, gen_length))
 
 
 
