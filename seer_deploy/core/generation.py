@@ -4,6 +4,10 @@ The response is `gen_length` masks split into denoising blocks of `block_length`
 the blocks; inside a block its masked positions are committed over its steps by an even split, the remainder to
 the first steps (`transfer_schedule`). Prompts of different lengths are left-padded so that every response starts at
 the same column.
+
+Parallel decoding (`decode`, Fast-dLLM's rules) replaces the fixed split: a step commits the longest run of the
+ranked candidates (most confident first) whose r-th confidence clears the rule's r-th threshold, at least one;
+a block ends when it has no masks left, so the step count follows the model's confidence (`rank_thresholds`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from seer_deploy.core.errors import ConfigError
 
 Remasking = Literal["low_confidence", "random"]
 REMASKING_CHOICES: tuple[Remasking, ...] = ("low_confidence", "random")
+Decode = Literal["fixed", "threshold", "factor"]
+DECODE_CHOICES: tuple[Decode, ...] = ("fixed", "threshold", "factor")
+MAX_FACTOR = 1e6
 MAX_GEN_LENGTH = 1 << 20  # response slots, steps and block length: far above any model's positions
 MAX_SCALE = 1e6  # temperature and cfg_scale: finite, and far beyond where either still changes an answer
 
@@ -45,6 +52,15 @@ class GenerationConfig:
     temperature: float = 0.0
     remasking: Remasking = "low_confidence"
     cfg_scale: float = 0.0  # classifier-free guidance (torch backends only: it needs the full logits)
+    decode: Decode = "fixed"  # fixed: LLaDA's even split; threshold / factor: Fast-dLLM's parallel decoding
+    threshold: float = 0.9  # decode="threshold": commit every candidate whose probability is >= threshold
+    factor: float = 1.0  # decode="factor": commit the top n while the n-th probability is >= 1 - factor / (n + 1)
+    kv_cache: bool = False  # block-wise dual KV cache: refresh at each block's first step, then run the block only
+
+    @property
+    def parallel(self) -> bool:
+        """Whether steps commit by a confidence rule (their number then follows the model) instead of a schedule."""
+        return self.decode != "fixed"
 
     @property
     def block(self) -> int:
@@ -81,12 +97,43 @@ class GenerationConfig:
                 raise ConfigError(
                     f"{name} is {value!r}; it must be a finite number from 0 to {MAX_SCALE:g} ({_flag(name)})"
                 )
+        if self.decode not in DECODE_CHOICES:
+            raise ConfigError(f"decode {self.decode!r} is unknown; use one of {', '.join(DECODE_CHOICES)} (--decode)")
+        if not number_in(self.threshold, 0.0, 1.0) or self.threshold == 0:
+            raise ConfigError(f"threshold is {self.threshold!r}; it must be a probability in (0, 1] (--threshold)")
+        if not number_in(self.factor, 0.0, MAX_FACTOR) or self.factor == 0:
+            raise ConfigError(f"factor is {self.factor!r}; it must be a number in (0, {MAX_FACTOR:g}] (--factor)")
+        if self.parallel and self.remasking != "low_confidence":
+            raise ConfigError(
+                f"--decode {self.decode} ranks candidates by the model's confidence; it cannot use --remasking "
+                f"{self.remasking}: use --remasking low_confidence or --decode fixed"
+            )
+        if not isinstance(self.kv_cache, bool):
+            raise ConfigError(f"kv_cache is {self.kv_cache!r}; it must be true or false (--kv-cache)")
         if max_seq_len is not None and prompt_len + self.gen_length > max_seq_len:
             raise ConfigError(
                 f"prompt ({prompt_len} tokens{', image tokens included' if image_tokens else ''}) + gen_length "
                 f"({self.gen_length}) = {prompt_len + self.gen_length} "
                 f"exceeds the model's {max_seq_len} positions; shorten the prompt or lower --gen-length"
             )
+
+
+    def rank_thresholds(self, n: int) -> np.ndarray:
+        """float32 [n]: the log-probability the r-th ranked candidate (0 = most confident) must reach to be committed
+        under the parallel rule; rank 0 is -inf (a step commits at least one). Every loop (torch reference, C core,
+        numpy twin) compares the float32 log-probability confidence with these very numbers, so they agree exactly.
+        """
+        if not self.parallel:
+            raise ConfigError("rank_thresholds is for --decode threshold or factor; fixed decoding uses a schedule")
+        with np.errstate(divide="ignore"):
+            if self.decode == "threshold":
+                probability = np.full(n, self.threshold, dtype=np.float64)
+            else:  # factor: Fast-dLLM's rule, n tokens when (n + 1) * (1 - p_n) < factor
+                probability = 1.0 - self.factor / (np.arange(n, dtype=np.float64) + 2.0)
+            logs = np.log(np.clip(probability, 0.0, 1.0)).astype(np.float32)
+        if n:
+            logs[0] = -np.inf
+        return logs
 
 
 def _flag(name: str) -> str:

@@ -26,7 +26,7 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class LoopCore(Protocol):
-    """The four functions the runtime loop needs; the C module and this module both provide them."""
+    """The five functions the runtime loop needs; the C module and this module both provide them."""
 
     CORE_NAME: str
 
@@ -34,6 +34,9 @@ class LoopCore(Protocol):
 
     def commit_step(self, x: np.ndarray, x0: np.ndarray, confidence: np.ndarray, block_lo: np.ndarray,
                     block_hi: np.ndarray, k: np.ndarray, mask_id: int) -> np.ndarray: ...
+
+    def commit_confident(self, x: np.ndarray, x0: np.ndarray, confidence: np.ndarray, block_lo: np.ndarray,
+                         block_hi: np.ndarray, thresholds: np.ndarray, mask_id: int) -> np.ndarray: ...
 
     def masks_left(self, x: np.ndarray, block_lo: np.ndarray, block_hi: np.ndarray, mask_id: int) -> np.ndarray: ...
 
@@ -102,7 +105,7 @@ def _block(lo: np.ndarray, hi: np.ndarray, seq: int) -> None:
         )
 
 
-# ---------------------------------------------------------------- the four functions
+# ---------------------------------------------------------------- the five functions
 
 
 def transfer_schedule(n_masked: np.ndarray, steps: int) -> np.ndarray:
@@ -177,6 +180,71 @@ def commit_step(
     commit = candidates & (keys >= threshold[:, None]) & (take > 0)[:, None]
     window[commit] = x0[:, start:stop][commit]
     return commit.sum(axis=1, dtype=np.int64)
+
+
+def commit_confident(
+    x: np.ndarray,
+    x0: np.ndarray,
+    confidence: np.ndarray,
+    block_lo: np.ndarray,
+    block_hi: np.ndarray,
+    thresholds: np.ndarray,
+    mask_id: int,
+) -> np.ndarray:
+    """Parallel decoding's commit: per row, rank the masked positions of [block_lo[b], block_hi[b]) (the commit
+    order above) and commit ranks 0..n-1 for the largest n such that every rank r in 1..n-1 has
+    confidence >= thresholds[r] (rank 0 always: a row with candidates commits at least one).
+
+    thresholds: float32 [T], T >= the widest block (`GenerationConfig.rank_thresholds`). x is updated in place;
+    returns int64 [B], the number committed per row.
+    """
+    mask_id = _int64_scalar(mask_id)
+    _array(x, "x", np.int64, 2, writable=True)
+    _array(x0, "x0", np.int64, 2)
+    _array(confidence, "confidence", np.float32, 2)
+    _array(thresholds, "thresholds", np.float32, 1)
+    lo, hi = _array(block_lo, "block_lo", np.int64, 1), _array(block_hi, "block_hi", np.int64, 1)
+    batch, seq = x.shape
+    for a, name in ((x0, "x0"), (confidence, "confidence")):
+        if a.shape != x.shape:
+            raise ValueError(
+                f"{name} has shape [{a.shape[0]}, {a.shape[1]}] but x has [{batch}, {seq}]; they must match"
+            )
+    _rows(lo, "block_lo", batch)
+    _rows(hi, "block_hi", batch)
+    _block(lo, hi, seq)
+    if batch and int((hi - lo).max()) > thresholds.shape[0]:
+        raise ValueError(
+            f"thresholds has {thresholds.shape[0]} ranks but a block spans {int((hi - lo).max())} positions; "
+            "give one threshold per rank of the widest block"
+        )
+    committed = np.zeros(batch, dtype=np.int64)
+    if batch == 0 or seq == 0:
+        return committed
+    start, stop = int(lo.min()), int(hi.max())
+    if start >= stop:
+        return committed
+    positions = np.arange(start, stop)
+    window = x[:, start:stop]
+    conf = confidence[:, start:stop]
+    candidates = (window == mask_id) & (positions >= lo[:, None]) & (positions < hi[:, None])
+    keys = np.where(candidates, _order_keys(np.ascontiguousarray(conf)), np.uint64(0))
+    order = np.argsort(keys, axis=1, kind="stable")[:, ::-1]  # keys are unique among candidates: best first
+    n_candidates = candidates.sum(axis=1)
+    ranked = np.take_along_axis(conf, order, axis=1)
+    ranks = np.arange(stop - start)
+    limits = np.full(stop - start, np.inf, dtype=np.float32)
+    width = min(stop - start, thresholds.shape[0])
+    limits[:width] = thresholds[:width]
+    fails = ~(ranked >= limits[None, :]) & (ranks >= 1)[None, :] & (ranks < n_candidates[:, None])
+    # n = the first failing rank, or every candidate when none fails.
+    n = np.where(fails.any(axis=1), fails.argmax(axis=1), n_candidates)
+    take = ranks[None, :] < n[:, None]
+    chosen = np.zeros_like(candidates)
+    np.put_along_axis(chosen, order, take, axis=1)
+    window[chosen] = x0[:, start:stop][chosen]
+    committed[:] = chosen.sum(axis=1)
+    return committed
 
 
 def masks_left(x: np.ndarray, block_lo: np.ndarray, block_hi: np.ndarray, mask_id: int) -> np.ndarray:
