@@ -64,6 +64,7 @@ class Answer:
     text: str
     tokens: list[int]  # response ids (a cut tail holds EOS)
     seer: SeerReport | None = None  # what Seer did for this request
+    steps: int = 0  # forward passes this request made, step zero included (parallel decoding: the model's choice)
 
 
 @dataclass
@@ -76,6 +77,7 @@ class Run:
     steps_run: int  # forward passes, over all batches
     tokens_processed: int  # real tokens through the model, over all batches
     seconds: float
+    generation: GenerationConfig | None = None  # the settings the answers were made with
 
     @property
     def reports(self) -> list[SeerReport | None]:
@@ -159,12 +161,14 @@ class Service:
                                  pad_id=self.info.pad_id, eos_id=self.info.eos_id, seed=self.options.seed + n,
                                  seer=seer)
             reports: list[SeerReport | None] = list(out.seer) if out.seer else [None] * len(prompts)
-            for request, row, report in zip(requests[batch], out.tokens.tolist(), reports, strict=True):
-                answers.append(Answer(request, self.tokenizer.decode_answer(row), row, report))
+            for request, row, report, steps in zip(requests[batch], out.tokens.tolist(), reports, out.row_steps,
+                                                   strict=True):
+                answers.append(Answer(request, self.tokenizer.decode_answer(row), row, report, steps))
             steps_run += out.steps_run
             tokens_processed += out.tokens_processed
             progress(len(prompts))
-        return Run(answers, self.backend.name, seer, steps_run, tokens_processed, time.perf_counter() - start)
+        return Run(answers, self.backend.name, seer, steps_run, tokens_processed, time.perf_counter() - start,
+                   generation)
 
     def prompt_ids(self, requests: Sequence[Request], generation: GenerationConfig | None = None) -> list[list[int]]:
         """The requests as one batch of prompt ids (checked to leave room for `generation`'s gen_length, the

@@ -43,9 +43,9 @@ def test_stats_match_a_manual_computation() -> None:
     from seer_deploy.models.llada import rope_tables
 
     cos, sin = rope_tables(torch.arange(8).expand(2, 8), model.cfg.head_dim, model.cfg.rope_theta)
-    x, _ = model.layers[0](x, cos, sin, None, None)
+    x, _, _ = model.layers[0](x, cos, sin, None, None)
     block = model.layers[1]
-    x = x + block.attn(block.attn_norm(x), cos, sin, None)
+    x = x + block.attn(block.attn_norm(x), cos, sin, None)[0]
     hin = block.mlp_norm(x)
     a = F.silu(block.mlp.gate(hin))
     h = a * block.mlp.up(hin)

@@ -1,4 +1,5 @@
-"""`seer-deploy export`: a checkpoint -> step0.onnx, step.onnx, weights.bin and manifest.json, validated.
+"""`seer-deploy export`: a checkpoint -> step0.onnx, step.onnx, weights.bin and manifest.json, validated (with
+--kv-cache also refresh.onnx and window_step.onnx).
 
 A multimodal checkpoint ('demo-vl' or LLaDA-V's layout) also gets vision.onnx, and its step graphs take the image
 embeddings (seer_deploy.export.multimodal)."""
@@ -31,6 +32,8 @@ import click
 @click.option("--force", is_flag=True, help="Replace an export of another model in --out (never a directory holding "
               "files seer-deploy did not write).")
 @click.option("--no-verify", is_flag=True, help="Skip the ONNX Runtime vs torch comparison (the ONNX checker still runs).")
+@click.option("--kv-cache", is_flag=True, help="Also export the block-wise KV cache graphs (refresh.onnx, "
+              "window_step.onnx) that `generate --kv-cache` runs: each block's later steps run only the block.")
 @click.option("--build", "build", type=click.Choice(["ort", "tensorrt"]), default=None,
               help="Then build an engine dir for this backend into OUT/engine (default build settings).")
 def command(
@@ -42,6 +45,7 @@ def command(
     seer_config: Path | None,
     force: bool,
     no_verify: bool,
+    kv_cache: bool,
     build: str | None,
 ) -> None:
     """Export CHECKPOINT (a local directory, 'demo' or 'demo-vl') to ONNX graphs in --out, checked against torch.
@@ -62,6 +66,7 @@ def command(
         seer=load_seer_stats(seer_config) if seer_config is not None else SeerStats(),
         verify=not no_verify,
         force=force,
+        kv_cache=kv_cache,
     )
     options.validate()
     multimodal = is_multimodal_checkpoint(checkpoint)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import click
 
-from seer_deploy.cli.options import generation_config, generation_options
+from seer_deploy.cli.options import decoding_options, generation_config, generation_options
 from seer_deploy.core.errors import ConfigError
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.requests import assign_images, image_name, read_prompts_file
 from seer_deploy.runtime.targets import BACKEND_CHOICES, BackendChoice
 from seer_deploy.seer.config import parse_tail_context
@@ -31,12 +32,29 @@ def read_requests(prompt: tuple[str, ...], images: tuple[str, ...], prompts_file
     return requests
 
 
+def decode_record(generation: GenerationConfig) -> dict[str, object]:
+    """How the steps were decoded, as --json reports it: the rule and its setting, and the KV cache."""
+    record: dict[str, object] = {"rule": generation.decode, "kv_cache": generation.kv_cache}
+    if generation.decode == "threshold":
+        record["threshold"] = generation.threshold
+    elif generation.decode == "factor":
+        record["factor"] = generation.factor
+    else:
+        record["steps"] = generation.steps
+    if generation.block_length is not None:
+        record["block_length"] = generation.block_length
+    return record
+
+
 def print_run(run: Run, gen_length: int, as_json: bool) -> None:
     """One line (or JSON object) per answer on stdout, then a summary line on stderr."""
     for answer in run.answers:
         request = answer.request
         if as_json:
-            record: dict[str, object] = {"prompt": request.prompt, "answer": answer.text, "tokens": answer.tokens}
+            record: dict[str, object] = {"prompt": request.prompt, "answer": answer.text, "tokens": answer.tokens,
+                                         "steps": answer.steps}
+            if run.generation is not None:
+                record["decode"] = decode_record(run.generation)
             if request.images:
                 record["images"] = [str(p) for p in request.images]
             if answer.seer is not None:
@@ -65,6 +83,7 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
               help="A file of prompts: JSON lines with a 'prompt' field (and for pictures an 'image' field: a path, or "
                    "a list with one per <image>, relative to the file), or one prompt per line.")
 @generation_options
+@decoding_options
 @click.option("--backend", "backend_name", type=click.Choice(BACKEND_CHOICES), default=None,
               help="torch, ort or tensorrt [default: the target's own: checkpoint torch, export directory ort, "
                    "engine directory what it was built for].")
@@ -89,14 +108,15 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
               help="One JSON object per prompt (with Seer: boundary, kept length, steps, tokens processed vs full).")
 def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen_length: int, steps: int | None,
             block_length: int | None, temperature: float, remasking: str, cfg_scale: float, seed: int,
-            backend_name: BackendChoice | None, batch_size: int, use_seer: bool | None, seer_config: Path | None,
+            decode: str, threshold: float, factor: float, kv_cache: bool, backend_name: BackendChoice | None, batch_size: int, use_seer: bool | None, seer_config: Path | None,
             tail_context: str | None, providers: tuple[str, ...], threads: int | None, images: tuple[str, ...],
             as_json: bool) -> None:
     """Generate answers for prompts with TARGET: a checkpoint directory, 'demo' or 'demo-vl' (torch), an export
     directory (ONNX Runtime) or an engine directory (ONNX Runtime or TensorRT); with --image, about pictures."""
     requests = read_requests(prompt, images, prompts_file)
     options = ServiceOptions(
-        generation=generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale),
+        generation=generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale,
+                                     decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache),
         backend=backend_name, batch_size=batch_size, providers=providers or None, threads=threads, seer=use_seer,
         seer_config=seer_config, tail_context=None if tail_context is None else parse_tail_context(tail_context),
         seed=seed,

@@ -37,6 +37,29 @@ def generation_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def decoding_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--decode, --threshold, --factor, --kv-cache: the speed settings on top of Seer."""
+    options = [
+        click.option("--decode", type=click.Choice(["fixed", "threshold", "factor"]), default="fixed",
+                     show_default=True,
+                     help="fixed: LLaDA's even split of --steps per block. threshold / factor: Fast-dLLM's parallel "
+                          "decoding, each step commits every candidate the rule accepts (at least one) and a block "
+                          "ends when it has no masks, so the steps follow the model's confidence (--steps unused)."),
+        click.option("--threshold", type=float, default=0.9, show_default=True,
+                     help="--decode threshold: commit the candidates whose probability is at least this."),
+        click.option("--factor", type=float, default=1.0, show_default=True,
+                     help="--decode factor: commit the top n while the n-th probability is >= 1 - factor / (n + 1)."),
+        click.option("--kv-cache", is_flag=True,
+                     help="Block-wise dual KV cache (Fast-dLLM): refresh the keys and values at each block's first "
+                          "step, run only the block in the others. Needs an export made with --kv-cache (or torch); "
+                          "an approximation: answers may differ from the uncached run's. Pair it with "
+                          "--block-length (Fast-dLLM uses 32)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 def generation_config(
     gen_length: int,
     steps: int | None,
@@ -44,6 +67,11 @@ def generation_config(
     temperature: float,
     remasking: str,
     cfg_scale: float,
+    *,
+    decode: str = "fixed",
+    threshold: float = 0.9,
+    factor: float = 1.0,
+    kv_cache: bool = False,
 ) -> GenerationConfig:
     """The GenerationConfig of the flags, validated (ConfigError naming the flag); an unset --steps means
     gen-length, an unset --block-length one block."""
@@ -54,6 +82,10 @@ def generation_config(
         temperature=temperature,
         remasking=remasking,  # type: ignore[arg-type]
         cfg_scale=cfg_scale,
+        decode=decode,  # type: ignore[arg-type]
+        threshold=threshold,
+        factor=factor,
+        kv_cache=kv_cache,
     )
     config.validate()
     return config

@@ -70,6 +70,41 @@ class Step0Output(NamedTuple):
     sparsity: np.ndarray  # float32 [B, K, S]: rows described by `Backend.sparsity_rows`
 
 
+class WindowInput(NamedTuple):
+    """A cached pass (block-wise KV cache): only a window of the sequence runs, against a refresh's keys/values."""
+
+    window_ids: np.ndarray  # int64 [B, W]: the tokens of columns [window_start[b], window_start[b] + W)
+    attention_mask: np.ndarray  # int64 [B, S]: the whole sequence's, 1 = real
+    window_start: np.ndarray  # int64 [B]
+    kv: np.ndarray  # float32 [n_layers, 2, B, n_kv_heads, S, head_dim]: `RefreshOutput.kv` of these rows
+    temperature: float | np.ndarray = 0.0
+    seed: int | None = None
+
+    def checked(self) -> WindowInput:
+        """The input as engines want it, or ConfigError naming what does not fit."""
+        ids, mask = np.asarray(self.window_ids), np.asarray(self.attention_mask)
+        start, kv = np.asarray(self.window_start), np.asarray(self.kv)
+        if ids.ndim != 2 or mask.ndim != 2 or ids.shape[0] != mask.shape[0] or ids.shape[1] > mask.shape[1]:
+            raise ConfigError(f"window_ids {ids.shape} must be [batch, W] with W <= the sequence of attention_mask "
+                              f"{mask.shape}")
+        if start.shape != (ids.shape[0],) or bool(np.any(start < 0)) or bool(np.any(start + ids.shape[1] > mask.shape[1])):
+            raise ConfigError(f"window_start {start.tolist()} must give one column per row with the window "
+                              f"({ids.shape[1]} wide) inside the sequence ({mask.shape[1]})")
+        if kv.ndim != 6 or kv.shape[1] != 2 or kv.shape[2] != ids.shape[0] or kv.shape[4] != mask.shape[1]:
+            raise ConfigError(f"kv {kv.shape} must be [layers, 2, batch {ids.shape[0]}, kv_heads, seq {mask.shape[1]}, "
+                              "head_dim], what a refresh of the same rows returned")
+        return self._replace(
+            window_ids=np.ascontiguousarray(ids, np.int64), attention_mask=np.ascontiguousarray(mask, np.int64),
+            window_start=np.ascontiguousarray(start, np.int64), kv=np.ascontiguousarray(kv, np.float32),
+        )
+
+
+class RefreshOutput(NamedTuple):
+    token_ids: np.ndarray  # int64 [B, S]
+    confidence: np.ndarray  # float32 [B, S]
+    kv: np.ndarray  # float32 [n_layers, 2, B, n_kv_heads, S, head_dim]: every layer's keys and values
+
+
 class Backend(Protocol):
     """What the runtime loop needs from an engine."""
 
@@ -89,6 +124,20 @@ class ImageBackend(Backend, Protocol):
     def encode_images(self, pixel_values: np.ndarray) -> np.ndarray: ...
 
     def set_image_table(self, table: np.ndarray | list[np.ndarray]) -> None: ...
+
+
+class CacheBackend(Backend, Protocol):
+    """A backend that runs the block-wise KV cache: a step that also returns the keys and values (`refresh`) and a
+    step over a window of the sequence against them (`window_step`)."""
+
+    def refresh(self, inputs: StepInput) -> RefreshOutput: ...
+
+    def window_step(self, inputs: WindowInput) -> StepOutput: ...
+
+
+def supports_cache(backend: Backend) -> bool:
+    """Whether a backend runs the block-wise KV cache (an export made with the cache graphs, or torch)."""
+    return bool(getattr(backend, "supports_cache", False))
 
 
 def supports_guidance(backend: Backend) -> bool:

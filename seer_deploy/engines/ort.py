@@ -18,12 +18,19 @@ from typing import Any, Literal
 import numpy as np
 import onnxruntime as ort
 
-from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
+from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, file_sha256, os_error_fix
 from seer_deploy.spec.export_manifest import ExportManifest
-from seer_deploy.spec.graph_calls import graph_feed, step0_output, step_output
-from seer_deploy.spec.graphs import GraphIO, step_graphs
+from seer_deploy.spec.graph_calls import (
+    graph_feed,
+    refresh_output,
+    step0_output,
+    step_output,
+    window_feed,
+    window_output,
+)
+from seer_deploy.spec.graphs import GraphIO, cache_graphs, step_graphs
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 GraphOptimization = Literal["disable", "basic", "extended", "all"]
@@ -165,7 +172,11 @@ class OrtBackend:
             )
         self._shared: dict[tuple[int, int, int, tuple[int, ...]], ort.OrtValue] = {}  # outlives the sessions
         self._step0_io, self._step_io = self._declared_graphs()
-        self._sessions = {io.name: self._session(io, providers) for io in (self._step0_io, self._step_io)}
+        multimodal = MULTIMODAL_KEY in self.manifest.extra
+        self._refresh_io, self._window_io = cache_graphs(multimodal)
+        self.supports_cache = self.manifest.has_cache
+        graphs = (self._step0_io, self._step_io) + ((self._refresh_io, self._window_io) if self.supports_cache else ())
+        self._sessions = {io.name: self._session(io, providers) for io in graphs}
         active = self._sessions[self._step_io.name].get_providers()
         self.providers: list[str] = active
         self.name = "onnxruntime-cuda" if active and active[0] == CUDA else "onnxruntime-cpu"
@@ -256,3 +267,20 @@ class OrtBackend:
     def step(self, inputs: StepInput) -> StepOutput:
         """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see spec.sampling)."""
         return step_output(self._run(self._step_io, inputs))
+
+    def refresh(self, inputs: StepInput) -> RefreshOutput:
+        """A step that also returns every layer's keys and values (export --kv-cache)."""
+        self._need_cache()
+        return refresh_output(self._run(self._refresh_io, inputs))
+
+    def window_step(self, inputs: WindowInput) -> StepOutput:
+        """A step over the window's columns only, against a refresh's keys and values (export --kv-cache)."""
+        self._need_cache()
+        io = self._window_io
+        outputs = self._sessions[io.name].run(io.host_outputs, window_feed(io, inputs.checked()))
+        return window_output(dict(zip(io.host_outputs, outputs, strict=True)))
+
+    def _need_cache(self) -> None:
+        if not self.supports_cache:
+            raise ConfigError(f"{self.export_dir} has no KV cache graphs; re-export with `seer-deploy export "
+                              "--kv-cache`, or run without --kv-cache")

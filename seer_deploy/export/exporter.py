@@ -37,7 +37,7 @@ from seer_deploy.core.atomic import (
 from seer_deploy.core.errors import ConfigError, SeerDeployError
 from seer_deploy.core.files import file_sha256, read_json
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
-from seer_deploy.export.graphs import Step0Graph, StepGraph
+from seer_deploy.export.graphs import RefreshGraph, Step0Graph, StepGraph, WindowStepGraph
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.trace import io_specs, trace_graph
 from seer_deploy.export.validate import (
@@ -67,12 +67,18 @@ from seer_deploy.spec.export_manifest import (
 )
 from seer_deploy.spec.graphs import (
     ATTENTION_MASK,
+    CACHE_GRAPH_NAMES,
     INPUT_IDS,
+    KV,
+    REFRESH,
     SAMPLE_UNIFORM,
     STEP,
     STEP0,
     STEP_GRAPH_NAMES,
     TEMPERATURE,
+    WINDOW_IDS,
+    WINDOW_START,
+    WINDOW_STEP,
     Axis,
     GraphIO,
     Size,
@@ -83,6 +89,8 @@ STAGES: tuple[str, ...] = (
     "torch reference",
     "tracing step0",
     "tracing step",
+    "tracing refresh",  # --kv-cache
+    "tracing window_step",  # --kv-cache
     "checking graphs",
     "validating with ONNX Runtime",
     "installing",
@@ -131,12 +139,22 @@ def export_versions() -> dict[str, str]:
 def step_examples(cfg: ModelConfig, max_seq_len: int) -> dict[str, Tensor]:
     """Tracing examples for the step graphs' token and sampling inputs: batch 2, up to 8 positions."""
     S = min(8, max_seq_len)
+    W = max(1, S // 2)
+    ids = torch.randint(0, cfg.vocab_size, (2, S), generator=torch.Generator().manual_seed(0))
     return {
-        INPUT_IDS.name: torch.randint(0, cfg.vocab_size, (2, S), generator=torch.Generator().manual_seed(0)),
+        INPUT_IDS.name: ids,
         ATTENTION_MASK.name: torch.ones(2, S, dtype=torch.long),
         TEMPERATURE.name: torch.zeros(2),
         SAMPLE_UNIFORM.name: torch.ones(2, S),
+        WINDOW_IDS.name: ids[:, S - W :],
+        WINDOW_START.name: torch.tensor([S - W, 0]),
+        KV.name: torch.zeros(cfg.n_layers, 2, 2, cfg.n_kv_heads, S, cfg.head_dim),
     }
+
+
+def cache_sizes(cfg: ModelConfig) -> dict[Size, int]:
+    """The Size dims of the cache graphs' kv tensor, for this model."""
+    return {Size.LAYERS: cfg.n_layers, Size.KV_HEADS: cfg.n_kv_heads, Size.HEAD_DIM: cfg.head_dim}
 
 
 def trace_graphs(
@@ -144,7 +162,7 @@ def trace_graphs(
 ) -> tuple[dict[str, GraphRecord], SharedWeightFile]:
     """Trace every graph of the plan into `tmp`, all weights into one shared file, each checked against its spec."""
     bounds = {Axis.BATCH: MAX_TRACE_BATCH, Axis.SEQ: max_seq_len, Axis.IMAGES: MAX_TRACE_BATCH,
-              Axis.IMAGE_TOKENS: MAX_IMAGE_TOKENS}
+              Axis.IMAGE_TOKENS: MAX_IMAGE_TOKENS, Axis.WINDOW: max_seq_len}
     records: dict[str, GraphRecord] = {}
     store = SharedWeightFile(tmp)
     with store:
@@ -262,7 +280,7 @@ class ExportRun:
                 dtype=options.dtype,
                 opset=options.opset,
                 max_seq_len=max_seq_len,
-                graphs={name: records[name] for name in STEP_GRAPH_NAMES},
+                graphs={name: records[name] for name in STEP_GRAPH_NAMES + CACHE_GRAPH_NAMES if name in records},
                 seer=SeerSpec(
                     stats_layers=list(stats.layers),
                     stat_names=list(STAT_NAMES),
@@ -329,10 +347,11 @@ def _load_text(run: ExportRun, report: Progress) -> Loaded:
         backend = OrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
         return compare_with_torch(backend, refs, cfg, dtype)
 
+    cache = ((REFRESH, RefreshGraph(model)), (WINDOW_STEP, WindowStepGraph(model))) if run.options.kv_cache else ()
     plan = GraphPlan(
-        modules=((STEP0, Step0Graph(model, stats)), (STEP, StepGraph(model))),
+        modules=((STEP0, Step0Graph(model, stats)), (STEP, StepGraph(model)), *cache),
         examples=step_examples(cfg, run.max_seq_len),
-        sizes={Size.STAT_ROWS: len(stats.sparsity_rows)},
+        sizes={Size.STAT_ROWS: len(stats.sparsity_rows), **cache_sizes(cfg)},
         validate=validate,
     )
     return Loaded(ckpt.layout, plan)

@@ -11,6 +11,10 @@ uniform number per position: index = #{v : cumsum(p)[v] < u}. That is an exact d
 Gumbel-max `argmax(exp(l) / (-log u)^T)` samples from, needs B x S noise instead of B x S x V, is reproducible from a
 host seed, and uses only Softmax / CumSum / Less / ReduceSum, which ONNX Runtime and TensorRT both run.
 
+The cache graphs (export --kv-cache): `refresh` is the step graph that also returns every layer's keys and values,
+`window_step` runs a window of columns (a denoising block) against them (Fast-dLLM's dual cache, refreshed by the
+loop at each block's first step).
+
 The multimodal step graphs take one more input, the image table: prompt ids at and above the LM's embedding rows
 select a row of it in-graph (models.image_prompts.embed_with_images). The vision graph folds in the SigLIP tower, the
 selected layer, the projector and LLaVA's image_newline, and outputs float32 whatever the export dtype.
@@ -48,11 +52,27 @@ class Step0Graph(nn.Module):
         return token_ids, confidence, eos_prob, out.stats.reshape(B, L * F, S)
 
 
-class StepGraph(nn.Module):
-    """A denoising step: token (argmax, or a sample where temperature[b] > 0) and log softmax(logits)[token].
+def pick_tokens(logits: Tensor, temperature: Tensor, sample_uniform: Tensor) -> tuple[Tensor, Tensor]:
+    """The step graphs' head: token (argmax, or a sample where temperature[b] > 0) and log softmax(logits)[token].
 
     temperature [B] float32; sample_uniform [B, S] float32 in (0, 1], ignored where temperature[b] == 0.
     """
+    logits = logits.float()
+    greedy_ids, greedy_conf, top, log_total = greedy_head(logits)
+    hot = temperature > 0
+    # softmax(l / T) for the rows that sample; T = 1 stands in for greedy rows so nothing divides by zero.
+    t = torch.where(hot, temperature, torch.ones_like(temperature))[:, None, None]
+    cdf = torch.cumsum(torch.softmax(logits / t, dim=-1), dim=-1)
+    drawn = (cdf < sample_uniform[..., None]).sum(dim=-1)
+    # float32 rounding can leave cdf[-1] a hair under u: clamp to the last id.
+    drawn = torch.clamp(drawn, max=logits.shape[-1] - 1)
+    drawn_conf = log_prob_of(logits, drawn, top, log_total)
+    row_hot = hot[:, None]
+    return torch.where(row_hot, drawn, greedy_ids), torch.where(row_hot, drawn_conf, greedy_conf)
+
+
+class StepGraph(nn.Module):
+    """A denoising step: `pick_tokens` over the whole sequence."""
 
     def __init__(self, model: MaskPredictor) -> None:
         super().__init__()
@@ -61,18 +81,37 @@ class StepGraph(nn.Module):
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor
     ) -> tuple[Tensor, Tensor]:
-        logits = self.model(input_ids, attention_mask).logits.float()
-        greedy_ids, greedy_conf, top, log_total = greedy_head(logits)
-        hot = temperature > 0
-        # softmax(l / T) for the rows that sample; T = 1 stands in for greedy rows so nothing divides by zero.
-        t = torch.where(hot, temperature, torch.ones_like(temperature))[:, None, None]
-        cdf = torch.cumsum(torch.softmax(logits / t, dim=-1), dim=-1)
-        drawn = (cdf < sample_uniform[..., None]).sum(dim=-1)
-        # float32 rounding can leave cdf[-1] a hair under u: clamp to the last id.
-        drawn = torch.clamp(drawn, max=logits.shape[-1] - 1)
-        drawn_conf = log_prob_of(logits, drawn, top, log_total)
-        row_hot = hot[:, None]
-        return torch.where(row_hot, drawn, greedy_ids), torch.where(row_hot, drawn_conf, greedy_conf)
+        return pick_tokens(self.model(input_ids, attention_mask).logits, temperature, sample_uniform)
+
+
+class RefreshGraph(nn.Module):
+    """A step that also returns every layer's keys and values (kv [L, 2, B, H_kv, S, D], float32): the cache."""
+
+    def __init__(self, model: MaskPredictor) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        out = self.model(input_ids, attention_mask, return_kv=True)
+        assert out.kv is not None
+        return (*pick_tokens(out.logits, temperature, sample_uniform), out.kv)
+
+
+class WindowStepGraph(nn.Module):
+    """A cached step: only the window's columns run (`MaskPredictor.forward_window`), the rest comes from kv."""
+
+    def __init__(self, model: MaskPredictor) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, window_ids: Tensor, attention_mask: Tensor, window_start: Tensor, kv: Tensor, temperature: Tensor,
+        sample_uniform: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        logits = self.model.forward_window(window_ids, attention_mask, window_start, kv)
+        return pick_tokens(logits, temperature, sample_uniform)
 
 
 class _EmbedsModel(nn.Module):
@@ -83,8 +122,10 @@ class _EmbedsModel(nn.Module):
         self.lm = lm
         self.cfg = lm.cfg
 
-    def forward(self, embeds: Tensor, attention_mask: Tensor | None = None, *, stats: StatsSpec | None = None) -> ModelOutput:
-        return self.lm(None, attention_mask, inputs_embeds=embeds, stats=stats)  # type: ignore[no-any-return]
+    def forward(self, embeds: Tensor, attention_mask: Tensor | None = None, *, stats: StatsSpec | None = None,
+                return_kv: bool = False) -> ModelOutput:
+        return self.lm(None, attention_mask, inputs_embeds=embeds, stats=stats,  # type: ignore[no-any-return]
+                       return_kv=return_kv)
 
 
 class MultimodalStep0Graph(nn.Module):
@@ -105,6 +146,20 @@ class MultimodalStepGraph(nn.Module):
     def __init__(self, lm: MaskPredictor) -> None:
         super().__init__()
         self.head = StepGraph(cast(MaskPredictor, _EmbedsModel(lm)))
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor, image_table: Tensor
+    ) -> tuple[Tensor, ...]:
+        embeds = embed_with_images(cast(_EmbedsModel, self.head.model).lm.embed, input_ids, image_table)
+        return self.head(embeds, attention_mask, temperature, sample_uniform)  # type: ignore[no-any-return]
+
+
+class MultimodalRefreshGraph(nn.Module):
+    """RefreshGraph with image ids: (input_ids, attention_mask, temperature, sample_uniform, image_table)."""
+
+    def __init__(self, lm: MaskPredictor) -> None:
+        super().__init__()
+        self.head = RefreshGraph(cast(MaskPredictor, _EmbedsModel(lm)))
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor, image_table: Tensor

@@ -29,10 +29,17 @@ from seer_deploy.export.exporter import (
     GraphPlan,
     Loaded,
     Progress,
+    cache_sizes,
     checkpoint_config,
     step_examples,
 )
-from seer_deploy.export.graphs import MultimodalStep0Graph, MultimodalStepGraph, VisionGraph
+from seer_deploy.export.graphs import (
+    MultimodalRefreshGraph,
+    MultimodalStep0Graph,
+    MultimodalStepGraph,
+    VisionGraph,
+    WindowStepGraph,
+)
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.validate import ExportValidationError, Probe, compare_with_torch, make_probes, torch_references
 from seer_deploy.models.checkpoint import read_config
@@ -44,10 +51,12 @@ from seer_deploy.spec.export_manifest import GraphRecord
 from seer_deploy.spec.graphs import (
     IMAGE_TABLE,
     INPUT_IDS,
+    MULTIMODAL_REFRESH,
     MULTIMODAL_STEP,
     MULTIMODAL_STEP0,
     PIXEL_VALUES,
     VISION,
+    WINDOW_STEP,
     Size,
 )
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
@@ -142,6 +151,8 @@ def _load_multimodal(run: ExportRun, report: Progress) -> Loaded:
             (VISION, VisionGraph(vision)),
             (MULTIMODAL_STEP0, MultimodalStep0Graph(lm, stats)),
             (MULTIMODAL_STEP, MultimodalStepGraph(lm)),
+            *(((MULTIMODAL_REFRESH, MultimodalRefreshGraph(lm)), (WINDOW_STEP, WindowStepGraph(lm)))
+              if run.options.kv_cache else ()),
         ),
         examples=_examples(cfg, vcfg, max_seq_len),
         sizes={
@@ -149,6 +160,7 @@ def _load_multimodal(run: ExportRun, report: Progress) -> Loaded:
             Size.D_MODEL: cfg.d_model,
             Size.IMAGE_SIZE: size,
             Size.TOKENS_PER_IMAGE: vcfg.tokens_per_image,
+            **cache_sizes(cfg),
         },
         validate=validate,
         manifest_extra=manifest_section,

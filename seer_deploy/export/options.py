@@ -76,6 +76,7 @@ class ExportOptions:
     seer: SeerStats = SeerStats()
     verify: bool = True
     force: bool = False
+    kv_cache: bool = False  # also trace the block-wise KV cache graphs (refresh, window_step): --kv-cache
     inline_limit_bytes: int = INLINE_LIMIT_BYTES  # initializers at least this large go to the shared weights file
 
     def validate(self) -> None:

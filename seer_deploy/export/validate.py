@@ -15,12 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import onnx
 import torch
 
-from seer_deploy.core.backend import Backend, StepInput, StepOutput
+from seer_deploy.core.backend import Backend, CacheBackend, StepInput, StepOutput, WindowInput, supports_cache
 from seer_deploy.core.errors import ArtifactError
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.models.config import ModelConfig
@@ -62,6 +63,7 @@ class ProbeReference:
     probe: Probe
     logits: np.ndarray  # float64 [B, S, V] from the float32 torch model
     stats: np.ndarray  # float32 [B, K, S]
+    kv: np.ndarray  # float32 [layers, 2, B, kv_heads, S, head_dim]: what the refresh graph returns
 
 
 def make_probes(cfg: ModelConfig, max_seq_len: int, seed: int = 0) -> list[Probe]:
@@ -87,10 +89,11 @@ def make_probes(cfg: ModelConfig, max_seq_len: int, seed: int = 0) -> list[Probe
 def torch_references(model: MaskPredictor, spec: StatsSpec, probes: list[Probe]) -> list[ProbeReference]:
     refs = []
     for p in probes:
-        out = model(torch.from_numpy(p.input_ids), torch.from_numpy(p.attention_mask), stats=spec)
-        assert out.stats is not None
+        out = model(torch.from_numpy(p.input_ids), torch.from_numpy(p.attention_mask), stats=spec, return_kv=True)
+        assert out.stats is not None and out.kv is not None
         B, L, F, S = out.stats.shape
-        refs.append(ProbeReference(p, out.logits.double().numpy(), out.stats.reshape(B, L * F, S).float().numpy()))
+        refs.append(ProbeReference(p, out.logits.double().numpy(), out.stats.reshape(B, L * F, S).float().numpy(),
+                                   out.kv.numpy()))
     return refs
 
 
@@ -186,6 +189,26 @@ def _step_at_row_temperatures(backend: Backend, p: Probe) -> StepOutput:
     return StepOutput(token_ids, confidence)
 
 
+def _compare_cache(backend: CacheBackend, ref: ProbeReference, probs: np.ndarray, best: np.ndarray,
+                   report: _Report) -> None:
+    """The cache graphs: refresh's tokens and keys/values, and a window step over the probe's response columns
+    against refresh's cache (with a fresh cache it computes what a full step computes there)."""
+    p, tol = ref.probe, report.tol
+    refreshed = backend.refresh(StepInput(p.input_ids, p.attention_mask))
+    report.tokens("refresh token_ids", _pick(probs, refreshed.token_ids) >= best - tol.prob_atol, "not a near-tie")
+    report.close("refresh confidence", np.exp(refreshed.confidence), _pick(probs, refreshed.token_ids), tol.prob_atol)
+    scale = float(np.abs(ref.kv).max(initial=1.0))
+    report.close("refresh kv (relative)", refreshed.kv / scale, ref.kv / scale, tol.mean_rtol)
+    B, S = p.input_ids.shape
+    W = max(1, S // 3)
+    start = np.full(B, S - W, dtype=np.int64)
+    window = backend.window_step(WindowInput(p.input_ids[:, S - W :], p.attention_mask, start, refreshed.kv))
+    report.tokens("window_step token_ids", _pick(probs[:, S - W :], window.token_ids) >= best[:, S - W :] - tol.prob_atol,
+                  "not a near-tie")
+    report.close("window_step confidence", np.exp(window.confidence), _pick(probs[:, S - W :], window.token_ids),
+                 tol.prob_atol)
+
+
 def compare_with_torch(backend: Backend, refs: list[ProbeReference], cfg: ModelConfig, dtype: str) -> dict[str, float]:
     """Run both graphs on every probe; raise ExportValidationError listing each measured disagreement."""
     tol = TOLERANCES[dtype]
@@ -213,6 +236,8 @@ def compare_with_torch(backend: Backend, refs: list[ProbeReference], cfg: ModelC
             lo = hi - _pick(q, st.token_ids[~greedy])
             ok = (lo - tol.prob_atol <= u) & (u <= hi + tol.prob_atol)
             report.tokens("step token_ids (sampling rows)", ok, "the uniform lies outside the token's CDF interval")
+        if supports_cache(backend):
+            _compare_cache(cast(CacheBackend, backend), ref, probs, best, report)
     report.finish_sparsity(cfg.mlp_hidden)
     if report.problems:
         raise ExportValidationError(

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
-from seer_deploy.core.backend import Backend, Step0Output, StepInput, StepOutput
+from seer_deploy.core.backend import Backend, CacheBackend, Step0Output, StepInput, StepOutput, WindowInput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, left_pad
 from seer_deploy.runtime.loopcore import LoopCore
@@ -43,13 +44,19 @@ class LoopContext:
         """Forward passes one step costs: two with classifier-free guidance (the prompt-masked copy)."""
         return 2 if self.config.cfg_scale > 0 else 1
 
-    def step_input(self, x: np.ndarray, mask: np.ndarray | None, prompt_width: int) -> StepInput:
-        """The backend's input for one step over x (a sampling seed drawn from the host RNG at temperature > 0)."""
+    def sampling(self) -> tuple[float, int | None]:
+        """A pass's temperature and sampling seed (drawn from the host RNG at temperature > 0)."""
         seed = int(self.rng.integers(2**63 - 1)) if self.config.temperature > 0 else None
-        return StepInput(x, mask, self.config.temperature, seed, prompt_width, self.config.cfg_scale)
+        return self.config.temperature, seed
 
-    def commit(self, x: np.ndarray, out: StepOutput | Step0Output, hi: np.ndarray, k: np.ndarray) -> None:
-        """Commit, in place, the top k[b] masked positions of row b before hi[b] by the configured remasking."""
+    def step_input(self, x: np.ndarray, mask: np.ndarray | None, prompt_width: int) -> StepInput:
+        """The backend's input for one step over x."""
+        return StepInput(x, mask, *self.sampling(), prompt_width, self.config.cfg_scale)
+
+    def commit(self, x: np.ndarray, out: StepOutput | Step0Output, lo: np.ndarray, hi: np.ndarray,
+               k: np.ndarray) -> None:
+        """Commit, in place, masked positions of row b in [lo[b], hi[b]): the top k[b] by the configured remasking,
+        or with parallel decoding (k[b] = -1) those the rule accepts."""
         if out.token_ids.shape != x.shape or out.confidence.shape != x.shape:
             raise ConfigError(
                 f"the backend returned token_ids {out.token_ids.shape} and confidence {out.confidence.shape} for an "
@@ -60,9 +67,12 @@ class LoopContext:
             confidence = self.rng.random(x.shape, dtype=np.float32)
         else:
             confidence = np.ascontiguousarray(out.confidence, dtype=np.float32)
-        B = x.shape[0]
-        self.core.commit_step(x, x0, confidence, np.zeros(B, np.int64), hi.astype(np.int64), k.astype(np.int64),
-                              self.mask_id)
+        lo, hi = lo.astype(np.int64), hi.astype(np.int64)
+        if self.config.parallel:
+            thresholds = self.config.rank_thresholds(max(1, int((hi - lo).max(initial=1))))
+            self.core.commit_confident(x, x0, confidence, lo, hi, thresholds, self.mask_id)
+        else:
+            self.core.commit_step(x, x0, confidence, lo, hi, k.astype(np.int64), self.mask_id)
 
 
 @dataclass
@@ -110,59 +120,188 @@ class Rows:
     plans: Sequence[TruncationPlan]
     first_schedule: np.ndarray | None = None  # int64 [B, s]: the rest of block 0's schedule when it was fixed
     # before step zero (full length); None splits the masks left in each block as a row enters it
+    kv: np.ndarray | None = None  # float32 [layers, 2, B, kv_heads, S, head_dim]: step zero's keys and values, when
+    # it was a refresh over the columns the rows run in (full length); None: each row refreshes first
 
     def take(self, rows: Sequence[int]) -> Rows:
         index = list(rows)
         schedule = None if self.first_schedule is None else np.ascontiguousarray(self.first_schedule[index])
-        return Rows([self.prompts[b] for b in index], self.responses[index], [self.plans[b] for b in index], schedule)
+        kv = None if self.kv is None else self.kv[:, :, index]
+        return Rows([self.prompts[b] for b in index], self.responses[index], [self.plans[b] for b in index], schedule,
+                    kv)
 
 
-def run_group(ctx: LoopContext, rows: Rows, tally: Tally) -> np.ndarray:
-    """Run the remaining steps of a group of rows; returns their responses int64 [n, gen_length] (cut tails EOS)."""
-    core, mask_id, pad_id, eos_id = ctx.core, ctx.mask_id, ctx.pad_id, ctx.eos_id
-    prompts, responses, plans, first_schedule = rows.prompts, rows.responses, rows.plans, rows.first_schedule
-    n, G = responses.shape
-    kept = np.array([plan.kept for plan in plans], dtype=np.int64)
-    width = np.array([plan.width for plan in plans], dtype=np.int64)
-    plen = np.array([len(p) for p in prompts], dtype=np.int64)
-    P, K = int(plen.max()), int(width.max())
-    ids, prompt_real = left_pad(prompts, pad_id)
-    x = np.full((n, P + K), pad_id, dtype=np.int64)
-    real = np.zeros((n, P + K), dtype=np.int64)
-    x[:, :P], real[:, :P] = ids, prompt_real
-    for i in range(n):
-        x[i, P : P + kept[i]] = responses[i, : kept[i]]
-        x[i, P + kept[i] : P + width[i]] = eos_id  # the tail context: committed, past every block, never a candidate
-        real[i, P : P + width[i]] = 1
-    slots = [step_slots(plan.blocks) for plan in plans]
-    schedules: list[np.ndarray] = [np.zeros(0, np.int64)] * n
-    zeros = np.zeros(n, np.int64)
-    for t in range(max(len(s) for s in slots)):
-        hi, k = np.zeros(n, np.int64), np.zeros(n, np.int64)
-        for i in range(n):
-            if t >= len(slots[i]):
-                continue  # this row is done: it has left the batch
-            slot = slots[i][t]
-            if slot.index == 0:  # entering a block: its schedule
-                if slot.first and first_schedule is not None:
-                    schedules[i] = first_schedule[i]
-                else:
-                    left = core.masks_left(x[i : i + 1], np.array([P + slot.lo]), np.array([P + slot.hi]), mask_id)
-                    schedules[i] = core.transfer_schedule(left, slot.steps)[0]
-            hi[i], k[i] = P + slot.hi, schedules[i][slot.index]
+def run_group(ctx: LoopContext, rows: Rows, tally: Tally) -> tuple[np.ndarray, np.ndarray]:
+    """Run the remaining steps of a group of rows; returns their responses int64 [n, gen_length] (cut tails EOS)
+    and the forward passes each row made, int64 [n]."""
+    group = _Group.start(ctx, rows)
+    cursors = [_Cursor(plan, ctx.config.parallel) for plan in rows.plans]
+    while True:
+        targets = [c.next(ctx, group, i, rows.first_schedule) for i, c in enumerate(cursors)]
+        if all(t is None for t in targets):
+            break
+        lo, hi, k = (np.array([0 if t is None else t[j] for t in targets], np.int64) for j in range(3))
+        active = np.array([t is not None for t in targets])
         # The stop test per row: a row that can commit nothing now is not sent.
-        can = np.flatnonzero(np.minimum(k, core.masks_left(x, zeros, hi, mask_id)) > 0)
-        if can.size == 0:
+        left = ctx.core.masks_left(group.x, np.zeros(group.n, np.int64), hi, ctx.mask_id)
+        can = active & (left > 0) & ((k > 0) | ctx.config.parallel)
+        if not can.any():
             continue
-        c0, c1 = P - int(plen[can].max()), P + int(width[can].max())
-        sub = np.ascontiguousarray(x[can, c0:c1])
-        sub_real = real[can, c0:c1]
+        if group.cache is None:
+            group.step(np.flatnonzero(can), hi, k, tally)
+        else:
+            fresh = can & (group.cache.block_lo != lo)  # entering a block (or no cache yet): refresh
+            if fresh.any():
+                group.refresh(np.flatnonzero(fresh), lo, hi, k, tally)
+            if (can & ~fresh).any():
+                group.window_step(np.flatnonzero(can & ~fresh), lo, hi, k, tally)
+    return group.tokens(), group.passes
+
+
+class _Cursor:
+    """Where one row is in its plan: the pass it makes next (its block and, with a schedule, how many it commits)."""
+
+    def __init__(self, plan: TruncationPlan, parallel: bool) -> None:
+        self.plan = plan
+        self.parallel = parallel
+        self.slots = () if parallel else step_slots(plan.blocks)
+        self.position = 0  # fixed: the next slot; parallel: the current block
+        self.schedule = np.zeros(0, np.int64)
+
+    def next(self, ctx: LoopContext, group: _Group, row: int, first_schedule: np.ndarray | None
+             ) -> tuple[int, int, int] | None:
+        """(block start, block end in the group's columns, tokens to commit (-1: the parallel rule)), or None when
+        the row is done; advances the cursor."""
+        P, x = group.prompt_width, group.x[row : row + 1]
+        if self.parallel:
+            blocks = self.plan.blocks
+            while self.position < len(blocks):  # a block ends when it has no masks left
+                block = blocks[self.position]
+                lo, hi = np.array([P + block.start]), np.array([P + block.end])
+                if ctx.core.masks_left(x, lo, hi, ctx.mask_id)[0] > 0:
+                    return P + block.start, P + block.end, -1
+                self.position += 1
+            return None
+        if self.position >= len(self.slots):
+            return None  # this row is done: it has left the batch
+        slot = self.slots[self.position]
+        self.position += 1
+        if slot.index == 0:  # entering a block: its schedule
+            if slot.first and first_schedule is not None:
+                self.schedule = first_schedule[row]
+            else:
+                left = ctx.core.masks_left(x, np.array([P + slot.lo]), np.array([P + slot.hi]), ctx.mask_id)
+                self.schedule = ctx.core.transfer_schedule(left, slot.steps)[0]
+        return P + slot.lo, P + slot.hi, int(self.schedule[slot.index])
+
+
+@dataclass
+class _Cache:
+    """The group's block-wise KV cache: every row's keys and values from its last refresh, and the block they are
+    for (-1: none yet)."""
+
+    kv: np.ndarray | None  # float32 [layers, 2, n, kv_heads, columns, head_dim]
+    block_lo: np.ndarray  # int64 [n]
+
+
+@dataclass
+class _Group:
+    """The rows of a group side by side: left-padded prompts, then each row's kept slots and tail context, right
+    padding (mask 0) up to the widest."""
+
+    ctx: LoopContext
+    x: np.ndarray  # int64 [n, P + K]
+    real: np.ndarray  # int64 [n, P + K]
+    prompt_lengths: np.ndarray
+    kept: np.ndarray
+    width: np.ndarray
+    cache: _Cache | None
+    passes: np.ndarray  # int64 [n]: forward passes each row made
+
+    @property
+    def n(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def prompt_width(self) -> int:
+        return int(self.prompt_lengths.max())
+
+    @classmethod
+    def start(cls, ctx: LoopContext, rows: Rows) -> _Group:
+        prompts, responses, plans = rows.prompts, rows.responses, rows.plans
+        n = responses.shape[0]
+        kept = np.array([plan.kept for plan in plans], dtype=np.int64)
+        width = np.array([plan.width for plan in plans], dtype=np.int64)
+        plen = np.array([len(p) for p in prompts], dtype=np.int64)
+        P, K = int(plen.max()), int(width.max())
+        ids, prompt_real = left_pad(prompts, ctx.pad_id)
+        x = np.full((n, P + K), ctx.pad_id, dtype=np.int64)
+        real = np.zeros((n, P + K), dtype=np.int64)
+        x[:, :P], real[:, :P] = ids, prompt_real
+        for i in range(n):
+            x[i, P : P + kept[i]] = responses[i, : kept[i]]
+            x[i, P + kept[i] : P + width[i]] = ctx.eos_id  # the tail context: committed, past every block
+            real[i, P : P + width[i]] = 1
+        cache = None
+        if ctx.config.kv_cache:
+            kv = rows.kv if rows.kv is not None and rows.kv.shape[4] == P + K else None
+            first = np.full(n, P + plans[0].blocks[0].start if kv is not None else -1, dtype=np.int64)
+            cache = _Cache(kv, first)
+        return cls(ctx, x, real, plen, kept, width, cache, np.zeros(n, np.int64))
+
+    def step(self, rows: np.ndarray, hi: np.ndarray, k: np.ndarray, tally: Tally) -> None:
+        """An uncached pass for `rows`, trimmed to the columns they need; commits before hi."""
+        P = self.prompt_width
+        c0, c1 = P - int(self.prompt_lengths[rows].max()), P + int(self.width[rows].max())
+        sub = np.ascontiguousarray(self.x[rows, c0:c1])
+        sub_real = self.real[rows, c0:c1]
         mask = None if bool(sub_real.all()) else np.ascontiguousarray(sub_real)
-        out = ctx.backend.step(ctx.step_input(sub, mask, P - c0))
-        ctx.commit(sub, out, hi[can] - c0, k[can])
-        x[can, c0:c1] = sub
-        tally.count(ctx, sub_real)
-    tokens = np.full((n, G), eos_id, dtype=np.int64)
-    for i in range(n):
-        tokens[i, : kept[i]] = x[i, P : P + kept[i]]
-    return tokens
+        out = self.ctx.backend.step(self.ctx.step_input(sub, mask, P - c0))
+        self.ctx.commit(sub, out, np.zeros(rows.size, np.int64), hi[rows] - c0, k[rows])
+        self.x[rows, c0:c1] = sub
+        self.passes[rows] += 1
+        tally.count(self.ctx, sub_real)
+
+    def refresh(self, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, k: np.ndarray, tally: Tally) -> None:
+        """A full pass for `rows` (the group's columns) that also refills their keys and values; commits before hi."""
+        assert self.cache is not None
+        backend = cast(CacheBackend, self.ctx.backend)
+        sub = np.ascontiguousarray(self.x[rows])
+        sub_real = np.ascontiguousarray(self.real[rows])
+        out = backend.refresh(self.ctx.step_input(sub, sub_real, self.prompt_width))
+        self.ctx.commit(sub, out, np.zeros(rows.size, np.int64), hi[rows], k[rows])
+        self.x[rows] = sub
+        if self.cache.kv is None:
+            shape = list(out.kv.shape)
+            shape[2] = self.n
+            self.cache.kv = np.zeros(shape, dtype=np.float32)
+        self.cache.kv[:, :, rows] = out.kv
+        self.cache.block_lo[rows] = lo[rows]
+        self.passes[rows] += 1
+        tally.count(self.ctx, sub_real)
+
+    def window_step(self, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, k: np.ndarray, tally: Tally) -> None:
+        """A cached pass for `rows`: only a window holding each row's block runs; commits inside the block."""
+        assert self.cache is not None and self.cache.kv is not None
+        backend = cast(CacheBackend, self.ctx.backend)
+        S = self.x.shape[1]
+        W = int((hi[rows] - lo[rows]).max())
+        start = np.minimum(lo[rows], S - W)  # a window never runs past the group's columns
+        columns = start[:, None] + np.arange(W)[None, :]
+        sub = np.ascontiguousarray(np.take_along_axis(self.x[rows], columns, axis=1))
+        window = WindowInput(sub, np.ascontiguousarray(self.real[rows]), start, self.cache.kv[:, :, rows],
+                             *self.ctx.sampling())
+        out = backend.window_step(window)
+        self.ctx.commit(sub, out, lo[rows] - start, hi[rows] - start, k[rows])
+        for j, b in enumerate(rows):
+            self.x[b, start[j] : start[j] + W] = sub[j]
+        self.passes[rows] += 1
+        tally.count(self.ctx, np.take_along_axis(self.real[rows], columns, axis=1))
+
+    def tokens(self) -> np.ndarray:
+        G = self.ctx.config.gen_length
+        tokens = np.full((self.n, G), self.ctx.eos_id, dtype=np.int64)
+        P = self.prompt_width
+        for i in range(self.n):
+            tokens[i, : self.kept[i]] = self.x[i, P : P + self.kept[i]]
+        return tokens

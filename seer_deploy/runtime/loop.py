@@ -16,10 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
-from seer_deploy.core.backend import Backend, Step0Output, StepInput, StepOutput, supports_guidance
+from seer_deploy.core.backend import (
+    Backend,
+    CacheBackend,
+    RefreshOutput,
+    Step0Output,
+    StepInput,
+    StepOutput,
+    supports_cache,
+    supports_guidance,
+)
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, left_pad
 from seer_deploy.runtime.executor import LoopContext, Rows, Tally, run_group
@@ -38,6 +48,7 @@ class LoopResult:
     hybrid: HybridPlan | None = None  # the groups the later steps ran in
     positions_computed: int = 0  # all positions over the passes, padding included
     batch_sizes: list[int] = field(default_factory=list)  # rows per forward pass, step zero first
+    row_steps: list[int] = field(default_factory=list)  # forward passes each request made, step zero included
 
 
 def check_supported(config: GenerationConfig, backend: Backend) -> None:
@@ -48,6 +59,14 @@ def check_supported(config: GenerationConfig, backend: Backend) -> None:
             f"torch backend has; '{backend.name}' returns just the chosen token and its probability: run the "
             f"checkpoint itself (torch), or set cfg_scale to 0"
         )
+    if config.kv_cache and not supports_cache(backend):
+        raise ConfigError(
+            f"--kv-cache needs the cache graphs (refresh, window_step), which '{backend.name}' does not have; "
+            "re-export with `seer-deploy export --kv-cache` (and rebuild), or drop --kv-cache"
+        )
+    if config.kv_cache and config.cfg_scale > 0:
+        raise ConfigError("--kv-cache does not run classifier-free guidance (it would need a second cache); "
+                          "set --cfg-scale 0 or drop --kv-cache")
 
 
 def run_generation(
@@ -91,7 +110,7 @@ def run_generation(
     left = ctx.core.masks_left(x, np.full(B, P + first.start, np.int64), np.full(B, P + first.end, np.int64), mask_id)
     schedule = ctx.core.transfer_schedule(left, first.steps)
     truncating = seer is not None or kept_lengths is not None
-    out0 = step_zero(ctx, x, mask, P, P + first.end, schedule[:, 0], tally, real, truncating)
+    out0, kv = step_zero(ctx, x, mask, P, P + first.end, schedule[:, 0], tally, real, truncating)
     responses = x[:, P:].copy()
     # The prompts as step zero left them: masks inside a prompt are candidates too, and its commits stand.
     prompts = [x[b, P - len(p) : P].tolist() for b, p in enumerate(prompts)]
@@ -101,25 +120,29 @@ def run_generation(
                            kept_lengths=kept_lengths)
     else:
         plans = [full_length_plan(G, config.steps, config.block_length)] * B
-    rows = Rows(prompts, responses, plans, None if truncating else schedule[:, 1:])
-    tokens, hybrid = run_rows(ctx, rows, tally, cost)
+    rows = Rows(prompts, responses, plans, None if truncating else schedule[:, 1:], kv)
+    tokens, hybrid, passes = run_rows(ctx, rows, tally, cost)
+    row_steps = [1 + int(n) for n in passes]
     reports = None
     if truncating:
         forced = kept_lengths is not None
-        reports = [SeerReport.from_plan(plan, len(prompts[b]), ctx.passes_per_step, forced=forced)
+        reports = [SeerReport.from_plan(plan, len(prompts[b]), ctx.passes_per_step, forced=forced,
+                                        steps=row_steps[b] if config.parallel or config.kv_cache else None)
                    for b, plan in enumerate(plans)]
     return LoopResult(tokens, tally.steps_run, tally.tokens_processed, reports, hybrid, tally.positions_computed,
-                      tally.batch_sizes)
+                      tally.batch_sizes, row_steps)
 
 
-def run_rows(ctx: LoopContext, rows: Rows, tally: Tally, cost: StepCost | None = None) -> tuple[np.ndarray, HybridPlan]:
+def run_rows(ctx: LoopContext, rows: Rows, tally: Tally, cost: StepCost | None = None
+             ) -> tuple[np.ndarray, HybridPlan, np.ndarray]:
     """Every row's steps after step zero, in the groups the scheduler chooses: the responses int64 [B, gen_length]
-    (cut tails EOS) and the scheduler's plan."""
+    (cut tails EOS), the scheduler's plan and the passes each row made."""
     hybrid = plan_hybrid(rows.plans, [len(p) for p in rows.prompts], cost or step_cost_of(ctx.backend))
     tokens = np.full(rows.responses.shape, ctx.eos_id, dtype=np.int64)
+    passes = np.zeros(rows.responses.shape[0], np.int64)
     for group in hybrid.groups:
-        tokens[list(group)] = run_group(ctx, rows.take(group), tally)
-    return tokens, hybrid
+        tokens[list(group)], passes[list(group)] = run_group(ctx, rows.take(group), tally)
+    return tokens, hybrid, passes
 
 
 def run_planned(
@@ -139,9 +162,9 @@ def run_planned(
     ctx = LoopContext(backend, core or active_core(), config, mask_id, pad_id, eos_id, np.random.default_rng(0))
     tally = Tally()
     masks = np.full((len(prompts), config.gen_length), mask_id, dtype=np.int64)
-    tokens, hybrid = run_rows(ctx, Rows(prompts, masks, plans), tally)
+    tokens, hybrid, passes = run_rows(ctx, Rows(prompts, masks, plans), tally)
     return LoopResult(tokens, tally.steps_run, tally.tokens_processed, None, hybrid, tally.positions_computed,
-                      tally.batch_sizes)
+                      tally.batch_sizes, [int(n) for n in passes])
 
 
 def step_zero(
@@ -154,23 +177,29 @@ def step_zero(
     tally: Tally,
     real: np.ndarray,
     truncating: bool,
-) -> Step0Output | None:
-    """The first denoising step, at full length: commits k[b] masks before `hi` in x, returns what Seer reads.
+) -> tuple[Step0Output | None, np.ndarray | None]:
+    """The first denoising step, at full length: commits k[b] masks (or, with parallel decoding, those the rule
+    accepts) before `hi` in x; returns what Seer reads and, when it was a refresh, the keys and values.
 
     The Backend's step0 is greedy; at temperature > 0 the commit uses a sampled step at the same input (one more
-    forward pass, counted) so the loop samples from its first step on; a run that does not truncate needs only that
-    sampled step (None is returned: nobody reads step zero's statistics).
+    forward pass, counted) so the loop samples from its first step on. A run that does not truncate needs only that
+    step (None is returned: nobody reads step zero's statistics), and with the KV cache it is a refresh: step zero
+    fills the first block's cache.
     """
     B = x.shape[0]
-    out0 = None
-    if truncating or ctx.config.temperature == 0:
+    out0, kv = None, None
+    if truncating or (ctx.config.temperature == 0 and not ctx.config.kv_cache):
         out0 = ctx.backend.step0(StepInput(x, mask, prompt_width=prompt_width, guidance=ctx.config.cfg_scale))
         tally.count(ctx, real)
-    committed: StepOutput | Step0Output | None = out0
-    if ctx.config.temperature > 0:
+    committed: StepOutput | Step0Output | RefreshOutput | None = out0
+    if not truncating and ctx.config.kv_cache:
+        committed = cast(CacheBackend, ctx.backend).refresh(ctx.step_input(x, mask, prompt_width))
+        kv = committed.kv
+        tally.count(ctx, real)
+    elif ctx.config.temperature > 0:
         committed = ctx.backend.step(ctx.step_input(x, mask, prompt_width))
         tally.count(ctx, real)
     assert committed is not None  # greedy runs commit step zero's own tokens
-    ctx.commit(x, committed, np.full(B, hi, np.int64), k)
-    return out0
+    ctx.commit(x, committed, np.zeros(B, np.int64), np.full(B, hi, np.int64), k)
+    return out0, kv
 

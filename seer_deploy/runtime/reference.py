@@ -8,6 +8,10 @@ softmax probability of x0 (`low_confidence`; ranked as its log-probability, whic
 saturate near 1.0 in float32, see `models.confidence`) or a uniform number (`random`), and commits the top-k.
 Committed tokens never change. Ties in confidence go to the lower position, so every backend and the C core agree
 exactly.
+
+Parallel decoding (`config.decode` threshold / factor, Fast-dLLM's rules): each row commits, in its current block,
+the ranked candidates that clear `config.rank_thresholds` (at least one) and moves to its next block as soon as its
+block has no masks left; rows that are done stay in the batch and commit nothing.
 """
 
 from __future__ import annotations
@@ -45,6 +49,23 @@ def select_transfer(confidence: Tensor, k: Tensor) -> Tensor:
     ranks = torch.empty_like(order)
     ranks.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
     return ranks < k[:, None]
+
+
+def select_confident(confidence: Tensor, candidate: Tensor, thresholds: Tensor) -> Tensor:
+    """Boolean [B, L]: per row the longest run of its ranked candidates (confidence descending, NaN first, ties to
+    the lower position) whose r-th confidence >= thresholds[r] for r >= 1; rank 0 always (if there is one)."""
+    order = torch.sort(confidence, dim=-1, descending=True, stable=True).indices
+    order = order.gather(-1, torch.sort(candidate.gather(-1, order).int(), dim=-1, descending=True, stable=True).indices)
+    ranked, is_candidate = confidence.gather(-1, order), candidate.gather(-1, order)
+    ranks = torch.arange(order.shape[-1], device=order.device)
+    limit = torch.full((order.shape[-1],), torch.inf, device=order.device)
+    n = min(order.shape[-1], thresholds.shape[0])
+    limit[:n] = thresholds[:n].to(limit.device)
+    passes = ((ranked >= limit) | (ranks == 0)) & is_candidate
+    take = torch.cumprod(passes.int(), dim=-1).bool()
+    chosen = torch.zeros_like(candidate)
+    chosen.scatter_(-1, order, take)
+    return chosen
 
 
 @dataclass
@@ -90,13 +111,14 @@ class _StepOut(NamedTuple):
 def _step(
     model: MaskPredictor,
     batch: _Batch,
-    hi: int,
-    k: Tensor,
+    hi: Tensor,
+    k: Tensor | None,
     config: GenerationConfig,
     generator: torch.Generator | None,
     spec: StatsSpec | None = None,
 ) -> _StepOut:
-    """One denoising step: forward, x0, score the masked positions before `hi`, commit the top k[b] per row."""
+    """One denoising step: forward, x0, score the masked positions before hi[b], commit the top k[b] of row b (or,
+    k None, the ones parallel decoding's rule accepts)."""
     mask_id = model.cfg.mask_id
     x = batch.x
     is_masked = x == mask_id
@@ -106,9 +128,14 @@ def _step(
         score = token_log_prob(logits, x0)
     else:
         score = torch.rand(x.shape, generator=generator, device=x.device)
-    score[:, hi:] = -torch.inf
-    confidence = torch.where(is_masked, score, torch.full_like(score, -torch.inf))
-    commit = select_transfer(confidence, k) & is_masked
+    before = torch.arange(x.shape[1], device=x.device)[None, :] < hi[:, None]
+    if k is None:
+        thresholds = torch.from_numpy(config.rank_thresholds(x.shape[1]))
+        commit = select_confident(score, is_masked & before, thresholds)
+    else:
+        score = torch.where(before, score, torch.full_like(score, -torch.inf))
+        confidence = torch.where(is_masked, score, torch.full_like(score, -torch.inf))
+        commit = select_transfer(confidence, k) & is_masked
     return _StepOut(torch.where(commit, x0, x), x0, logits, stats)
 
 
@@ -126,9 +153,36 @@ def _run_block(
         return 0
     n_masked = (batch.x[:, lo:hi] == model.cfg.mask_id).sum(-1).tolist()
     schedules = torch.tensor([transfer_schedule(n, n_steps) for n in n_masked], device=batch.x.device)
+    row_hi = torch.full((batch.x.shape[0],), hi, device=batch.x.device)
     for i in range(n_steps):
-        batch.x = _step(model, batch, hi, schedules[:, i], config, generator).x
+        batch.x = _step(model, batch, row_hi, schedules[:, i], config, generator).x
     return n_steps
+
+
+def _run_parallel(
+    model: MaskPredictor,
+    batch: _Batch,
+    blocks: Sequence[tuple[int, int]],
+    config: GenerationConfig,
+    generator: torch.Generator | None,
+) -> tuple[int, list[int]]:
+    """Parallel decoding over `blocks` (sequence columns [lo, hi)): every row works in its first block that still has
+    masks; the loop ends when no row has one. Returns the forward passes made and, per row, those it was not done
+    in (what it costs alone)."""
+    mask_id, device = model.cfg.mask_id, batch.x.device
+    B, n = batch.x.shape[0], len(blocks)
+    current = [0] * B
+    passes, row_passes = 0, [0] * B
+    while True:
+        for b in range(B):  # a row moves on as soon as its block has no masks left
+            while current[b] < n and not bool((batch.x[b, slice(*blocks[current[b]])] == mask_id).any()):
+                current[b] += 1
+        if all(j == n for j in current):
+            return passes, row_passes
+        hi = torch.tensor([blocks[j][1] if j < n else 0 for j in current], device=device)
+        batch.x = _step(model, batch, hi, None, config, generator).x
+        passes += 1
+        row_passes = [r + (j < n) for r, j in zip(row_passes, current, strict=True)]
 
 
 @torch.no_grad()
@@ -158,7 +212,10 @@ def generate(
     P = batch.prompt_width
     steps_per_block = config.steps_per_block
     steps_run = 0
-    for b in range(G // block):
+    if config.parallel:
+        steps_run = _run_parallel(model, batch, [(P + s, P + s + block) for s in range(0, G, block)], config,
+                                  generator)[0]
+    for b in range(0 if config.parallel else G // block):
         steps_run += _run_block(model, batch, P + b * block, P + (b + 1) * block, steps_per_block, config, generator)
     passes = 2 if config.cfg_scale > 0 else 1
     return GenerationResult(
@@ -183,8 +240,8 @@ def _generate_seer(
     P = batch.prompt_width
     steps_per_block = config.steps_per_block
     spec = seer.stats_spec(cfg.n_layers) if seer is not None and seer.needs_sparsity else None
-    first = torch.tensor([transfer_schedule(block, steps_per_block)[0]] * B, device=device)
-    zero = _step(model, batch, P + block, first, config, generator, spec)
+    first = None if config.parallel else torch.tensor([transfer_schedule(block, steps_per_block)[0]] * B, device=device)
+    zero = _step(model, batch, torch.full((B,), P + block, device=device), first, config, generator, spec)
     passes = 2 if config.cfg_scale > 0 else 1
     tokens_processed = batch.real_tokens * passes
     responses = zero.x[:, P:].cpu()
@@ -198,6 +255,7 @@ def _generate_seer(
     # Rows with the same plan run together: padded to the group's longest prompt, the padding masked out.
     tokens = torch.full((B, G), cfg.eos_id, dtype=torch.long)
     steps_run = 1
+    per_row_steps: dict[int, int] = {}  # parallel decoding: the passes each row's group made, step zero included
     for blocks, rows_of_group in group_rows(plans):
         kept = blocks[-1].end
         context = plans[rows_of_group[0]].context
@@ -205,14 +263,21 @@ def _generate_seer(
         slots[:, kept:] = cfg.eos_id  # the context: committed EOS, past every block, so never scored or changed
         sub = _start([after_zero[b] for b in rows_of_group], slots, cfg, device)
         Pg = sub.prompt_width
-        for j, bp in enumerate(blocks):
+        if config.parallel:
+            ran, row_ran = _run_parallel(model, sub, [(Pg + bp.start, Pg + bp.end) for bp in blocks], config,
+                                         generator)
+            steps_run += ran
+            tokens_processed += ran * sub.real_tokens * passes
+            per_row_steps.update({b: 1 + r for b, r in zip(rows_of_group, row_ran, strict=True)})
+        for j, bp in enumerate(blocks if not config.parallel else ()):
             n_steps = bp.steps - 1 if j == 0 else bp.steps  # step zero was the first block's first step
             ran = _run_block(model, sub, Pg + bp.start, Pg + bp.end, n_steps, config, generator)
             steps_run += ran
             tokens_processed += ran * sub.real_tokens * passes
         tokens[rows_of_group, :kept] = sub.x[:, Pg : Pg + kept].cpu()
     reports = [
-        SeerReport.from_plan(plan, len(prompts[b]), passes, forced=kept_lengths is not None)
+        SeerReport.from_plan(plan, len(prompts[b]), passes, forced=kept_lengths is not None,
+                             steps=per_row_steps.get(b))
         for b, plan in enumerate(plans)
     ]
     return GenerationResult(tokens=tokens, steps_run=steps_run, tokens_processed=tokens_processed, seer=reports)

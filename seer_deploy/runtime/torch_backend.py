@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
+from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import SparsityRow, StatsSpec
 from seer_deploy.models.confidence import greedy_head, token_log_prob
@@ -30,6 +30,7 @@ class TorchBackend:
 
     name = "torch"
     supports_guidance = True
+    supports_cache = True
 
     def __init__(self, model: MaskPredictor, stats: StatsSpec | None = None) -> None:
         cfg = model.cfg
@@ -77,21 +78,50 @@ class TorchBackend:
     @torch.inference_mode()
     def step(self, inputs: StepInput) -> StepOutput:
         """x0 (argmax, or LLaDA's Gumbel-max sample seeded by `seed` at temperature > 0) and log softmax(logits)[x0]."""
-        temperatures = np.unique(np.asarray(inputs.temperature, dtype=np.float64))
-        if temperatures.size != 1:
-            raise ConfigError("the torch backend samples every row of a step at one temperature; give one number")
-        temperature = float(temperatures[0])
         logits, _ = self._forward(inputs, None)
-        generator = None
-        if temperature > 0:
-            generator = torch.Generator(device=logits.device)
-            if inputs.seed is None:
-                generator.seed()
-            else:
-                generator.manual_seed(inputs.seed)
-        token = gumbel_argmax(logits, temperature, generator)
-        confidence = token_log_prob(logits, token)
-        return StepOutput(token_ids=_numpy(token, np.int64), confidence=_numpy(confidence, np.float32))
+        return _pick(logits, inputs.temperature, inputs.seed)
+
+    @torch.inference_mode()
+    def refresh(self, inputs: StepInput) -> RefreshOutput:
+        """A step that also returns every layer's keys and values (the block-wise cache; no guidance)."""
+        checked = inputs.checked(self.max_seq_len)
+        if checked.guidance > 0:
+            raise ConfigError("the KV cache does not run classifier-free guidance; set cfg_scale to 0 or drop the cache")
+        assert checked.attention_mask is not None
+        out = self.model(torch.from_numpy(checked.input_ids).to(self._device),
+                         torch.from_numpy(checked.attention_mask).to(self._device), return_kv=True)
+        assert out.kv is not None
+        picked = _pick(out.logits, checked.temperature, checked.seed)
+        return RefreshOutput(picked.token_ids, picked.confidence, _numpy(out.kv, np.float32))
+
+    @torch.inference_mode()
+    def window_step(self, inputs: WindowInput) -> StepOutput:
+        """A step over the window's columns only, against a refresh's keys and values."""
+        checked = inputs.checked()
+        device = self._device
+        logits = self.model.forward_window(
+            torch.from_numpy(checked.window_ids).to(device), torch.from_numpy(checked.attention_mask).to(device),
+            torch.from_numpy(checked.window_start).to(device), torch.from_numpy(checked.kv).to(device),
+        )
+        return _pick(logits, checked.temperature, checked.seed)
+
+
+def _pick(logits: Tensor, temperature: float | np.ndarray, seed: int | None) -> StepOutput:
+    """x0 (argmax, or LLaDA's Gumbel-max sample seeded by `seed` at temperature > 0) and log softmax(logits)[x0]."""
+    temperatures = np.unique(np.asarray(temperature, dtype=np.float64))
+    if temperatures.size != 1:
+        raise ConfigError("the torch backend samples every row of a step at one temperature; give one number")
+    value = float(temperatures[0])
+    generator = None
+    if value > 0:
+        generator = torch.Generator(device=logits.device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+    token = gumbel_argmax(logits, value, generator)
+    confidence = token_log_prob(logits, token)
+    return StepOutput(token_ids=_numpy(token, np.int64), confidence=_numpy(confidence, np.float32))
 
 
 def _numpy(t: Tensor, dtype: type[np.generic]) -> np.ndarray:

@@ -66,9 +66,10 @@ class TruncationPlan:
     def truncated(self) -> bool:
         return self.kept < self.gen_length
 
-    def tokens_processed(self, prompt_len: int, passes_per_step: int = 1) -> int:
-        """Real tokens run through the model: step zero at full length, the other steps at prompt + kept + context."""
-        rest = (self.steps - 1) * (prompt_len + self.width)
+    def tokens_processed(self, prompt_len: int, passes_per_step: int = 1, steps: int | None = None) -> int:
+        """Real tokens run through the model: step zero at full length, the other steps (the plan's, or `steps`) at
+        prompt + kept + context."""
+        rest = ((self.steps if steps is None else steps) - 1) * (prompt_len + self.width)
         return passes_per_step * (prompt_len + self.gen_length + rest)
 
     def full_tokens_processed(self, prompt_len: int, passes_per_step: int = 1) -> int:
@@ -194,24 +195,27 @@ class SeerReport:
     confidence: float
     kept: int
     gen_length: int
-    steps: int  # forward passes for this request, step zero included
-    full_steps: int
+    steps: int  # forward passes for this request, step zero included (parallel decoding: those it made)
+    full_steps: int  # the fixed schedule's steps at full length
     tokens_processed: int
     full_tokens_processed: int
     context: int = 0  # cut slots the later steps ran as committed EOS (tail_context)
 
     @classmethod
-    def from_plan(cls, plan: TruncationPlan, prompt_len: int, passes_per_step: int = 1, forced: bool = False) -> SeerReport:
+    def from_plan(cls, plan: TruncationPlan, prompt_len: int, passes_per_step: int = 1, forced: bool = False,
+                  steps: int | None = None) -> SeerReport:
+        """steps: the passes the request made, where they are not the plan's (parallel decoding)."""
         b = plan.boundary
+        made = plan.steps if steps is None else steps
         return cls(
             detector=None if forced or b is None else b.detector,
             boundary=None if b is None else b.position,
             confidence=0.0 if b is None else b.confidence,
             kept=plan.kept,
             gen_length=plan.gen_length,
-            steps=plan.steps,
+            steps=made,
             full_steps=plan.full_steps,
-            tokens_processed=plan.tokens_processed(prompt_len, passes_per_step),
+            tokens_processed=plan.tokens_processed(prompt_len, passes_per_step, made),
             full_tokens_processed=plan.full_tokens_processed(prompt_len, passes_per_step),
             context=plan.context,
         )

@@ -21,7 +21,7 @@ from seer_deploy.core.errors import ArtifactError, CheckpointError, SeerDeployEr
 from seer_deploy.core.files import confined, read_json
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.image import ImageConfig
-from seer_deploy.spec.graphs import SPARSITY, STEP0, STEP_GRAPH_NAMES
+from seer_deploy.spec.graphs import CACHE_GRAPH_NAMES, SPARSITY, STEP0, STEP_GRAPH_NAMES
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 FORMAT = "seer-deploy-export"
@@ -127,6 +127,11 @@ class ExportManifest:
     def model_config(self) -> ModelConfig:
         return ModelConfig(**self.model.config)
 
+    @property
+    def has_cache(self) -> bool:
+        """Whether the export has the block-wise KV cache graphs (export --kv-cache)."""
+        return all(name in self.graphs for name in CACHE_GRAPH_NAMES)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
@@ -213,7 +218,7 @@ class ExportManifest:
             dtype=dtype,
             opset=r.integer(raw, "opset", lo=1, hi=MAX_OPSET),
             max_seq_len=r.integer(raw, "max_seq_len", lo=2, hi=cfg.max_seq_len),
-            graphs={name: r.graph(r.obj(raw, "graphs"), name) for name in STEP_GRAPH_NAMES},
+            graphs={name: r.graph(r.obj(raw, "graphs"), name) for name in r.graph_names(r.obj(raw, "graphs"))},
             seer=r.seer(r.obj(raw, "seer"), cfg.n_layers),
             sampling=r.obj(raw, "sampling"),
             versions={str(k): str(v) for k, v in r.obj(raw, "versions").items()},
@@ -352,6 +357,14 @@ class _Reader:
                         self.string(image, "aspect", f"{label}.image.aspect"))
         except SeerDeployError as exc:
             raise ArtifactError(f"{self.where}: {label}.vision_config.image: {exc}") from exc
+
+    def graph_names(self, graphs: dict[str, Any]) -> tuple[str, ...]:
+        """The step graphs, and the cache graphs when the export has them (both or neither)."""
+        cache = [name for name in CACHE_GRAPH_NAMES if name in graphs]
+        if cache and len(cache) != len(CACHE_GRAPH_NAMES):
+            raise ArtifactError(f"{self.where}: 'graphs' has {cache[0]} without the other cache graph "
+                                f"({', '.join(CACHE_GRAPH_NAMES)}); re-export with --kv-cache")
+        return STEP_GRAPH_NAMES + (CACHE_GRAPH_NAMES if cache else ())
 
     def graph(self, graphs: dict[str, Any], name: str, label: str | None = None) -> GraphRecord:
         label = label or f"graphs.{name}"

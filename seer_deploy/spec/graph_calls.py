@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
+from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.spec.graphs import (
     ATTENTION_MASK,
@@ -16,9 +16,14 @@ from seer_deploy.spec.graphs import (
     EOS_PROB,
     IMAGE_TABLE,
     INPUT_IDS,
+    KV,
     SPARSITY,
     TEMPERATURE,
     TOKEN_IDS,
+    WINDOW_CONFIDENCE,
+    WINDOW_IDS,
+    WINDOW_START,
+    WINDOW_TOKEN_IDS,
     GraphIO,
     TensorIO,
 )
@@ -41,6 +46,15 @@ def graph_feed(graph: GraphIO, checked: StepInput, image_table: np.ndarray | Non
     return {name: values[name] for name in graph.input_names}
 
 
+def window_feed(graph: GraphIO, checked: WindowInput) -> dict[str, np.ndarray]:
+    """The window step's inputs for one call (sampling inputs drawn over the window's columns)."""
+    batch, width = checked.window_ids.shape
+    values = {WINDOW_IDS.name: checked.window_ids, ATTENTION_MASK.name: checked.attention_mask,
+              WINDOW_START.name: checked.window_start, KV.name: checked.kv,
+              **step_feed(batch, width, checked.temperature, checked.seed)}
+    return {name: values[name] for name in graph.input_names}
+
+
 def _output(tensor: TensorIO, values: Mapping[str, np.ndarray]) -> np.ndarray:
     """An output as a host array of its declared dtype (a no-op where the engine returned that type already)."""
     return np.asarray(values[tensor.name]).astype(tensor.dtype, copy=False)
@@ -57,3 +71,11 @@ def step0_output(values: Mapping[str, np.ndarray]) -> Step0Output:
 
 def step_output(values: Mapping[str, np.ndarray]) -> StepOutput:
     return StepOutput(token_ids=_output(TOKEN_IDS, values), confidence=_output(CONFIDENCE, values))
+
+
+def refresh_output(values: Mapping[str, np.ndarray]) -> RefreshOutput:
+    return RefreshOutput(_output(TOKEN_IDS, values), _output(CONFIDENCE, values), _output(KV, values))
+
+
+def window_output(values: Mapping[str, np.ndarray]) -> StepOutput:
+    return StepOutput(token_ids=_output(WINDOW_TOKEN_IDS, values), confidence=_output(WINDOW_CONFIDENCE, values))

@@ -22,6 +22,7 @@ class Axis(StrEnum):
     SEQ = "seq"  # prompt + response positions
     IMAGES = "images"
     IMAGE_TOKENS = "image_tokens"  # rows of the image table: every image token of the batch
+    WINDOW = "window"  # the columns a cached pass runs (a denoising block)
 
 
 class Size(StrEnum):
@@ -31,6 +32,9 @@ class Size(StrEnum):
     D_MODEL = "d_model"
     IMAGE_SIZE = "image_size"
     TOKENS_PER_IMAGE = "tokens_per_image"
+    LAYERS = "layers"
+    KV_HEADS = "kv_heads"
+    HEAD_DIM = "head_dim"
 
 
 Dim = Axis | Size | int
@@ -131,14 +135,38 @@ EOS_PROB = TensorIO("eos_prob", "float32", _BS)
 SPARSITY = TensorIO("sparsity", "float32", (Axis.BATCH, Size.STAT_ROWS, Axis.SEQ))  # manifest seer.sparsity_rows
 IMAGE_EMBEDS = TensorIO("image_embeds", "float32", (Axis.IMAGES, Size.TOKENS_PER_IMAGE, Size.D_MODEL))
 
+# The block-wise KV cache: every layer's keys and values (float32 whatever the export dtype).
+KV = TensorIO("kv", "float32", (Size.LAYERS, 2, Axis.BATCH, Size.KV_HEADS, Axis.SEQ, Size.HEAD_DIM))
+_BW = (Axis.BATCH, Axis.WINDOW)
+WINDOW_IDS = TensorIO("window_ids", "int64", _BW)
+WINDOW_START = TensorIO("window_start", "int64", (Axis.BATCH,))  # column of window_ids[:, 0] in the sequence
+WINDOW_UNIFORM = TensorIO(SAMPLE_UNIFORM.name, "float32", _BW)
+WINDOW_TOKEN_IDS = TensorIO(TOKEN_IDS.name, "int64", _BW)
+WINDOW_CONFIDENCE = TensorIO(CONFIDENCE.name, "float32", _BW)
+
 STEP0 = GraphIO("step0", (INPUT_IDS, ATTENTION_MASK), (TOKEN_IDS, CONFIDENCE, EOS_PROB, SPARSITY))
 STEP = GraphIO("step", (INPUT_IDS, ATTENTION_MASK, TEMPERATURE, SAMPLE_UNIFORM), (TOKEN_IDS, CONFIDENCE))
 VISION = GraphIO("vision", (PIXEL_VALUES,), (IMAGE_EMBEDS,))
 MULTIMODAL_STEP0 = STEP0.with_inputs(IMAGE_TABLE)
 MULTIMODAL_STEP = STEP.with_inputs(IMAGE_TABLE)
 STEP_GRAPH_NAMES: tuple[str, ...] = (STEP0.name, STEP.name)  # what every export has, text or multimodal
+# The cache graphs (export --kv-cache): a step that also returns the keys and values, and a step over a window only
+# (its keys and values fresh, the rest of the sequence's from `kv`). A window's ids are response tokens: no image table.
+REFRESH = GraphIO("refresh", STEP.inputs, (TOKEN_IDS, CONFIDENCE, KV))
+WINDOW_STEP = GraphIO(
+    "window_step",
+    (WINDOW_IDS, ATTENTION_MASK, WINDOW_START, KV, TEMPERATURE, WINDOW_UNIFORM),
+    (WINDOW_TOKEN_IDS, WINDOW_CONFIDENCE),
+)
+MULTIMODAL_REFRESH = REFRESH.with_inputs(IMAGE_TABLE)
+CACHE_GRAPH_NAMES: tuple[str, ...] = (REFRESH.name, WINDOW_STEP.name)
 
 
 def step_graphs(multimodal: bool = False) -> tuple[GraphIO, GraphIO]:
     """(step0, step) of a text export, or of a multimodal one (which also take the image table)."""
     return (MULTIMODAL_STEP0, MULTIMODAL_STEP) if multimodal else (STEP0, STEP)
+
+
+def cache_graphs(multimodal: bool = False) -> tuple[GraphIO, GraphIO]:
+    """(refresh, window_step) of a text export, or of a multimodal one (whose refresh also takes the image table)."""
+    return (MULTIMODAL_REFRESH if multimodal else REFRESH), WINDOW_STEP
