@@ -1,14 +1,17 @@
 /*
  * seer_deploy.runtime._loopcore: the host logic of one denoising step in C.
  *
- * The same four functions as the numpy twin in loopcore.py, with the same results bit for bit: the transfer
- * schedule, the top-k commit among masked positions of a block, the masks-left stop test and the bucket choice.
- * Arrays arrive through the buffer protocol (no numpy C headers at build time); new arrays are made by calling
- * numpy.empty, which is looked up once per module and kept in the module state (no C globals).
+ * The same five functions as the numpy twin in loopcore.py, with the same results bit for bit and the same errors:
+ * the transfer schedule, the top-k commit among masked positions of a block, parallel decoding's commit of the
+ * ranked candidates that clear per-rank thresholds, the masks-left stop test and the bucket choice. Arrays arrive
+ * through the buffer protocol (no numpy C headers at build time; numpy.ndarray is checked by isinstance, as the
+ * twin does); new arrays are made by calling numpy.empty. Both are looked up once per module and kept in the module
+ * state (no C globals).
  *
  * Order of confidences (shared with the twin and reference.select_transfer): higher first; NaN ranks above every
  * number; -0.0 equals +0.0; ties go to the lower position. Each (confidence, position) pair is mapped to a unique
- * uint64 key whose unsigned order is exactly that order, so the top k are the k largest keys.
+ * uint64 key whose unsigned order is exactly that order, so the top k are the k largest keys and the ranks of
+ * parallel decoding are the keys in descending order.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -18,6 +21,7 @@
 
 typedef struct {
     PyObject *np_empty;     /* numpy.empty */
+    PyObject *np_ndarray;   /* numpy.ndarray */
     PyObject *np_int64;     /* numpy.int64 */
     PyObject *config_error; /* seer_deploy.core.errors.ConfigError */
 } core_state;
@@ -49,22 +53,36 @@ static int format_matches(const Py_buffer *view, elem_kind kind) {
     return view->itemsize == 4 && strcmp(f, "f") == 0;
 }
 
+/* The twin's TypeError for a wrong argument: it names the dtype of a numpy array, else the type. Returns -1. */
+static int wrong_type(core_state *st, PyObject *obj, const char *name, const char *dtype) {
+    int is_array = PyObject_IsInstance(obj, st->np_ndarray);
+    if (is_array < 0) return -1;
+    PyObject *got = is_array ? PyObject_GetAttrString(obj, "dtype")
+                             : PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__name__");
+    if (got == NULL) return -1;
+    PyErr_Format(PyExc_TypeError, "%s must be a numpy array of dtype %s, got %S", name, dtype, got);
+    Py_DECREF(got);
+    return -1;
+}
+
 /*
- * Get a C-contiguous buffer of `ndim` dimensions and the given element kind; on failure raise TypeError (not an
- * array of that dtype) or ValueError (wrong rank, not contiguous, read-only) naming the argument, and return -1.
+ * Get a C-contiguous buffer of a numpy array of `ndim` dimensions and the given element kind; on failure raise
+ * TypeError (not a numpy array of that dtype) or ValueError (wrong rank, not contiguous, read-only) naming the
+ * argument, with the twin's messages in the twin's order, and return -1.
  */
-static int get_array(PyObject *obj, const char *name, elem_kind kind, int ndim, int writable, Py_buffer *view) {
+static int get_array(core_state *st, PyObject *obj, const char *name, elem_kind kind, int ndim, int writable,
+                     Py_buffer *view) {
     const char *dtype = kind == KIND_INT64 ? "int64" : "float32";
+    int is_array = PyObject_IsInstance(obj, st->np_ndarray);
+    if (is_array < 0) return -1;
+    if (!is_array) return wrong_type(st, obj, name, dtype);
     if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO) < 0) {
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s must be a numpy array of dtype %s, got %s", name, dtype,
-                     Py_TYPE(obj)->tp_name);
-        return -1;
+        return wrong_type(st, obj, name, dtype);
     }
     if (!format_matches(view, kind)) {
-        PyErr_Format(PyExc_TypeError, "%s must have dtype %s (native byte order), got buffer format '%s'", name,
-                     dtype, view->format ? view->format : "B");
-        goto fail;
+        PyBuffer_Release(view);
+        return wrong_type(st, obj, name, dtype);
     }
     if (view->ndim != ndim) {
         PyErr_Format(PyExc_ValueError, "%s must be %d-D, got %d-D", name, ndim, view->ndim);
@@ -120,6 +138,17 @@ static int check_rows(const Py_buffer *view, const char *name, Py_ssize_t batch)
     return 0;
 }
 
+/* mask_id as the twin reads it: operator.index, then OverflowError '<v> does not fit in int64'. -1 on error. */
+static int int64_arg(PyObject *obj, long long *out) {
+    PyObject *idx = PyNumber_Index(obj);
+    if (idx == NULL) return -1;
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(idx, &overflow);
+    if (overflow) PyErr_Format(PyExc_OverflowError, "%S does not fit in int64", idx);
+    Py_DECREF(idx);
+    return overflow || (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
 static int check_block(const int64_t *lo, const int64_t *hi, Py_ssize_t batch, Py_ssize_t seq) {
     for (Py_ssize_t b = 0; b < batch; b++) {
         if (lo[b] < 0 || lo[b] > hi[b] || hi[b] > (int64_t)seq) {
@@ -141,7 +170,7 @@ static PyObject *transfer_schedule(PyObject *module, PyObject *args, PyObject *k
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On:transfer_schedule", kwlist, &n_obj, &steps)) return NULL;
     if (steps < 1) return PyErr_Format(PyExc_ValueError, "steps must be >= 1, got %zd", steps);
     Py_buffer n_view;
-    if (get_array(n_obj, "n_masked", KIND_INT64, 1, 0, &n_view) < 0) return NULL;
+    if (get_array(get_state(module), n_obj, "n_masked", KIND_INT64, 1, 0, &n_view) < 0) return NULL;
     const int64_t *n = (const int64_t *)n_view.buf;
     Py_ssize_t batch = n_view.shape[0];
     for (Py_ssize_t b = 0; b < batch; b++) {
@@ -235,11 +264,12 @@ static int64_t commit_row(int64_t *x, const int64_t *x0, const float *conf, Py_s
 
 static PyObject *commit_step(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"x", "x0", "confidence", "block_lo", "block_hi", "k", "mask_id", NULL};
-    PyObject *objs[6];
+    PyObject *objs[6], *mask_obj;
     long long mask_id;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOL:commit_step", kwlist, &objs[0], &objs[1], &objs[2],
-                                     &objs[3], &objs[4], &objs[5], &mask_id))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO:commit_step", kwlist, &objs[0], &objs[1], &objs[2],
+                                     &objs[3], &objs[4], &objs[5], &mask_obj))
         return NULL;
+    if (int64_arg(mask_obj, &mask_id) < 0) return NULL;
     static const char *names[6] = {"x", "x0", "confidence", "block_lo", "block_hi", "k"};
     static const elem_kind kinds[6] = {KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_INT64, KIND_INT64, KIND_INT64};
     static const int ndims[6] = {2, 2, 2, 1, 1, 1};
@@ -250,7 +280,8 @@ static PyObject *commit_step(PyObject *module, PyObject *args, PyObject *kwargs)
     int have_out = 0;
     uint64_t *heap = NULL;
     for (; got < 6; got++)
-        if (get_array(objs[got], names[got], kinds[got], ndims[got], got == 0, &v[got]) < 0) goto done;
+        if (get_array(get_state(module), objs[got], names[got], kinds[got], ndims[got], got == 0, &v[got]) < 0)
+            goto done;
     Py_ssize_t batch = v[0].shape[0], seq = v[0].shape[1];
     for (int i = 1; i < 3; i++) {
         if (v[i].shape[0] != batch || v[i].shape[1] != seq) {
@@ -298,21 +329,121 @@ done:
     return out;
 }
 
+/* ---------------------------------------------------------------- commit_confident */
+
+/*
+ * Commit one row under parallel decoding's rule; `heap` has room for hi - lo keys. The complemented keys in a
+ * min-heap are the keys in a max-heap: built in O(m) for m candidates, then popped best first (rank 0, 1, ...)
+ * until a rank r >= 1 has confidence < thresholds[r] (NaN fails): O(m + n log m) for n committed.
+ */
+static int64_t confident_row(int64_t *x, const int64_t *x0, const float *conf, Py_ssize_t lo, Py_ssize_t hi,
+                             const float *thresholds, int64_t mask_id, uint64_t *heap) {
+    Py_ssize_t size = 0;
+    for (Py_ssize_t p = lo; p < hi; p++)
+        if (x[p] == mask_id) heap[size++] = ~order_key(conf[p], p);
+    for (Py_ssize_t i = size / 2; i-- > 0;) sift_down(heap, size, i);
+    int64_t n = 0;
+    while (size > 0) {
+        uint64_t key = ~heap[0];
+        Py_ssize_t p = (Py_ssize_t)(UINT32_MAX - (uint32_t)(key & UINT32_MAX));
+        if (n > 0 && !(conf[p] >= thresholds[n])) break;
+        x[p] = x0[p];
+        n++;
+        heap[0] = heap[--size];
+        sift_down(heap, size, 0);
+    }
+    return n;
+}
+
+static PyObject *commit_confident(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"x", "x0", "confidence", "block_lo", "block_hi", "thresholds", "mask_id", NULL};
+    /* Checked in the twin's order: x, x0, confidence, thresholds, then the block bounds. */
+    PyObject *objs[6], *mask_obj;
+    long long mask_id;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO:commit_confident", kwlist, &objs[0], &objs[1], &objs[2],
+                                     &objs[4], &objs[5], &objs[3], &mask_obj))
+        return NULL;
+    if (int64_arg(mask_obj, &mask_id) < 0) return NULL;
+    static const char *names[6] = {"x", "x0", "confidence", "thresholds", "block_lo", "block_hi"};
+    static const elem_kind kinds[6] = {KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_FLOAT32, KIND_INT64, KIND_INT64};
+    static const int ndims[6] = {2, 2, 2, 1, 1, 1};
+    Py_buffer v[6];
+    int got = 0;
+    PyObject *out = NULL;
+    Py_buffer out_view;
+    int have_out = 0;
+    uint64_t *heap = NULL;
+    for (; got < 6; got++)
+        if (get_array(get_state(module), objs[got], names[got], kinds[got], ndims[got], got == 0, &v[got]) < 0)
+            goto done;
+    Py_ssize_t batch = v[0].shape[0], seq = v[0].shape[1];
+    for (int i = 1; i < 3; i++) {
+        if (v[i].shape[0] != batch || v[i].shape[1] != seq) {
+            PyErr_Format(PyExc_ValueError, "%s has shape [%zd, %zd] but x has [%zd, %zd]; they must match", names[i],
+                         v[i].shape[0], v[i].shape[1], batch, seq);
+            goto done;
+        }
+    }
+    for (int i = 4; i < 6; i++)
+        if (check_rows(&v[i], names[i], batch) < 0) goto done;
+    if ((uint64_t)seq > (uint64_t)UINT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "sequence length %zd is too long (at most 2**32 - 1)", seq);
+        goto done;
+    }
+    const int64_t *lo = (const int64_t *)v[4].buf, *hi = (const int64_t *)v[5].buf;
+    if (check_block(lo, hi, batch, seq) < 0) goto done;
+    Py_ssize_t widest = 0, n_thresholds = v[3].shape[0];
+    for (Py_ssize_t b = 0; b < batch; b++)
+        if ((Py_ssize_t)(hi[b] - lo[b]) > widest) widest = (Py_ssize_t)(hi[b] - lo[b]);
+    if (widest > n_thresholds) {
+        PyErr_Format(PyExc_ValueError,
+                     "thresholds has %zd ranks but a block spans %zd positions; give one threshold per rank of the "
+                     "widest block",
+                     n_thresholds, widest);
+        goto done;
+    }
+    Py_ssize_t shape[1] = {batch};
+    out = new_int64_array(get_state(module), 1, shape, &out_view);
+    if (out == NULL) goto done;
+    have_out = 1;
+    heap = PyMem_Malloc((size_t)(widest > 0 ? widest : 1) * sizeof(uint64_t));
+    if (heap == NULL) {
+        Py_CLEAR(out);
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *x = (int64_t *)v[0].buf, *counts = (int64_t *)out_view.buf;
+    const int64_t *x0 = (const int64_t *)v[1].buf;
+    const float *conf = (const float *)v[2].buf, *thresholds = (const float *)v[3].buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t b = 0; b < batch; b++)
+        counts[b] = confident_row(x + b * seq, x0 + b * seq, conf + b * seq, (Py_ssize_t)lo[b], (Py_ssize_t)hi[b],
+                                  thresholds, (int64_t)mask_id, heap);
+    Py_END_ALLOW_THREADS
+done:
+    PyMem_Free(heap);
+    if (have_out) PyBuffer_Release(&out_view);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return out;
+}
+
 /* ---------------------------------------------------------------- masks_left */
 
 static PyObject *masks_left(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"x", "block_lo", "block_hi", "mask_id", NULL};
-    PyObject *objs[3];
+    PyObject *objs[3], *mask_obj;
     long long mask_id;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOL:masks_left", kwlist, &objs[0], &objs[1], &objs[2],
-                                     &mask_id))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO:masks_left", kwlist, &objs[0], &objs[1], &objs[2],
+                                     &mask_obj))
         return NULL;
+    if (int64_arg(mask_obj, &mask_id) < 0) return NULL;
     static const char *names[3] = {"x", "block_lo", "block_hi"};
     Py_buffer v[3];
     int got = 0;
     PyObject *out = NULL;
     for (; got < 3; got++)
-        if (get_array(objs[got], names[got], KIND_INT64, got == 0 ? 2 : 1, 0, &v[got]) < 0) goto done;
+        if (get_array(get_state(module), objs[got], names[got], KIND_INT64, got == 0 ? 2 : 1, 0, &v[got]) < 0)
+            goto done;
     Py_ssize_t batch = v[0].shape[0], seq = v[0].shape[1];
     if (check_rows(&v[1], names[1], batch) < 0 || check_rows(&v[2], names[2], batch) < 0) goto done;
     const int64_t *x = (const int64_t *)v[0].buf, *lo = (const int64_t *)v[1].buf, *hi = (const int64_t *)v[2].buf;
@@ -395,6 +526,12 @@ static PyMethodDef core_methods[] = {
     {"commit_step", (PyCFunction)(void (*)(void))commit_step, METH_VARARGS | METH_KEYWORDS,
      "commit_step(x, x0, confidence, block_lo, block_hi, k, mask_id) -> int64[B]: commit the k[b] most confident "
      "masked positions of [block_lo[b], block_hi[b]) in place; returns the number committed per row."},
+    {"commit_confident", (PyCFunction)(void (*)(void))commit_confident, METH_VARARGS | METH_KEYWORDS,
+     "commit_confident(x, x0, confidence, block_lo, block_hi, thresholds, mask_id) -> int64[B]: parallel decoding's "
+     "commit. Per row, rank the masked positions of [block_lo[b], block_hi[b]) (higher confidence first, NaN first, "
+     "-0.0 == +0.0, ties to the lower position) and commit, in place, ranks 0..n-1 for the largest n such that every "
+     "rank r >= 1 has confidence >= thresholds[r] (rank 0 always). thresholds: float32[T], T >= the widest block. "
+     "Returns the number committed per row."},
     {"masks_left", (PyCFunction)(void (*)(void))masks_left, METH_VARARGS | METH_KEYWORDS,
      "masks_left(x, block_lo, block_hi, mask_id) -> int64[B]: masked positions left in each row's block."},
     {"choose_bucket", (PyCFunction)(void (*)(void))choose_bucket, METH_VARARGS | METH_KEYWORDS,
@@ -407,9 +544,10 @@ static int core_exec(PyObject *module) {
     PyObject *numpy = PyImport_ImportModule("numpy");
     if (numpy == NULL) return -1;
     st->np_empty = PyObject_GetAttrString(numpy, "empty");
+    st->np_ndarray = PyObject_GetAttrString(numpy, "ndarray");
     st->np_int64 = PyObject_GetAttrString(numpy, "int64");
     Py_DECREF(numpy);
-    if (st->np_empty == NULL || st->np_int64 == NULL) return -1;
+    if (st->np_empty == NULL || st->np_ndarray == NULL || st->np_int64 == NULL) return -1;
     PyObject *errors = PyImport_ImportModule("seer_deploy.core.errors");
     if (errors == NULL) return -1;
     st->config_error = PyObject_GetAttrString(errors, "ConfigError");
@@ -421,6 +559,7 @@ static int core_exec(PyObject *module) {
 static int core_traverse(PyObject *module, visitproc visit, void *arg) {
     core_state *st = get_state(module);
     Py_VISIT(st->np_empty);
+    Py_VISIT(st->np_ndarray);
     Py_VISIT(st->np_int64);
     Py_VISIT(st->config_error);
     return 0;
@@ -429,6 +568,7 @@ static int core_traverse(PyObject *module, visitproc visit, void *arg) {
 static int core_clear(PyObject *module) {
     core_state *st = get_state(module);
     Py_CLEAR(st->np_empty);
+    Py_CLEAR(st->np_ndarray);
     Py_CLEAR(st->np_int64);
     Py_CLEAR(st->config_error);
     return 0;
