@@ -1,4 +1,5 @@
-"""`seer-deploy build` / `build_engines` on a small export dir made here (onnx.helper graphs + a real manifest)."""
+"""`seer-deploy build` / `build_engines` on a small export dir made here (onnx.helper graphs + a real manifest), and
+on one real export with the KV cache graphs (an ORT engine dir runs them as its export does)."""
 
 from __future__ import annotations
 
@@ -10,23 +11,32 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import tiny_config
+from conftest import tiny_config, tiny_model
 from onnx import TensorProto, helper
 
 from seer_deploy.cli import main
 from seer_deploy.core.atomic import claim
-from seer_deploy.core.backend import StepInput
+from seer_deploy.core.backend import StepInput, WindowInput, supports_cache
 from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines import tensorrt_engine
 from seer_deploy.engines.buckets import power_of_two_buckets
 from seer_deploy.engines.build import BuildOptions, build_engines, file_sha256, parse_size
 from seer_deploy.engines.manifest import MANIFEST_FILE, EngineManifest, RuntimeFacts, check_engine_compatible
 from seer_deploy.engines.ort import OrtBackend
+from seer_deploy.export.exporter import export_checkpoint
+from seer_deploy.export.options import ExportOptions
+from seer_deploy.models.checkpoint import save_checkpoint
+from seer_deploy.models.demo_tasks import write_tokenizer
+from seer_deploy.runtime.loop import run_generation
+from seer_deploy.runtime.openers import open_target
 from seer_deploy.spec import sampling
 from seer_deploy.spec.export_manifest import ExportManifest, GraphRecord, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
 
 MAX_SEQ_LEN = 96
 BS = ["batch", "seq"]
+CFG = tiny_config(max_seq_len=MAX_SEQ_LEN)
+KV_SHAPE: list[int | str] = [CFG.n_layers, 2, "batch", CFG.n_kv_heads, "seq", CFG.head_dim]
 
 
 def _io(name: str, elem: int, shape: list[int | str]) -> onnx.ValueInfoProto:
@@ -67,6 +77,61 @@ def step_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
 
 
+def _const(name: str, values: list[int]) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)],
+                                                                            values))
+
+
+def refresh_model() -> onnx.ModelProto:
+    """The step model's outputs, and kv[l, k, b, h, s, d] = float(mask[b, s]) + sample_uniform[b, s]."""
+    nodes = [
+        helper.make_node("Identity", ["input_ids"], ["token_ids"]),
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["sample_uniform", "maskf"], ["confidence"]),
+        helper.make_node("Add", ["sample_uniform", "maskf"], ["per_column"]),
+        _const("axes", [0, 1, 3, 5]),
+        helper.make_node("Unsqueeze", ["per_column", "axes"], ["column"]),  # [1, 1, B, 1, S, 1]
+        _const("tile", [CFG.n_layers, 2, 1, CFG.n_kv_heads, 1, CFG.head_dim]),
+        helper.make_node("Expand", ["column", "tile"], ["kv"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "refresh",
+        [_io("input_ids", TensorProto.INT64, BS), _io("attention_mask", TensorProto.INT64, BS),
+         _io("temperature", TensorProto.FLOAT, ["batch"]), _io("sample_uniform", TensorProto.FLOAT, BS)],
+        [_io("token_ids", TensorProto.INT64, BS), _io("confidence", TensorProto.FLOAT, BS),
+         _io("kv", TensorProto.FLOAT, KV_SHAPE)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+def window_step_model() -> onnx.ModelProto:
+    """token_ids = window_ids; confidence = sample_uniform * (window_start + temperature + sum(mask) + sum(kv)) per
+    row: every input reaches an output (TensorRT keeps only the inputs something reads)."""
+    bw = ["batch", "window"]
+    nodes = [
+        helper.make_node("Identity", ["window_ids"], ["token_ids"]),
+        helper.make_node("Cast", ["window_start"], ["startf"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+        _const("seq_axis", [1]),
+        helper.make_node("ReduceSum", ["maskf", "seq_axis"], ["mask_sum"], keepdims=0),
+        _const("kv_axes", [0, 1, 3, 4, 5]),
+        helper.make_node("ReduceSum", ["kv", "kv_axes"], ["kv_sum"], keepdims=0),
+        helper.make_node("Add", ["startf", "temperature"], ["a"]),
+        helper.make_node("Add", ["a", "mask_sum"], ["b"]),
+        helper.make_node("Add", ["b", "kv_sum"], ["row"]),
+        helper.make_node("Unsqueeze", ["row", "seq_axis"], ["row_column"]),  # [B, 1]
+        helper.make_node("Mul", ["sample_uniform", "row_column"], ["confidence"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "window_step",
+        [_io("window_ids", TensorProto.INT64, bw), _io("attention_mask", TensorProto.INT64, BS),
+         _io("window_start", TensorProto.INT64, ["batch"]), _io("kv", TensorProto.FLOAT, KV_SHAPE),
+         _io("temperature", TensorProto.FLOAT, ["batch"]), _io("sample_uniform", TensorProto.FLOAT, bw)],
+        [_io("token_ids", TensorProto.INT64, bw), _io("confidence", TensorProto.FLOAT, bw)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
 def _specs(values: list[onnx.ValueInfoProto]) -> dict[str, TensorSpec]:
     out = {}
     for v in values:
@@ -75,17 +140,20 @@ def _specs(values: list[onnx.ValueInfoProto]) -> dict[str, TensorSpec]:
     return out
 
 
-def make_export(root: Path, fingerprint: str = "1" * 64) -> Path:
-    """An export dir that ExportManifest.load and OrtBackend accept."""
+def make_export(root: Path, fingerprint: str = "1" * 64, kv_cache: bool = False) -> Path:
+    """An export dir that ExportManifest.load and OrtBackend accept; kv_cache: with refresh and window_step graphs."""
     root.mkdir(parents=True, exist_ok=True)
     graphs = {}
-    for name, model in (("step0", step0_model()), ("step", step_model())):
+    models = [("step0", step0_model()), ("step", step_model())]
+    if kv_cache:
+        models += [("refresh", refresh_model()), ("window_step", window_step_model())]
+    for name, model in models:
         onnx.checker.check_model(model)
         onnx.save(model, root / f"{name}.onnx")
         graphs[name] = GraphRecord(f"{name}.onnx", file_sha256(root / f"{name}.onnx"),
                                  _specs(list(model.graph.input)), _specs(list(model.graph.output)))
     (root / "weights.bin").write_bytes(b"\0" * 64)
-    cfg = tiny_config(max_seq_len=MAX_SEQ_LEN)
+    cfg = CFG
     ExportManifest(
         model=ModelSpec("test", "llada", fingerprint, cfg.to_dict()),
         special_ids={"mask": cfg.mask_id, "eos": cfg.eos_id, "pad": cfg.pad_id, "bos": cfg.bos_id, "eot": None},
@@ -248,6 +316,119 @@ def test_graph_external_data_outside_the_export_is_refused(export_dir: Path, tmp
     assert not (tmp_path / "e").exists()
 
 
+# ---------------------------------------------------------------- the KV cache graphs (export --kv-cache)
+
+
+def window_input(batch: int, seq: int, start: int, width: int, kv: np.ndarray, temperature: float = 0.0,
+                 seed: int | None = None) -> tuple[StepInput, WindowInput]:
+    """A refresh call's input and a window over its columns [start, start + width) with that refresh's kv."""
+    rng = np.random.default_rng(seq * 7 + width)
+    ids = rng.integers(0, CFG.vocab_size, size=(batch, seq), dtype=np.int64)
+    mask = np.ones_like(ids)
+    mask[0, :2] = 0  # a left-padded row
+    starts = np.full(batch, start, dtype=np.int64)
+    return StepInput(ids, mask), WindowInput(ids[:, start : start + width], mask, starts, kv, temperature, seed)
+
+
+def test_an_ort_engine_dir_carries_the_cache_graphs(tmp_path: Path) -> None:
+    export_dir = make_export(tmp_path / "export", kv_cache=True)
+    m = build_engines(export_dir, tmp_path / "engine", cpu_options(buckets=(32,), ort_save_optimized=True)).manifest
+    export = ExportManifest.load(export_dir)
+    assert m.has_cache and m.graph_hashes == {name: g.sha256 for name, g in export.graphs.items()}
+    assert m.files == {name: f"{name}.opt.onnx" for name in ("step0", "step", "refresh", "window_step")}
+    assert all((tmp_path / "engine" / f).is_file() for f in m.files.values())
+    backend, info = open_target(tmp_path / "engine")
+    assert info.kind == "engine" and supports_cache(backend)
+    reference = OrtBackend(export_dir)
+    step, _ = window_input(2, 20, 0, 1, np.zeros(0))
+    got, want = backend.refresh(step), reference.refresh(step)  # type: ignore[attr-defined]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    _, window = window_input(2, 20, 12, 8, want.kv, 0.5, 3)
+    got_w, want_w = backend.window_step(window), reference.window_step(window)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(got_w.token_ids, window.window_ids)
+    np.testing.assert_array_equal(got_w.confidence, want_w.confidence)
+
+    # A cache graph changed after the build: the engine dir is refused, as for a step graph.
+    manifest = json.loads((export_dir / "manifest.json").read_text())
+    manifest["graphs"]["window_step"]["sha256"] = "0" * 64
+    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="window_step graph was built from ONNX .* the export changed"):
+        open_target(tmp_path / "engine")
+    # Cache graphs gone from the export (re-exported without --kv-cache): refused too.
+    for name in ("refresh", "window_step"):
+        del manifest["graphs"][name]
+    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="export's refresh is missing"):
+        open_target(tmp_path / "engine")
+
+
+def test_an_engine_dir_built_without_the_cache_graphs_does_not_run_them(tmp_path: Path) -> None:
+    """An ORT engine dir built before its export had the cache graphs opens none of them (they were never checked
+    against it); the export itself runs them, and a rebuild gives the engine dir them too."""
+    export_dir = make_export(tmp_path / "export", kv_cache=True)
+    manifest = json.loads((export_dir / "manifest.json").read_text())
+    plain = {name: manifest["graphs"].pop(name) for name in ("refresh", "window_step")}
+    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    m = build_engines(export_dir, tmp_path / "engine", cpu_options(buckets=(32,))).manifest
+    assert not m.has_cache and set(m.graph_hashes) == {"step0", "step"}
+    manifest["graphs"].update(plain)  # the export gains the cache graphs
+    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    backend, _ = open_target(tmp_path / "engine")
+    assert not supports_cache(backend)
+    step, _ = window_input(1, 8, 0, 1, np.zeros(0))
+    with pytest.raises(ConfigError, match="were not opened .*rebuild it"):
+        backend.refresh(step)  # type: ignore[attr-defined]
+    assert supports_cache(open_target(export_dir)[0])
+    build_engines(export_dir, tmp_path / "engine", cpu_options(buckets=(32,)))
+    assert supports_cache(open_target(tmp_path / "engine")[0])
+
+
+def test_window_lengths_are_refused_where_they_mean_nothing(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--window-lengths applies to --backend tensorrt only"):
+        build_engines(make_export(tmp_path / "export"), tmp_path / "e", cpu_options(window_lengths=(32,)))
+
+
+@pytest.fixture(scope="module")
+def kv_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real export of a tiny model with the KV cache graphs (the module's only export: tracing takes a while)."""
+    root = tmp_path_factory.mktemp("kv-export")
+    write_tokenizer(root / "tokenizer.json")
+    ckpt = save_checkpoint(tiny_model(0), root / "ckpt", "llada", tokenizer_file=root / "tokenizer.json")
+    return export_checkpoint(ckpt, root / "export", ExportOptions(kv_cache=True, verify=False, max_seq_len=48)).out
+
+
+def test_an_ort_engine_dir_of_a_kv_cache_export_runs_refresh_and_window_step(kv_export: Path, tmp_path: Path) -> None:
+    out = tmp_path / "engine"
+    m = build_engines(kv_export, out, cpu_options(buckets=(16, 32))).manifest
+    assert m.has_cache and set(m.graph_hashes) == {"step0", "step", "refresh", "window_step"}
+    engine, info = open_target(out)
+    export, _ = open_target(kv_export)
+    assert supports_cache(engine) and supports_cache(export)
+    for batch, seq, start, width, temperature, seed in ((1, 24, 8, 8, 0.0, None), (2, 40, 24, 16, 0.8, 5)):
+        step, _ = window_input(batch, seq, 0, 1, np.zeros(0))
+        got, want = engine.refresh(step), export.refresh(step)  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(got.token_ids, want.token_ids)
+        np.testing.assert_allclose(got.confidence, want.confidence, rtol=0, atol=1e-6)
+        assert want.kv.shape == (2, 2, batch, 2, seq, 8)  # [layers, 2, batch, kv_heads, seq, head_dim]
+        np.testing.assert_allclose(got.kv, want.kv, rtol=0, atol=1e-6)
+        _, window = window_input(batch, seq, start, width, want.kv, temperature, seed)
+        got_w, want_w = engine.window_step(window), export.window_step(window)  # type: ignore[attr-defined]
+        assert got_w.token_ids.shape == (batch, width)
+        np.testing.assert_array_equal(got_w.token_ids, want_w.token_ids)
+        np.testing.assert_allclose(got_w.confidence, want_w.confidence, rtol=0, atol=1e-6)
+    # Whole cached generations through the engine dir: the export's tokens.
+    config = GenerationConfig(gen_length=16, steps=8, block_length=8, kv_cache=True)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]
+    calls: list[int] = []
+    window_step = engine.window_step  # type: ignore[attr-defined]
+    engine.window_step = lambda inputs: calls.append(inputs.window_ids.shape[1]) or window_step(inputs)  # type: ignore[attr-defined]
+    runs = [run_generation(b, prompts, config, mask_id=info.mask_id, pad_id=info.pad_id) for b in (engine, export)]
+    assert calls and set(calls) == {8}  # the engine dir's cached passes ran, over one block each
+    np.testing.assert_array_equal(runs[0].tokens, runs[1].tokens)
+    assert runs[0].steps_run == runs[1].steps_run
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -322,6 +503,8 @@ def test_cli_tensorrt_without_tensorrt_is_a_clear_exit_2(export_dir: Path, tmp_p
         (["--buckets", "64,32"], "ascending"),
         (["--workspace", "lots", "--backend", "ort"], "not a number"),
         (["--buckets", "16,48", "--kept-lengths", "KEPT"], "not both"),
+        (["--window-lengths", "32,16"], "ascending"),
+        (["--window-lengths", "32", "--provider", "CPUExecutionProvider"], "tensorrt only"),
     ],
 )
 def test_cli_bad_input_exits_2(export_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],

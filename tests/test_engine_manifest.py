@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from seer_deploy.core.errors import ArtifactError
+from seer_deploy.engines.buckets import WindowLayout
 from seer_deploy.engines.manifest import (
     ENGINE_FORMAT_VERSION,
     MANIFEST_FILE,
@@ -22,6 +23,7 @@ from seer_deploy.engines.manifest import (
 
 FP = "f" * 64
 HASHES = {"step0": "a" * 64, "step": "b" * 64}
+CACHE_HASHES = {**HASHES, "refresh": "c" * 64, "window_step": "d" * 64}
 
 
 def trt_manifest(**overrides: Any) -> EngineManifest:
@@ -39,6 +41,17 @@ def trt_manifest(**overrides: Any) -> EngineManifest:
     }
     fields.update(overrides)
     return EngineManifest(**fields)
+
+
+def cache_trt_manifest(**overrides: Any) -> EngineManifest:
+    """A TensorRT engine built from an export with the KV cache graphs: refresh and window_step engines too."""
+    fields: dict[str, Any] = {
+        "graph_hashes": dict(CACHE_HASHES),
+        "files": {name: f"{name}.engine" for name in CACHE_HASHES},
+        "tensorrt": TensorRTFacts("10.13.0.35", "NVIDIA H200", "9.0", {16: 0, 32: 1, 64: 2}, None, (16, 32)),
+    }
+    fields.update(overrides)
+    return trt_manifest(**fields)
 
 
 def ort_manifest(**overrides: Any) -> EngineManifest:
@@ -69,7 +82,9 @@ def matching_facts(engine: EngineManifest) -> RuntimeFacts:
 # ---------------------------------------------------------------- round trip and files
 
 
-@pytest.mark.parametrize("make", [trt_manifest, ort_manifest])
+@pytest.mark.parametrize("make", [trt_manifest, ort_manifest, cache_trt_manifest,
+                                  lambda **kw: ort_manifest(graph_hashes=dict(CACHE_HASHES),
+                                                            files=dict.fromkeys(CACHE_HASHES, ""), **kw)])
 def test_round_trip(tmp_path: Path, make: Any) -> None:
     manifest = make(extra={"export_dir": "/x/export"})
     path = manifest.save(tmp_path)
@@ -86,6 +101,24 @@ def test_profile_index_keys_survive_json(tmp_path: Path) -> None:
     assert raw["tensorrt"]["profile_index"] == {"16": 0, "32": 1, "64": 2}
     facts = EngineManifest.load(tmp_path).tensorrt
     assert facts is not None and facts.profile_index == {16: 0, 32: 1, 64: 2}
+
+
+def test_the_cache_engines_and_their_window_lengths(tmp_path: Path) -> None:
+    plain = trt_manifest()
+    assert not plain.has_cache and plain.window_layout is None
+    raw = plain.to_dict()
+    assert raw["tensorrt"]["window_lengths"] == []
+    del raw["tensorrt"]["window_lengths"]  # a manifest written before the cache engines: still read
+    assert EngineManifest.from_dict(raw) == plain
+    cache = cache_trt_manifest()
+    cache.save(tmp_path)
+    assert json.loads((tmp_path / MANIFEST_FILE).read_text())["tensorrt"]["window_lengths"] == [16, 32]
+    loaded = EngineManifest.load(tmp_path)
+    assert loaded.has_cache and loaded.window_layout == WindowLayout(loaded.layout, (16, 32))
+    # Profiles of window_step: every (bucket, window) pair that a call of the bucket can reach (prompts 1..64).
+    assert loaded.window_layout.pairs() == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    ort = ort_manifest(graph_hashes=dict(CACHE_HASHES), files=dict.fromkeys(CACHE_HASHES, ""))
+    assert ort.has_cache and ort.window_layout is None  # ONNX Runtime runs any window: no profiles
 
 
 def test_a_failed_save_keeps_the_old_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,6 +171,37 @@ def mutate(tmp_path: Path, change: Any) -> Path:
 def test_malformed_manifest_is_refused(tmp_path: Path, change: Any, message: str) -> None:
     with pytest.raises(ArtifactError, match=message):
         EngineManifest.load(mutate(tmp_path, change))
+
+
+def mutate_cache(tmp_path: Path, change: Any) -> Path:
+    cache_trt_manifest().save(tmp_path)
+    path = tmp_path / MANIFEST_FILE
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+    return tmp_path
+
+
+def _drop(data: dict[str, Any], name: str) -> None:
+    del data["files"][name], data["graph_hashes"][name]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: _drop(d, "window_step"), "both of refresh, window_step"),  # one cache graph without the other
+        (lambda d: _drop(d, "refresh"), "both of refresh, window_step"),
+        (lambda d: (d["files"].update(vision="v.engine"), d["graph_hashes"].update(vision="e" * 64)), "graphs are"),
+        (lambda d: d["tensorrt"].update(window_lengths=[]), "window_step engine's window lengths"),
+        (lambda d: d["tensorrt"].update(window_lengths=[32, 16]), "ascending"),
+        (lambda d: d["tensorrt"].update(window_lengths=[16, 128]), "exceeds the last bucket 64"),
+        (lambda d: d["tensorrt"].update(window_lengths=["x"]), "malformed"),
+        (lambda d: (_drop(d, "refresh"), _drop(d, "window_step")), r"window_lengths \[16, 32\] without a window_step"),
+    ],
+)
+def test_malformed_cache_engines_are_refused(tmp_path: Path, change: Any, message: str) -> None:
+    with pytest.raises(ArtifactError, match=message):
+        EngineManifest.load(mutate_cache(tmp_path, change))
 
 
 def test_missing_and_broken_files(tmp_path: Path) -> None:
@@ -208,6 +272,23 @@ def test_every_tensorrt_mismatch_is_an_artifact_error(field: str, value: Any, me
         check_engine_compatible(engine, facts)
     assert "seer-deploy build" in str(info.value)  # every refusal says how to fix it
     assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize("make", [cache_trt_manifest,
+                                  lambda: ort_manifest(graph_hashes=dict(CACHE_HASHES),
+                                                       files=dict.fromkeys(CACHE_HASHES, ""))])
+def test_cache_graphs_are_checked_like_the_step_graphs(make: Any) -> None:
+    engine = make()
+    check_engine_compatible(engine, matching_facts(engine))
+    changed = dataclasses.replace(matching_facts(engine), graph_hashes={**CACHE_HASHES, "refresh": "0" * 64})
+    with pytest.raises(ArtifactError, match="refresh graph was built from ONNX cccccccccccc, the export's refresh has"):
+        check_engine_compatible(engine, changed)
+    gone = dataclasses.replace(matching_facts(engine), graph_hashes=dict(HASHES))  # re-exported without --kv-cache
+    with pytest.raises(ArtifactError, match="the export's refresh is missing"):
+        check_engine_compatible(engine, gone)
+    # An engine without the cache graphs is not refused for an export that has them (it just does not run them).
+    check_engine_compatible(trt_manifest(), dataclasses.replace(matching_facts(trt_manifest()),
+                                                                graph_hashes=dict(CACHE_HASHES)))
 
 
 def test_ort_mismatches() -> None:

@@ -43,6 +43,9 @@ def read_kept_lengths(path: Path) -> dict[int, float] | list[int]:
 @click.option("--timing-cache", type=click.Path(dir_okay=False, path_type=Path),
               help="TensorRT timing cache: read if it exists, updated after the build.")
 @click.option("--workspace", help="TensorRT builder workspace limit, e.g. 4G.")
+@click.option("--window-lengths", help="TensorRT, export --kv-cache: the window_step engine's window lengths (the "
+              "--block-length runs use), e.g. 32 or 16,32; one profile per (bucket, window length) [default: 32 and "
+              "the last bucket].")
 @click.option("--provider", "providers", multiple=True,
               help="ONNX Runtime provider, in order of preference (repeat) [default: CUDA if available, else CPU].")
 @click.option("--threads", type=int, default=0, show_default=True, help="ONNX Runtime intra-op threads (0 = default).")
@@ -53,15 +56,17 @@ def read_kept_lengths(path: Path) -> dict[int, float] | list[int]:
               "holding files seer-deploy did not write).")
 def command(export_dir: Path, out: Path, backend: str, buckets: str | None, max_gen_length: int | None,
             max_batch: int, max_prompt: int | None, min_prompt: int, kept_lengths: Path | None,
-            max_buckets: int | None, timing_cache: Path | None, workspace: str | None, providers: tuple[str, ...],
-            threads: int, graph_optimization: str, ort_save_optimized: bool, force: bool) -> None:
+            max_buckets: int | None, timing_cache: Path | None, workspace: str | None, window_lengths: str | None,
+            providers: tuple[str, ...], threads: int, graph_optimization: str, ort_save_optimized: bool,
+            force: bool) -> None:
     """Build an engine dir from EXPORT_DIR (made by `seer-deploy export`).
 
     \b
     ort:       records the session settings (and checks the sessions open); optionally saves optimised graphs.
-    tensorrt:  one engine per graph, one optimization profile per length bucket (needs TensorRT and a GPU).
+    tensorrt:  one engine per graph, one optimization profile per length bucket (needs TensorRT and a GPU);
+               an export --kv-cache adds refresh (per bucket) and window_step (per bucket and window length).
     """
-    from seer_deploy.engines.buckets import parse_buckets
+    from seer_deploy.engines.buckets import parse_buckets, parse_window_lengths
     from seer_deploy.engines.build import BuildOptions, parse_size, prepare_build
     from seer_deploy.engines.ort import OrtSessionOptions
 
@@ -78,6 +83,7 @@ def command(export_dir: Path, out: Path, backend: str, buckets: str | None, max_
         max_buckets=max_buckets,
         timing_cache=timing_cache,
         workspace_bytes=parse_size(workspace) if workspace is not None else None,
+        window_lengths=tuple(parse_window_lengths(window_lengths)) if window_lengths is not None else None,
         ort_session=OrtSessionOptions(
             providers=tuple(providers) or None,
             intra_op_threads=threads,
@@ -94,5 +100,9 @@ def command(export_dir: Path, out: Path, backend: str, buckets: str | None, max_
 
     result = run.start(progress)
     m = result.manifest
+    cache = ""
+    if m.has_cache:
+        windows = m.window_layout
+        cache = f", KV cache (windows {list(windows.windows)})" if windows is not None else ", KV cache"
     click.echo(f"engine dir: {result.out} ({m.backend}, buckets {list(m.buckets)}, batch 1..{m.max_batch}, "
-               f"prompt {m.min_prompt}..{m.max_prompt}) in {result.seconds:.1f}s")
+               f"prompt {m.min_prompt}..{m.max_prompt}{cache}) in {result.seconds:.1f}s")

@@ -11,6 +11,13 @@ left-padded to the batch's widest prompt. An engine is built for prompt widths i
 runs: prompt width + bucket). Ranges of neighbouring profiles overlap whenever max_prompt > min_prompt, so a
 sequence length alone does not name a profile: the runtime picks the profile by the kept (response) length
 with `choose_profile`, and checks the prompt width and batch against the profile's ranges.
+
+The KV cache's window_step graph (export --kv-cache) has a third dynamic axis, the window: the columns a cached pass
+runs, a denoising block. Its engine has one profile per (length bucket, window length) pair (`WindowLayout`): window
+lengths w_1 < ... < w_m are planned like buckets, profile (i, j) serving windows (w_{j-1}, w_j] at the sequence lengths
+of bucket i, and a pair no call can reach (its narrowest window wider than the response columns of bucket i's calls)
+is left out. Without --window-lengths: 32 (LLaDA's block length) and the last bucket (one block over the whole
+response, what generation runs without --block-length), so every window up to the longest response has a profile.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.spec.graphs import INPUT_IDS, Axis, GraphIO
 
 DEFAULT_MIN_BUCKET = 16
+DEFAULT_BLOCK_WINDOW = 32  # LLaDA's block length: the window a cached pass usually runs
 
 Histogram = Mapping[int, float] | Sequence[int]
 ProfileDim = Axis | int  # an input axis: Axis.BATCH, Axis.SEQ (prompt + response), or a fixed size
@@ -166,6 +174,26 @@ def check_buckets(buckets: Sequence[int]) -> None:
         raise ConfigError(f"buckets {list(buckets)} must be positive, distinct and ascending, e.g. 32,64,128")
 
 
+def default_window_lengths(buckets: Sequence[int]) -> tuple[int, ...]:
+    """The window lengths of a window_step engine built without --window-lengths: 32 (LLaDA's block length) and the
+    last bucket (a single block over the whole response), so every window up to the longest response is covered."""
+    check_buckets(buckets)
+    last = buckets[-1]
+    return tuple(sorted({min(DEFAULT_BLOCK_WINDOW, last), last}))
+
+
+def parse_window_lengths(text: str) -> list[int]:
+    """'16,32' -> [16, 32] (the --window-lengths option; checked against the buckets by `WindowLayout.validate`)."""
+    try:
+        windows = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise ConfigError(f"--window-lengths '{text}' is not a comma-separated list of integers, e.g. 32 or "
+                          "16,32") from exc
+    if not windows or any(w < 1 for w in windows) or windows != sorted(set(windows)):
+        raise ConfigError(f"--window-lengths '{text}' must be positive, distinct and ascending, e.g. 32 or 16,32")
+    return windows
+
+
 def _check_lengths(max_gen_length: int, min_bucket: int) -> None:
     if max_gen_length < 1:
         raise ConfigError(f"max_gen_length must be at least 1 (got {max_gen_length})")
@@ -184,12 +212,15 @@ class ShapeRange:
 
 @dataclass(frozen=True)
 class Profile:
-    """One optimization profile: the response lengths (lo, bucket] it serves and each input's shape range."""
+    """One optimization profile: the response lengths (lo, bucket] it serves and each input's shape range; a
+    window_step engine's profile also the windows [window_lo, window] it serves (both 0 for the other graphs)."""
 
     index: int
     bucket: int
     lo: int  # the previous bucket (0 for the first): this profile serves kept lengths lo+1 .. bucket
     shapes: dict[str, ShapeRange]
+    window: int = 0  # the widest window (window_step only)
+    window_lo: int = 0  # the narrowest window (window_step only)
 
 
 @dataclass(frozen=True)
@@ -228,23 +259,118 @@ class ProfileLayout:
                 f"--max-batch {batch}"
             )
 
+    @property
+    def profile_count(self) -> int:
+        return len(self.buckets)
+
     def largest_axes(self) -> dict[Axis, int]:
         """The batch and sequence length of the largest call any profile takes (the last profile's maximum)."""
         return {Axis.BATCH: self.max_batch, Axis.SEQ: self.max_prompt + self.buckets[-1]}
 
+    def seq_range(self, index: int) -> tuple[int, int]:
+        """(min, max) sequence length of profile `index`: min_prompt + previous bucket + 1, max_prompt + bucket."""
+        lo = self.buckets[index - 1] if index > 0 else 0
+        return self.min_prompt + lo + 1, self.max_prompt + self.buckets[index]
+
+
+@dataclass(frozen=True)
+class WindowLayout:
+    """The window_step engine's profiles: one per (length bucket, window length) pair a call can reach.
+
+    Pair (i, j) serves sequence lengths as profile i of `layout` does and windows (windows[j-1], windows[j]], capped
+    at the most response columns a call of bucket i has (max_prompt + bucket_i - min_prompt: a window lies inside
+    the response); a pair whose narrowest window is past that cap is left out. Its shortest sequence is also at least
+    min_prompt + its narrowest window, so the profile's min shapes are a call that can happen. Profiles are numbered
+    bucket-major.
+    """
+
+    layout: ProfileLayout
+    windows: tuple[int, ...]
+
+    def validate(self, max_seq_len: int | None = None) -> None:
+        """ConfigError naming the bad setting (the layout's, or window lengths that no call can use)."""
+        self.layout.validate(max_seq_len)
+        w, last = list(self.windows), self.layout.buckets[-1]
+        if not w or any(v < 1 for v in w) or w != sorted(set(w)):
+            raise ConfigError(f"window lengths {w} must be positive, distinct and ascending, e.g. --window-lengths 32")
+        if w[-1] > last:
+            raise ConfigError(
+                f"window length {w[-1]} exceeds the last bucket {last}: a window is a denoising block inside the "
+                f"response, at most the longest response; use --window-lengths up to {last}"
+            )
+
+    def window_cap(self, bucket_index: int) -> int:
+        """The most response columns a call of bucket `bucket_index` has: its longest sequence less the narrowest
+        prompt."""
+        return self.layout.max_prompt + self.layout.buckets[bucket_index] - self.layout.min_prompt
+
+    def window_range(self, bucket_index: int, window_index: int) -> tuple[int, int]:
+        """(narrowest, widest) window of pair (bucket_index, window_index); empty (lo > hi) when none is reachable."""
+        lo = self.windows[window_index - 1] + 1 if window_index > 0 else 1
+        return lo, min(self.windows[window_index], self.window_cap(bucket_index))
+
+    def seq_range(self, bucket_index: int, window_index: int) -> tuple[int, int]:
+        """(min, max) sequence length of pair (bucket_index, window_index): bucket i's, at least min_prompt + the
+        narrowest window."""
+        lo, hi = self.layout.seq_range(bucket_index)
+        return max(lo, self.layout.min_prompt + self.window_range(bucket_index, window_index)[0]), hi
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """(bucket index, window index) of every profile, in profile order."""
+        return [(i, j) for i in range(len(self.layout.buckets)) for j in range(len(self.windows))
+                if self.window_range(i, j)[0] <= self.window_range(i, j)[1]]
+
+    @property
+    def profile_count(self) -> int:
+        return len(self.pairs())
+
+    def largest_axes(self) -> dict[Axis, int]:
+        """The batch, sequence length and window of the largest call any profile takes."""
+        return {**self.layout.largest_axes(), Axis.WINDOW: self.windows[-1]}
+
+    def choose(self, seq_len: int, window: int, *, batch: int | None = None) -> int:
+        """The profile for a cached pass of `window` columns over a sequence of seq_len: the length bucket's (as
+        `choose_profile_for_seq`), and in it the smallest window length >= window. ConfigError where none covers it."""
+        bucket = choose_profile_for_seq(seq_len, self.layout, batch=batch)
+        if window < 1:
+            raise ConfigError(f"a window must have at least one column (got {window})")
+        widest = self.windows[-1]
+        if window > widest:
+            raise ConfigError(
+                f"window {window} is wider than this engine's widest window {widest}; run with a --block-length of "
+                f"at most {widest}, or rebuild with --window-lengths covering {window} (at most the last bucket)"
+            )
+        if window > seq_len - self.layout.min_prompt:  # then also past the window cap of the bucket
+            raise ConfigError(
+                f"window {window} is wider than the {seq_len - self.layout.min_prompt} response columns a sequence of "
+                f"{seq_len} has with prompts of at least {self.layout.min_prompt} (--min-prompt of the build); "
+                "pad the prompts to that width or rebuild with a smaller --min-prompt"
+            )
+        j = next(j for j, w in enumerate(self.windows) if window <= w)
+        return self.pairs().index((bucket, j))
+
 
 def input_axes(
-    inputs: Mapping[str, Sequence[int | str]], anchor: str = INPUT_IDS.name
+    inputs: Mapping[str, Sequence[int | str]], anchor: str = INPUT_IDS.name, window_anchor: str | None = None
 ) -> dict[str, tuple[ProfileDim, ...]]:
-    """Each graph input's axes as Axis.BATCH, Axis.SEQ or a fixed size, from the shapes an export manifest records.
+    """Each graph input's axes as Axis.BATCH, Axis.SEQ (Axis.WINDOW) or a fixed size, from the shapes an export
+    manifest records.
 
-    The anchor input ([batch, seq] by spec.graphs) names the two symbols; every other input's symbolic axis must be
-    one of them, so an input with an unknown dynamic axis (the image table's) is refused rather than guessed at.
+    The anchor input ([batch, seq] by spec.graphs) names the two symbols, the window anchor ([batch, window], the
+    window_step graph's window_ids) the third; every other input's symbolic axis must be one of them, so an input
+    with an unknown dynamic axis (the image table's) is refused rather than guessed at.
     """
     if anchor not in inputs or len(inputs[anchor]) != 2 or not all(isinstance(d, str) for d in inputs[anchor]):
         raise ArtifactError(f"the graph's '{anchor}' input must have shape [batch, seq] with symbolic dims; re-export")
     batch_sym, seq_sym = inputs[anchor]
     roles: dict[int | str, ProfileDim] = {batch_sym: Axis.BATCH, seq_sym: Axis.SEQ}
+    if window_anchor is not None:
+        window = list(inputs.get(window_anchor, ()))
+        if (len(window) != 2 or window[0] != batch_sym or not isinstance(window[1], str)
+                or window[1] in (batch_sym, seq_sym)):
+            raise ArtifactError(f"the graph's '{window_anchor}' input must have shape [batch, window] with a window "
+                                f"dim of its own (got {window}); re-export")
+        roles[window[1]] = Axis.WINDOW
     axes: dict[str, tuple[ProfileDim, ...]] = {}
     for name, shape in inputs.items():
         dims: list[ProfileDim] = []
@@ -255,8 +381,8 @@ def input_axes(
                 dims.append(roles[d])
             else:
                 raise ArtifactError(
-                    f"input '{name}' has axis {d!r}, which is neither fixed nor the batch/sequence axis of "
-                    f"'{anchor}' ({batch_sym!r}, {seq_sym!r}); engines cannot plan profiles for it"
+                    f"input '{name}' has axis {d!r}, which is neither fixed nor one of the planned axes "
+                    f"{sorted(str(k) for k in roles)}; engines cannot plan profiles for it"
                 )
         axes[name] = tuple(dims)
     return axes
@@ -271,19 +397,52 @@ def profile_shapes(layout: ProfileLayout, inputs: Mapping[str, Sequence[ProfileD
     layout.validate()
     if not inputs:
         raise ConfigError("the graph has no inputs to build profiles for")
+    if any(Axis.WINDOW in axes for axes in inputs.values()):
+        raise ConfigError("a graph with a window axis (window_step) is planned by window_profile_shapes")
     profiles = []
-    lo = 0
     for index, bucket in enumerate(layout.buckets):
-        low = {Axis.BATCH: 1, Axis.SEQ: layout.min_prompt + lo + 1}
-        high = {Axis.BATCH: layout.max_batch, Axis.SEQ: layout.max_prompt + bucket}
-        shapes = {}
-        for name, axes in inputs.items():
-            mins = tuple(low[a] if isinstance(a, Axis) else a for a in axes)
-            maxs = tuple(high[a] if isinstance(a, Axis) else a for a in axes)
-            shapes[name] = ShapeRange(min=mins, opt=maxs, max=maxs)
-        profiles.append(Profile(index=index, bucket=bucket, lo=lo, shapes=shapes))
-        lo = bucket
+        low, high = _seq_bounds(layout, index)
+        lo = layout.buckets[index - 1] if index > 0 else 0
+        profiles.append(Profile(index=index, bucket=bucket, lo=lo, shapes=_ranges(inputs, low, high)))
     return profiles
+
+
+def window_profile_shapes(windows: WindowLayout, inputs: Mapping[str, Sequence[ProfileDim]]) -> list[Profile]:
+    """The window_step engine's profiles, one per `WindowLayout.pairs` entry: batch and sequence axes as
+    `profile_shapes` gives bucket i (the sequence's min raised to `WindowLayout.seq_range`'s), window axes min = the
+    pair's narrowest window, opt = max = its widest."""
+    windows.validate()
+    if not inputs:
+        raise ConfigError("the graph has no inputs to build profiles for")
+    layout = windows.layout
+    profiles = []
+    for index, (i, j) in enumerate(windows.pairs()):
+        low, high = _seq_bounds(layout, i)
+        w_lo, w_hi = windows.window_range(i, j)
+        low[Axis.SEQ] = windows.seq_range(i, j)[0]
+        low[Axis.WINDOW], high[Axis.WINDOW] = w_lo, w_hi
+        lo = layout.buckets[i - 1] if i > 0 else 0
+        profiles.append(Profile(index=index, bucket=layout.buckets[i], lo=lo, shapes=_ranges(inputs, low, high),
+                                window=w_hi, window_lo=w_lo))
+    return profiles
+
+
+def _seq_bounds(layout: ProfileLayout, index: int) -> tuple[dict[Axis, int], dict[Axis, int]]:
+    """The batch and sequence axes' (min, max) in profile `index` of the layout."""
+    seq_lo, seq_hi = layout.seq_range(index)
+    return {Axis.BATCH: 1, Axis.SEQ: seq_lo}, {Axis.BATCH: layout.max_batch, Axis.SEQ: seq_hi}
+
+
+def _ranges(inputs: Mapping[str, Sequence[ProfileDim]], low: Mapping[Axis, int], high: Mapping[Axis, int]
+            ) -> dict[str, ShapeRange]:
+    """Every input's ShapeRange: its planned axes from low / high (opt = max: the padded shape calls run), fixed
+    dims as they are."""
+    shapes = {}
+    for name, axes in inputs.items():
+        mins = tuple(low[a] if isinstance(a, Axis) else a for a in axes)
+        maxs = tuple(high[a] if isinstance(a, Axis) else a for a in axes)
+        shapes[name] = ShapeRange(min=mins, opt=maxs, max=maxs)
+    return shapes
 
 
 def choose_profile(
@@ -328,15 +487,17 @@ def choose_profile_for_seq(seq_len: int, layout: ProfileLayout, *, batch: int | 
     return index
 
 
-def buffer_shapes(graph: GraphIO, layout: ProfileLayout, engine_shapes: Mapping[str, Sequence[int]]
+def buffer_shapes(graph: GraphIO, layout: ProfileLayout | WindowLayout, engine_shapes: Mapping[str, Sequence[int]]
                   ) -> dict[str, tuple[int, ...]]:
     """The shape of the one device buffer each engine tensor needs: its largest over every profile.
 
     `engine_shapes` are the engine's own tensor shapes (-1 where dynamic). The declaration (spec.graphs) says which
-    axes are the batch and the sequence, which take their largest values over the layout; every other dim is the
-    engine's fixed size. ArtifactError where the engine and the declaration disagree.
+    axes are the batch and the sequence (and the window, for a WindowLayout), which take their largest values over
+    the layout; every other dim is the engine's fixed size. ArtifactError where the engine and the declaration
+    disagree.
     """
     largest = layout.largest_axes()
+    planned = "batch, sequence and window" if Axis.WINDOW in largest else "batch and sequence"
     shapes: dict[str, tuple[int, ...]] = {}
     for name, dims in engine_shapes.items():
         try:
@@ -352,7 +513,7 @@ def buffer_shapes(graph: GraphIO, layout: ProfileLayout, engine_shapes: Mapping[
                 shape.append(largest[want])
             elif isinstance(want, Axis) or have < 0 or (isinstance(want, int) and have != want):
                 raise ArtifactError(f"the {graph.name} engine's {name} has dim {index} = {have}, declared {want}; "
-                                    "engines are planned for the batch and sequence axes only")
+                                    f"engines are planned for the {planned} axes only")
             else:
                 shape.append(have)
         shapes[name] = tuple(shape)

@@ -2,7 +2,10 @@
 
 ONNX Runtime "engines" are the sessions' settings (provider, threads, graph optimisation level), checked by
 opening the sessions once, and optionally ORT-optimised copies of the graphs. TensorRT engines are one serialized
-plan per graph with one optimization profile per bucket. Everything is checked before any work starts
+plan per graph with one optimization profile per bucket. An export with the KV cache graphs (export --kv-cache) gives
+an engine dir that runs them too: ONNX Runtime checks their sessions like the step graphs'; TensorRT builds a refresh
+engine with the step graphs' profiles and a window_step engine with one profile per (bucket, window length) pair
+(`buckets.WindowLayout`, window lengths from `--window-lengths`). Everything is checked before any work starts
 (`prepare_build`: the flags, the export, the profile layout, the destination), then built (`BuildRun.start`). Either
 way the engine dir is written in a temp dir next to the destination and renamed into place, so a failed build leaves
 nothing half-written; a copy of the export's manifest travels with it (`export.json`) so the engine dir says what it
@@ -23,12 +26,21 @@ import seer_deploy
 from seer_deploy.core.atomic import check_replaceable, claim, install_dir, staging_dir
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, file_sha256, regular_file
-from seer_deploy.engines.buckets import ProfileLayout, input_axes, plan_buckets, profile_shapes
+from seer_deploy.engines.buckets import (
+    Profile,
+    ProfileLayout,
+    WindowLayout,
+    default_window_lengths,
+    input_axes,
+    plan_buckets,
+    profile_shapes,
+    window_profile_shapes,
+)
 from seer_deploy.engines.manifest import BackendName, EngineManifest, TensorRTFacts
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, check_external_data, open_session
 from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_MANIFEST_FILE
 from seer_deploy.spec.export_manifest import ExportManifest, GraphRecord
-from seer_deploy.spec.graphs import STEP_GRAPH_NAMES, GraphIO, step_graphs
+from seer_deploy.spec.graphs import ATTENTION_MASK, WINDOW_IDS, GraphIO, cache_graphs, step_graphs
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 Progress = Callable[[str], None]
@@ -64,6 +76,7 @@ class BuildOptions:
     max_buckets: int | None = None
     timing_cache: Path | None = None
     workspace_bytes: int | None = None
+    window_lengths: tuple[int, ...] | None = None  # TensorRT window_step profiles; None: default_window_lengths
     ort_session: OrtSessionOptions = field(default_factory=OrtSessionOptions)
     ort_save_optimized: bool = False
     force: bool = False  # replace our engine dir of another model (never a directory seer-deploy did not write)
@@ -80,6 +93,9 @@ class BuildOptions:
             raise ConfigError(f"backend '{self.backend}' is unknown; use ort or tensorrt")
         elif self.workspace_bytes is not None or self.timing_cache is not None:
             raise ConfigError("--workspace and --timing-cache apply to --backend tensorrt only; drop them for ort")
+        elif self.window_lengths is not None:
+            raise ConfigError("--window-lengths applies to --backend tensorrt only (ONNX Runtime runs any window); "
+                              "drop it for ort")
         else:
             self.ort_session.check()
 
@@ -108,6 +124,12 @@ class BuildOptions:
         layout.validate(max_seq_len)
         return layout
 
+    def window_layout(self, layout: ProfileLayout) -> WindowLayout:
+        """The TensorRT window_step engine's profiles over `layout`; ConfigError for window lengths it cannot use."""
+        windows = WindowLayout(layout, self.window_lengths or default_window_lengths(layout.buckets))
+        windows.validate()
+        return windows
+
 
 @dataclass(frozen=True)
 class BuildResult:
@@ -117,8 +139,9 @@ class BuildResult:
 
 
 def _check_export(export_dir: Path, export: ExportManifest) -> None:
-    """The graph files exist and still hash to what the export manifest says (the engine will record it)."""
-    for name in STEP_GRAPH_NAMES:
+    """The graph files (step graphs, and the cache graphs where the export has them) exist and still hash to what the
+    export manifest says (the engine will record it)."""
+    for name in export.graphs:
         path = confined(export_dir, export.graphs[name].file, f"the {name} graph", error=ArtifactError)
         if not path.is_file():
             raise ArtifactError(f"{path} ({name} graph) is missing; the export is incomplete, re-run `seer-deploy export`")
@@ -145,12 +168,13 @@ def _versions(backend: BackendName) -> dict[str, str]:
 
 def _build_ort(export_dir: Path, export: ExportManifest, options: BuildOptions, tmp: Path,
                progress: Progress) -> tuple[dict[str, str], dict[str, Any]]:
-    """Open the sessions once (provider availability, graph/manifest agreement), optionally save optimised graphs."""
-    progress("opening ONNX Runtime sessions")
+    """Open the sessions once (provider availability, graph/manifest agreement; the cache graphs' too where the
+    export has them), optionally save optimised graphs."""
+    progress("opening ONNX Runtime sessions" + (" (with the KV cache graphs)" if export.has_cache else ""))
     backend = OrtBackend(export_dir, options.ort_session)
-    files = dict.fromkeys(STEP_GRAPH_NAMES, "")
+    files = dict.fromkeys(export.graphs, "")  # the step graphs, and the cache graphs where the export has them
     if options.ort_save_optimized:
-        for name in STEP_GRAPH_NAMES:
+        for name in files:
             progress(f"saving the optimised {name} graph")
             so = options.ort_session.session_options()
             files[name] = f"{name}.opt.onnx"
@@ -178,17 +202,29 @@ def _declared_inputs(io: GraphIO, graph: GraphRecord) -> dict[str, list[int | st
     return {name: graph.inputs[name].shape for name in io.input_names}
 
 
-def _build_tensorrt(export_dir: Path, export: ExportManifest, layout: ProfileLayout, options: BuildOptions,
-                    tmp: Path, progress: Progress) -> tuple[dict[str, str], TensorRTFacts]:
+def tensorrt_profiles(io: GraphIO, graph: GraphRecord, layout: ProfileLayout, windows: WindowLayout | None
+                      ) -> list[Profile]:
+    """The optimization profiles of `io`'s TensorRT engine: one per bucket, or for window_step one per
+    (bucket, window length) pair of `windows`."""
+    inputs = _declared_inputs(io, graph)
+    if io.takes(WINDOW_IDS):
+        if windows is None:
+            raise ConfigError(f"the {io.name} graph needs window lengths to plan its profiles")
+        return window_profile_shapes(windows, input_axes(inputs, ATTENTION_MASK.name, WINDOW_IDS.name))
+    return profile_shapes(layout, input_axes(inputs))
+
+
+def _build_tensorrt(export_dir: Path, export: ExportManifest, layout: ProfileLayout, windows: WindowLayout | None,
+                    options: BuildOptions, tmp: Path, progress: Progress) -> tuple[dict[str, str], TensorRTFacts]:
     from seer_deploy.engines import tensorrt_engine as te
 
     gpu_name, capability = te.gpu_facts()
     progress(f"TensorRT {te.tensorrt_version()} on {gpu_name} (compute capability {capability})")
     trt_options = te.TensorRTBuildOptions(workspace_bytes=options.workspace_bytes, timing_cache=options.timing_cache)
     files = {}
-    for io in step_graphs():
+    for io in step_graphs() + (cache_graphs() if windows is not None else ()):
         graph = export.graphs[io.name]
-        profiles = profile_shapes(layout, input_axes(_declared_inputs(io, graph)))
+        profiles = tensorrt_profiles(io, graph, layout, windows)
         progress(f"building the {io.name} engine ({len(profiles)} profiles)")
         plan = te.build_serialized_engine(export_dir / graph.file, profiles, trt_options, progress)
         files[io.name] = f"{io.name}.engine"
@@ -199,6 +235,7 @@ def _build_tensorrt(export_dir: Path, export: ExportManifest, layout: ProfileLay
         compute_capability=capability,
         profile_index={bucket: i for i, bucket in enumerate(layout.buckets)},
         workspace_bytes=options.workspace_bytes,
+        window_lengths=windows.windows if windows is not None else (),
     )
     return files, facts
 
@@ -212,18 +249,20 @@ class BuildRun:
     export: ExportManifest
     layout: ProfileLayout
     options: BuildOptions
+    windows: WindowLayout | None = None  # TensorRT from an export with the KV cache graphs: window_step's profiles
 
     def start(self, progress: Progress = lambda _: None) -> BuildResult:
         """Build into a temp dir beside `out`, then install it there; on any failure nothing is left behind."""
         started = time.perf_counter()
         export_dir, out, export, layout, options = self.export_dir, self.out, self.export, self.layout, self.options
         progress(f"buckets {list(layout.buckets)}, batch 1..{layout.max_batch}, "
-                 f"prompt {layout.min_prompt}..{layout.max_prompt}")
+                 f"prompt {layout.min_prompt}..{layout.max_prompt}"
+                 + (f", windows {list(self.windows.windows)}" if self.windows is not None else ""))
         with staging_dir(out, "build") as tmp:
             trt_facts: TensorRTFacts | None = None
             ort_session: dict[str, Any] | None = None
             if options.backend == "tensorrt":
-                files, trt_facts = _build_tensorrt(export_dir, export, layout, options, tmp, progress)
+                files, trt_facts = _build_tensorrt(export_dir, export, layout, self.windows, options, tmp, progress)
             else:
                 files, ort_session = _build_ort(export_dir, export, options, tmp, progress)
             manifest = EngineManifest(
@@ -233,7 +272,7 @@ class BuildRun:
                 min_prompt=layout.min_prompt,
                 max_prompt=layout.max_prompt,
                 model_fingerprint=export.model.fingerprint,
-                graph_hashes={name: export.graphs[name].sha256 for name in STEP_GRAPH_NAMES},
+                graph_hashes={name: export.graphs[name].sha256 for name in files},
                 files=files,
                 versions=_versions(options.backend),
                 tensorrt=trt_facts,
@@ -263,9 +302,15 @@ def prepare_build(export_dir: Path, out: Path, options: BuildOptions) -> BuildRu
             "covers the step graphs' image-table input yet); use --backend ort, or run the export directory itself"
         )
     layout = options.layout(export.max_seq_len)
+    windows = None
+    if options.backend == "tensorrt" and export.has_cache:
+        windows = options.window_layout(layout)
+    elif options.window_lengths is not None:
+        raise ConfigError(f"--window-lengths plans the window_step engine of the KV cache, which {export_dir} does not "
+                          "have; re-export with `seer-deploy export --kv-cache`, or drop --window-lengths")
     _check_export(export_dir, export)
     check_replaceable(out, ARTIFACT_KIND, export.model.fingerprint, options.force)
-    return BuildRun(export_dir, out, export, layout, options)
+    return BuildRun(export_dir, out, export, layout, options, windows)
 
 
 def build_engines(export_dir: Path, out: Path, options: BuildOptions, progress: Progress = lambda _: None

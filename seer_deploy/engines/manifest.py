@@ -16,7 +16,8 @@ from typing import Any, Literal
 from seer_deploy.core.atomic import write_bytes_atomic
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, read_json
-from seer_deploy.engines.buckets import ProfileLayout, check_buckets
+from seer_deploy.engines.buckets import ProfileLayout, WindowLayout, check_buckets
+from seer_deploy.spec.graphs import CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES
 
 ENGINE_FORMAT = "seer-deploy-engine"
 ENGINE_FORMAT_VERSION = 2  # 2: built from exports whose confidence is a log-probability (export format 2)
@@ -33,8 +34,11 @@ class TensorRTFacts:
     version: str
     gpu_name: str
     compute_capability: str  # "major.minor", e.g. "9.0"
-    profile_index: dict[int, int]  # bucket -> optimization profile index (the same in every graph's engine)
+    profile_index: dict[int, int]  # bucket -> optimization profile index (the same in step0, step and refresh)
     workspace_bytes: int | None = None
+    # The window_step engine's window lengths (an export with the KV cache graphs): its profiles are
+    # `WindowLayout(layout, window_lengths).pairs()`, in that order. () without the cache graphs.
+    window_lengths: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class EngineManifest:
     min_prompt: int
     max_prompt: int
     model_fingerprint: str
-    graph_hashes: dict[str, str]  # graph name (step0, step) -> sha256 of the ONNX file the engine came from
+    graph_hashes: dict[str, str]  # graph name (step0, step[, refresh, window_step]) -> sha256 of its ONNX file
     files: dict[str, str]  # graph name -> file in the engine dir ("" for ORT without a saved optimised model)
     versions: dict[str, str]  # seer_deploy, onnx, onnxruntime / tensorrt
     tensorrt: TensorRTFacts | None = None
@@ -59,11 +63,24 @@ class EngineManifest:
     def layout(self) -> ProfileLayout:
         return ProfileLayout(self.buckets, self.max_batch, self.max_prompt, self.min_prompt)
 
+    @property
+    def has_cache(self) -> bool:
+        """Whether the engine dir runs the block-wise KV cache graphs (built from an export --kv-cache)."""
+        return all(name in self.graph_hashes for name in CACHE_GRAPH_NAMES)
+
+    @property
+    def window_layout(self) -> WindowLayout | None:
+        """The profiles of a TensorRT window_step engine; None without one."""
+        if self.tensorrt is None or not self.has_cache:
+            return None
+        return WindowLayout(self.layout, self.tensorrt.window_lengths)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["buckets"] = list(self.buckets)
         if self.tensorrt is not None:  # JSON keys are strings
             data["tensorrt"]["profile_index"] = {str(b): i for b, i in self.tensorrt.profile_index.items()}
+            data["tensorrt"]["window_lengths"] = list(self.tensorrt.window_lengths)
         return {"format": ENGINE_FORMAT, **data}
 
     @classmethod
@@ -90,6 +107,7 @@ class EngineManifest:
                     compute_capability=str(trt["compute_capability"]),
                     profile_index={int(b): int(i) for b, i in trt["profile_index"].items()},
                     workspace_bytes=None if trt.get("workspace_bytes") is None else int(trt["workspace_bytes"]),
+                    window_lengths=tuple(int(w) for w in trt.get("window_lengths") or ()),
                 )
             manifest = cls(
                 backend=backend,
@@ -118,6 +136,15 @@ class EngineManifest:
             self.layout.validate()
         except ConfigError as exc:
             raise ArtifactError(f"{source}: {exc}") from exc
+        if set(self.files) != set(self.graph_hashes):
+            raise ArtifactError(f"{source}: files {sorted(self.files)} and graphs {sorted(self.graph_hashes)} differ")
+        allowed = STEP_GRAPH_NAMES + (CACHE_GRAPH_NAMES if self.has_cache else ())
+        if sorted(self.graph_hashes) != sorted(allowed):
+            raise ArtifactError(
+                f"{source}: the engine's graphs are {sorted(self.graph_hashes)}; an engine has "
+                f"{', '.join(STEP_GRAPH_NAMES)} and, with the KV cache, both of {', '.join(CACHE_GRAPH_NAMES)}: "
+                "rebuild the engine"
+            )
         if self.backend == "tensorrt":
             if self.tensorrt is None:
                 raise ArtifactError(f"{source}: a TensorRT engine manifest needs its 'tensorrt' section")
@@ -126,8 +153,15 @@ class EngineManifest:
                     f"{source}: profile_index covers buckets {sorted(self.tensorrt.profile_index)}, "
                     f"the engine has {list(self.buckets)}"
                 )
-        if set(self.files) != set(self.graph_hashes):
-            raise ArtifactError(f"{source}: files {sorted(self.files)} and graphs {sorted(self.graph_hashes)} differ")
+            windows = self.window_layout
+            if windows is None and self.tensorrt.window_lengths:
+                raise ArtifactError(f"{source}: window_lengths {list(self.tensorrt.window_lengths)} without a "
+                                    "window_step engine; rebuild the engine")
+            if windows is not None:
+                try:
+                    windows.validate()
+                except ConfigError as exc:
+                    raise ArtifactError(f"{source}: the window_step engine's {exc}; rebuild the engine") from exc
 
     def save(self, engine_dir: Path) -> Path:
         path = Path(engine_dir) / MANIFEST_FILE

@@ -157,9 +157,12 @@ class OrtSessionOptions:
 
 
 class OrtBackend:
-    """`Backend` over an export directory (step0.onnx, step.onnx, weights.bin, manifest.json)."""
+    """`Backend` over an export directory (step0.onnx, step.onnx, weights.bin, manifest.json), and its KV cache
+    graphs (refresh.onnx, window_step.onnx) where it has them and `kv_cache` is on (off: an engine dir built without
+    them opens none)."""
 
-    def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None) -> None:
+    def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None, *,
+                 kv_cache: bool = True) -> None:
         self.export_dir = Path(export_dir)
         self.options = options or OrtSessionOptions()
         self.manifest = ExportManifest.load(self.export_dir)
@@ -174,7 +177,7 @@ class OrtBackend:
         self._step0_io, self._step_io = self._declared_graphs()
         multimodal = MULTIMODAL_KEY in self.manifest.extra
         self._refresh_io, self._window_io = cache_graphs(multimodal)
-        self.supports_cache = self.manifest.has_cache
+        self.supports_cache = self.manifest.has_cache and kv_cache
         graphs = (self._step0_io, self._step_io) + ((self._refresh_io, self._window_io) if self.supports_cache else ())
         self._sessions = {io.name: self._session(io, providers) for io in graphs}
         active = self._sessions[self._step_io.name].get_providers()
@@ -281,6 +284,9 @@ class OrtBackend:
         return window_output(dict(zip(io.host_outputs, outputs, strict=True)))
 
     def _need_cache(self) -> None:
+        if not self.supports_cache and self.manifest.has_cache:
+            raise ConfigError(f"the KV cache graphs of {self.export_dir} were not opened (an engine dir built before "
+                              "the export had them); rebuild it with `seer-deploy build`, or run without --kv-cache")
         if not self.supports_cache:
             raise ConfigError(f"{self.export_dir} has no KV cache graphs; re-export with `seer-deploy export "
                               "--kv-cache`, or run without --kv-cache")

@@ -23,8 +23,9 @@ class MultimodalOrtBackend(OrtBackend):
     numbers them); it stays set for all steps of a generation, whichever rows a step runs.
     """
 
-    def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None) -> None:
-        super().__init__(export_dir, options)
+    def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None, *,
+                 kv_cache: bool = True) -> None:
+        super().__init__(export_dir, options, kv_cache=kv_cache)
         section: dict[str, Any] = self.manifest.extra[MULTIMODAL_KEY]  # _declared_graphs made sure it is there
         self.multimodal = section
         vision = section[VISION.name]

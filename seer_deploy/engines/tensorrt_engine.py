@@ -12,6 +12,11 @@ input shapes and reads the outputs from views of the output buffers. Execution i
 stream so torch's own ordering stays correct. All of an engine's profiles share these buffers and one
 execution-memory buffer (sized for the largest profile): calls run one at a time on one stream and end by copying
 the outputs to the host, so the per-profile contexts never use them concurrently.
+
+An engine dir built from an export with the KV cache graphs also holds refresh.engine (the step graph's profiles, one
+per bucket; its kv output sized like the sequence) and window_step.engine (one profile per (bucket, window length)
+pair of `buckets.WindowLayout`, its buffers at the largest batch, sequence and window): `TensorRTBackend.refresh` and
+`window_step` run them.
 """
 
 from __future__ import annotations
@@ -27,14 +32,21 @@ import numpy as np
 import torch
 
 from seer_deploy.core.atomic import write_bytes_atomic
-from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
+from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import regular_file
 from seer_deploy.core.sparsity import SparsityRow
-from seer_deploy.engines.buckets import Profile, ProfileLayout, buffer_shapes, choose_profile_for_seq
+from seer_deploy.engines.buckets import Profile, ProfileLayout, WindowLayout, buffer_shapes, choose_profile_for_seq
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
-from seer_deploy.spec.graph_calls import graph_feed, step0_output, step_output
-from seer_deploy.spec.graphs import GraphIO, step_graphs
+from seer_deploy.spec.graph_calls import (
+    graph_feed,
+    refresh_output,
+    step0_output,
+    step_output,
+    window_feed,
+    window_output,
+)
+from seer_deploy.spec.graphs import GraphIO, cache_graphs, step_graphs
 
 try:
     import tensorrt as trt
@@ -142,7 +154,8 @@ def _check_inputs(network: trt.INetworkDefinition, profiles: Sequence[Profile], 
 def build_serialized_engine(
     onnx_path: Path, profiles: Sequence[Profile], options: TensorRTBuildOptions, progress: Progress
 ) -> bytes:
-    """Parse, add one optimization profile per bucket (profile i = bucket i), build, return the plan bytes."""
+    """Parse, add the optimization profiles in order (profile i = bucket i; for window_step, pair i of its
+    WindowLayout), build, return the plan bytes."""
     require_tensorrt()
     logger = _logger()
     builder = trt.Builder(logger)
@@ -166,7 +179,8 @@ def build_serialized_engine(
             trt_profile.set_shape(name, trt.Dims(list(shape.min)), trt.Dims(list(shape.opt)), trt.Dims(list(shape.max)))
         index = config.add_optimization_profile(trt_profile)
         if index != profile.index:
-            raise ArtifactError(f"TensorRT rejected the optimization profile for bucket {profile.bucket}")
+            window = f", windows {profile.window_lo}..{profile.window}" if profile.window else ""
+            raise ArtifactError(f"TensorRT rejected the optimization profile for bucket {profile.bucket}{window}")
     monitor = _progress_monitor(progress)  # held here: the config does not keep the Python object alive
     config.progress_monitor = monitor
     plan = builder.build_serialized_network(network, config)
@@ -228,16 +242,16 @@ class IOBuffers:
 class _Engine:
     """One deserialized engine, an execution context per profile, and the device memory they share."""
 
-    def __init__(self, runtime: trt.Runtime, plan: bytes, graph: GraphIO, layout: ProfileLayout,
+    def __init__(self, runtime: trt.Runtime, plan: bytes, graph: GraphIO, layout: ProfileLayout | WindowLayout,
                  device: torch.device, path: Path) -> None:
         engine = runtime.deserialize_cuda_engine(plan)
         if engine is None:
             raise ArtifactError(f"TensorRT cannot load {path}; rebuild it with this TensorRT version on this GPU")
-        n_profiles = len(layout.buckets)
+        n_profiles = layout.profile_count  # one per bucket, or per (bucket, window length) pair for window_step
         if engine.num_optimization_profiles != n_profiles:
             raise ArtifactError(
-                f"{path} has {engine.num_optimization_profiles} optimization profiles, the manifest lists "
-                f"{n_profiles} buckets; rebuild the engine"
+                f"{path} has {engine.num_optimization_profiles} optimization profiles, the manifest plans "
+                f"{n_profiles}; rebuild the engine"
             )
         self.engine = engine
         self.device = device
@@ -283,10 +297,12 @@ class _Engine:
 
 
 class TensorRTBackend:
-    """`seer_deploy.core.backend.Backend` over TensorRT: step0.engine and step.engine, context per profile.
+    """`seer_deploy.core.backend.Backend` over TensorRT: step0.engine and step.engine, context per profile; with the
+    KV cache (`supports_cache`) also refresh.engine and window_step.engine (`core.backend.CacheBackend`).
 
     The profile is chosen from the call's sequence length (the Backend interface passes only input_ids [B, S]):
-    the smallest bucket whose profile covers S, which always exists for S <= max_prompt + largest bucket.
+    the smallest bucket whose profile covers S, which always exists for S <= max_prompt + largest bucket; a
+    window_step call also picks, in that bucket, the smallest window length >= its window (`WindowLayout.choose`).
     """
 
     name = "tensorrt"
@@ -306,11 +322,18 @@ class TensorRTBackend:
         self._logger = _logger()
         self._runtime = trt.Runtime(self._logger)  # kept: the runtime must outlive the engines it deserialized
         self._step0_io, self._step_io = step_graphs()  # engines are built from text exports only (engines.build)
+        self._refresh_io, self._window_io = cache_graphs()
+        self.windows: WindowLayout | None = manifest.window_layout
+        self.supports_cache = self.windows is not None
+        self.engine_dir = engine_dir
+        graphs: list[tuple[GraphIO, ProfileLayout | WindowLayout]] = [
+            (self._step0_io, self.layout), (self._step_io, self.layout)]
+        if self.windows is not None:
+            graphs += [(self._refresh_io, self.layout), (self._window_io, self.windows)]
         self._engines: dict[str, _Engine] = {}
-        for graph in (self._step0_io, self._step_io):
+        for graph, layout in graphs:
             path = regular_file(manifest.file(engine_dir, graph.name), "TensorRT engine", error=ArtifactError)
-            self._engines[graph.name] = _Engine(self._runtime, path.read_bytes(), graph, self.layout, self._device,
-                                                path)
+            self._engines[graph.name] = _Engine(self._runtime, path.read_bytes(), graph, layout, self._device, path)
 
     @classmethod
     def open(cls, engine_dir: Path, export_facts: RuntimeFacts, *, sparsity_rows: list[SparsityRow],
@@ -342,3 +365,28 @@ class TensorRTBackend:
     def step(self, inputs: StepInput) -> StepOutput:
         """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see spec.sampling)."""
         return step_output(self._run(self._step_io, inputs))
+
+    def refresh(self, inputs: StepInput) -> RefreshOutput:
+        """A step that also returns every layer's keys and values (an engine built from an export --kv-cache)."""
+        self._need_cache()
+        return refresh_output(self._run(self._refresh_io, inputs))
+
+    def window_step(self, inputs: WindowInput) -> StepOutput:
+        """A step over the window's columns only, against a refresh's keys and values: the profile of the sequence
+        length's bucket and the smallest window length that holds the window."""
+        windows = self._need_cache()
+        checked = inputs.checked()
+        batch, width = checked.window_ids.shape
+        seq = checked.attention_mask.shape[1]
+        if seq > self.max_seq_len:
+            raise ConfigError(f"sequence length {seq} exceeds this engine's {self.max_seq_len} positions; shorten "
+                              "the prompt or --gen-length")
+        profile = windows.choose(seq, width, batch=batch)
+        io = self._window_io
+        return window_output(self._engines[io.name].run(profile, window_feed(io, checked)))
+
+    def _need_cache(self) -> WindowLayout:
+        if self.windows is None:
+            raise ConfigError(f"{self.engine_dir} has no KV cache engines; re-export with `seer-deploy export "
+                              "--kv-cache` and rebuild, or run without --kv-cache")
+        return self.windows

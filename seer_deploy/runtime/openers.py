@@ -117,16 +117,17 @@ def _export_info(target: str, kind: TargetKind, backend: BackendChoice, path: Pa
     )
 
 
-def _ort_backend(export_dir: Path, export: ExportManifest, session: OrtSessionOptions, info: TargetInfo
-                 ) -> tuple[Backend, TargetInfo]:
-    """ONNX Runtime on an export: a text export's graphs, or a multimodal export's with its vision graph."""
+def _ort_backend(export_dir: Path, export: ExportManifest, session: OrtSessionOptions, info: TargetInfo,
+                 kv_cache: bool = True) -> tuple[Backend, TargetInfo]:
+    """ONNX Runtime on an export: a text export's graphs, or a multimodal export's with its vision graph; the KV
+    cache graphs too where the export has them and `kv_cache` (an engine dir: where it was built with them)."""
     if MULTIMODAL_KEY not in export.extra:
         from seer_deploy.engines.ort import OrtBackend
 
-        return OrtBackend(export_dir, session), info
+        return OrtBackend(export_dir, session, kv_cache=kv_cache), info
     from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 
-    backend = MultimodalOrtBackend(export_dir, session)
+    backend = MultimodalOrtBackend(export_dir, session, kv_cache=kv_cache)
     image = backend.multimodal["vision_config"]["image"]
     settings = ImageConfig(int(image["image_size"]), tuple(image["mean"]), tuple(image["std"]), str(image["aspect"]))
     images = ImageSupport(settings, backend.tokens_per_image, backend.image_token_index, backend.image_id_base)
@@ -160,7 +161,7 @@ def checked_engine(path: Path) -> tuple[EngineManifest, Path, ExportManifest, Ru
     export = ExportManifest.load(export_dir)
     facts = RuntimeFacts(
         model_fingerprint=export.model.fingerprint,
-        graph_hashes={name: export.graphs[name].sha256 for name in manifest.graph_hashes},
+        graph_hashes={name: graph.sha256 for name, graph in export.graphs.items()},  # a graph gone: refused
         backend=manifest.backend,
         onnxruntime_version=onnxruntime.__version__,
     )
@@ -200,5 +201,8 @@ def open_engine(path: Path, target: str, backend: BackendChoice | None, options:
         trt = TensorRTBackend.open(path, facts, sparsity_rows=list(export.seer.sparsity_rows),
                                    max_seq_len=export.max_seq_len, device=options.device)
         return trt, replace(info, max_batch=manifest.max_batch)
-    return _ort_backend(export_dir, export, engine_session_options(manifest, options), info)
+    # An ORT engine dir runs the export's graphs with its recorded session settings: the cache graphs where it was
+    # built with them (their hashes checked above), none where it was built before the export had them.
+    return _ort_backend(export_dir, export, engine_session_options(manifest, options), info,
+                        kv_cache=manifest.has_cache)
 
