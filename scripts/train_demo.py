@@ -3,8 +3,8 @@
 LLaDA's SFT objective: the prompt is never masked; every response position (answer and EOS padding) is masked with
 probability t ~ U(0, 1); cross-entropy on the masked positions. Two lessons of the feasibility study are built in:
   * EOS tails of varying length: each example gets a random number of response slots G between its answer length
-    and the batch's slot count (up to 256); slots past G are padding, excluded from attention and loss (LLaDA's
-    pad-to-batch-max). Without this, any truncation broke the model.
+    and the batch's slot count (up to 256, or --gen-length); slots past G are padding, excluded from attention and
+    loss (LLaDA's pad-to-batch-max). Without this, any truncation broke the model.
   * A wide MLP (1024 hidden units) so per-position sparsity fractions are not drowned in sampling noise.
 
     python scripts/train_demo.py --out seer_deploy/models/demo      # about 30 minutes on 2 CPU cores
@@ -44,9 +44,15 @@ MAX_GEN_LENGTH = 256
 SLOT_CHOICES = (48, 96, 160, 256)
 SLOT_WEIGHTS = (0.55, 0.2, 0.1, 0.15)
 SHORT_TAIL_MAX = 16
+PROMPT_ROOM = 64  # positions for the prompt (at most MAX_PROMPT_TOKENS = 35) in front of the response slots
 
 
-def demo_config() -> ModelConfig:
+def slot_choices(gen_length: int) -> tuple[int, ...]:
+    """The batch slot counts for responses of up to gen_length slots: SLOT_CHOICES, plus gen_length itself above 256."""
+    return SLOT_CHOICES + ((gen_length,) if gen_length > MAX_GEN_LENGTH else ())
+
+
+def demo_config(gen_length: int = MAX_GEN_LENGTH) -> ModelConfig:
     ids = {tok: i for i, tok in enumerate(VOCAB)}
     return ModelConfig(
         vocab_size=len(VOCAB),
@@ -55,7 +61,7 @@ def demo_config() -> ModelConfig:
         n_heads=4,
         n_kv_heads=4,
         mlp_hidden=1024,
-        max_seq_len=320,
+        max_seq_len=gen_length + PROMPT_ROOM,  # 320 at the default 256
         rope_theta=10000.0,
         mask_id=ids["<|mdm_mask|>"],
         eos_id=ids["<|endoftext|>"],
@@ -73,6 +79,7 @@ def make_batch(
     slot_weights: tuple[float, ...] = SLOT_WEIGHTS,
     task_weights: tuple[float, ...] | None = None,
     revealed_tail: float = 0.0,
+    slot_counts: tuple[int, ...] = SLOT_CHOICES,
 ) -> tuple[torch.Tensor, ...]:
     """ids, attention mask, response mask (positions that may be masked and carry loss), and the mask rate per position.
 
@@ -83,7 +90,7 @@ def make_batch(
     4 of some 230 tail slots (31 on one of six prompts) were EOS when the answer's first token was written, a state
     uniform masking (one t per row) almost never shows the model. Its errors at full length were made there.
     """
-    slots = rng.choices(SLOT_CHOICES, slot_weights)[0]
+    slots = rng.choices(slot_counts, slot_weights)[0]
     rows = []
     for _ in range(batch):
         ex = sample_example(rng, rng.choices(TASKS, task_weights)[0] if task_weights else None)
@@ -169,8 +176,13 @@ def main() -> None:
     ap.add_argument("--revealed-tail", type=float, default=0.0,
                     help="share of rows whose EOS tail is masked less than the answer (as when decoding the answer)")
     ap.add_argument("--init-from", type=Path, default=None, help="continue from this checkpoint's weights")
-    ap.add_argument("--slot-weights", type=_floats, default=SLOT_WEIGHTS,
-                    help=f"weights of the batch slot counts {SLOT_CHOICES} (default {SLOT_WEIGHTS})")
+    ap.add_argument("--gen-length", type=int, default=MAX_GEN_LENGTH,
+                    help=f"most response slots (default {MAX_GEN_LENGTH}); above {MAX_GEN_LENGTH} it is one more batch "
+                         f"slot count (--slot-weights then needs {len(SLOT_CHOICES) + 1} numbers) and the model's "
+                         f"max_sequence_length is it + {PROMPT_ROOM}")
+    ap.add_argument("--slot-weights", type=_floats, default=None,
+                    help=f"weights of the batch slot counts {SLOT_CHOICES} (+ --gen-length above {MAX_GEN_LENGTH}; "
+                         f"default {SLOT_WEIGHTS})")
     ap.add_argument("--task-weights", type=_floats, default=None,
                     help=f"weights of the tasks {TASKS} (default: uniform)")
     ap.add_argument("--answer-weight", type=float, default=1.0,
@@ -180,8 +192,16 @@ def main() -> None:
                     help="save an exponential moving average of the weights with this decay per step, e.g. 0.998 "
                          "(default 0: the last step's weights)")
     args = ap.parse_args()
-    if len(args.slot_weights) != len(SLOT_CHOICES):
-        ap.error(f"--slot-weights needs {len(SLOT_CHOICES)} numbers, one per slot count {SLOT_CHOICES}")
+    if args.gen_length < MAX_GEN_LENGTH:
+        ap.error(f"--gen-length below {MAX_GEN_LENGTH} is not supported (the batch slot counts go up to it)")
+    slots = slot_choices(args.gen_length)
+    if args.slot_weights is None:
+        if len(slots) != len(SLOT_WEIGHTS):
+            ap.error(f"--gen-length {args.gen_length} needs --slot-weights: {len(slots)} numbers, one per slot count "
+                     f"{slots}")
+        args.slot_weights = SLOT_WEIGHTS
+    if len(args.slot_weights) != len(slots):
+        ap.error(f"--slot-weights needs {len(slots)} numbers, one per slot count {slots}")
     if not 0.0 <= args.ema < 1.0:
         ap.error("--ema needs a decay in [0, 1)")
     if args.task_weights is not None and len(args.task_weights) != len(TASKS):
@@ -190,7 +210,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    cfg = demo_config()
+    cfg = demo_config(args.gen_length)
     tmp = Path(tempfile.mkdtemp())
     write_tokenizer(tmp / "tokenizer.json")
     tok = Tokenizer(tmp / "tokenizer.json", cfg.eos_id)
@@ -212,7 +232,7 @@ def main() -> None:
     start = time.time()
     for step in range(args.steps):
         ids, attn, resp, rate = make_batch(
-            rng, tok, cfg, args.batch, args.short_tail, args.slot_weights, args.task_weights, args.revealed_tail
+            rng, tok, cfg, args.batch, args.short_tail, args.slot_weights, args.task_weights, args.revealed_tail, slots
         )
         masked = resp & (torch.rand(ids.shape) < rate)
         noisy = torch.where(masked, torch.full_like(ids, cfg.mask_id), ids)
@@ -238,6 +258,8 @@ def main() -> None:
     acc64 = evaluate(model, tok, 200, 64)
     print(f"trained {args.steps} steps in {minutes:.1f} min; held-out exact match at gen_length 64: {acc64:.3f}")
     init = f" --init-from {args.init_from}" if args.init_from else ""
+    if args.gen_length != MAX_GEN_LENGTH:
+        init += f" --gen-length {args.gen_length}"
     init += " --slot-weights " + ",".join(map(str, args.slot_weights))
     if args.revealed_tail:
         init += f" --revealed-tail {args.revealed_tail}"
@@ -256,7 +278,7 @@ Stored in LLaDA's original layout (config.json field names and `model.transforme
 
 Training: `python scripts/train_demo.py --steps {args.steps} --batch {args.batch} --lr {args.lr} --seed {args.seed} \\
 --threads {args.threads} --short-tail {args.short_tail}{init}` ({minutes:.1f} minutes on {args.threads} CPU threads). LLaDA's SFT objective with EOS tails of
-varying length (up to {MAX_GEN_LENGTH} response slots).
+varying length (up to {args.gen_length} response slots).
 
 Held-out exact match (reference loop, 200 prompts, steps = gen_length, block_length = gen_length, temperature 0):
 gen_length 64: {acc64:.3f}. Prompts look like `reverse 31415` (the tokenizer adds BOS and `=`).
