@@ -78,6 +78,7 @@ class Run:
     tokens_processed: int  # real tokens through the model, over all batches
     seconds: float
     generation: GenerationConfig | None = None  # the settings the answers were made with
+    step_zero_seconds: float = 0.0  # of `seconds`, spent in step zero (over all batches)
 
     @property
     def reports(self) -> list[SeerReport | None]:
@@ -153,6 +154,7 @@ class Service:
         seer = None if full_length else self.info.seer_for_engine(seer) if seer is not None else self.seer
         answers: list[Answer] = []
         steps_run = tokens_processed = 0
+        step_zero_seconds = 0.0
         start = time.perf_counter()
         for n, lo in enumerate(range(0, len(requests), self.batch_size)):
             batch = slice(lo, lo + self.batch_size)
@@ -166,9 +168,10 @@ class Service:
                 answers.append(Answer(request, self.tokenizer.decode_answer(row), row, report, steps))
             steps_run += out.steps_run
             tokens_processed += out.tokens_processed
+            step_zero_seconds += out.step_zero_seconds
             progress(len(prompts))
         return Run(answers, self.backend.name, seer, steps_run, tokens_processed, time.perf_counter() - start,
-                   generation)
+                   generation, step_zero_seconds)
 
     def prompt_ids(self, requests: Sequence[Request], generation: GenerationConfig | None = None) -> list[list[int]]:
         """The requests as one batch of prompt ids (checked to leave room for `generation`'s gen_length, the

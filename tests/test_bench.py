@@ -20,7 +20,8 @@ from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.service import Request, Service, ServiceOptions
 
-ROWS = ("reference", "ort-full", "ort-seer", "ort-oracle", "torch-seer")
+ROWS = ("reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast", "ort-oracle", "torch-seer")
+SEER_ROWS = ("ort-seer", "ort-seer-tail", "ort-seer-fast", "ort-oracle", "torch-seer")  # rows that report kept lengths
 WITH_TAIL = (*ROWS, "ort-seer-tail")  # rows of a run with --tail-context
 
 
@@ -43,7 +44,7 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     out = root / "out"
     rc = _bench([str(ckpt), "--gen-lengths", "8,16", "--batch-sizes", "1,2", "--prompts", "2", "--repeats", "2",
                  "--out", str(out), "--scaling-lengths", "8,16", "--scaling-shape", "32,1,64,64", "--no-tensorrt",
-                 "--tail-context", "all"])
+                 "--tail-context", "all", "--fast-block-length", "4", "--threshold", "0.5"])
     assert rc == 0
     return ckpt, out
 
@@ -59,6 +60,8 @@ def test_writes_json_markdown_and_png(bench_run: tuple[Path, Path]) -> None:
     assert data["settings"]["gen_lengths"] == [8, 16] and data["settings"]["batch_sizes"] == [1, 2]
     assert "--gen-lengths 8,16" in data["command"] and "--no-tensorrt" in data["command"]
     assert "--tail-context all" in data["command"] and data["settings"]["tail_context"] == "all"
+    assert "--fast-block-length 4 --threshold 0.5" in data["command"]
+    assert data["settings"]["fast_rows"]["block_length"] == 4 and data["settings"]["fast_rows"]["threshold"] == 0.5
     assert {s["row"] for s in data["skipped"]} == {"trt-full", "trt-seer"}
     assert data["seer"]["source"] == "defaults" and data["notes"]  # the tiny checkpoint has no calibration
     assert data["seer"]["tail_context"] == 0 and "tail context 0 (ort-seer-tail: all)" in (out / "bench.md").read_text()
@@ -79,7 +82,14 @@ def test_every_setting_has_every_row_with_its_fields(bench_run: tuple[Path, Path
         assert 0 <= r["exact_match"] <= 1 and 0 <= r["identical_to_full"] <= 1
         assert r["tokens_per_s"] == pytest.approx(r["answer_tokens"] / r["seconds"], rel=1e-2, abs=0.01)
         assert (r["seer_over_oracle"] is not None) == (r["row"] in ("ort-seer", "ort-seer-tail"))
-        assert (r["mean_kept"] is not None) == (r["row"] in ("ort-seer", "ort-seer-tail", "ort-oracle", "torch-seer"))
+        assert (r["mean_kept"] is not None) == (r["row"] in SEER_ROWS)
+        assert (r["step_zero_share"] is None) == (r["row"] == "reference")
+        if r["answer_tokens"]:
+            assert r["tokens_per_answer_token"] == pytest.approx(r["tokens_processed"] / r["answer_tokens"], abs=0.01)
+        if r["row"] in ("ort-parallel", "ort-fastdllm"):
+            # The threshold rule: at least a pass per block of 4 and batch, at most one per slot.
+            n_batches = -(-2 // r["batch_size"])
+            assert r["gen_length"] // 4 * n_batches <= r["forward_passes"] <= r["gen_length"] * n_batches
         if r["row"] == "reference":
             assert r["speedup"] == 1.0 and r["identical_to_full"] == 1.0
             # steps = gen_length, one block: gen_length passes per batch, every one at full length.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -23,7 +23,7 @@ import torch
 from seer_deploy.bench.machine import describe_machine
 from seer_deploy.bench.measure import RowTiming, measure_row
 from seer_deploy.bench.results import BenchResult, RowResult
-from seer_deploy.bench.rows import ROW_DESCRIPTIONS, Runner, oracle_row, reference_row, service_row
+from seer_deploy.bench.rows import FAST_ROWS, ROW_DESCRIPTIONS, Runner, oracle_row, reference_row, service_row
 from seer_deploy.bench.scaling import SCALING_BACKENDS, ScalingSettings, run_scaling
 from seer_deploy.bench.workloads import Workload, picture_workload, text_workload
 from seer_deploy.core.errors import ConfigError
@@ -53,6 +53,15 @@ class BenchSettings:
     scaling: ScalingSettings | None = field(default_factory=ScalingSettings)  # None: skip the cost-scaling workload
     tensorrt: bool = True  # add TensorRT rows when a GPU and TensorRT are present
     tail_context: TailContext | None = None  # also measure ort-seer-tail: Seer with this tail_context
+    fast_block_length: int = 32  # the fast rows' denoising block (Fast-dLLM's), or gen_length when it does not divide
+    threshold: float = 0.9  # the fast rows' parallel decoding threshold (Fast-dLLM's default)
+
+    def fast_config(self, gen_length: int) -> GenerationConfig:
+        """The fast rows' settings at `gen_length`: the threshold rule over blocks of fast_block_length, with the
+        dual KV cache (ort-parallel drops the cache)."""
+        block = self.fast_block_length if gen_length % self.fast_block_length == 0 else None
+        return GenerationConfig(gen_length, gen_length, block_length=block, decode="threshold",
+                                threshold=self.threshold, kv_cache=True)
 
     def validate(self) -> None:
         if not self.gen_lengths or any(g < 1 for g in self.gen_lengths):
@@ -69,6 +78,9 @@ class BenchSettings:
             self.scaling.validate()
         if self.tail_context is not None:
             parse_tail_context(self.tail_context)
+        if self.fast_block_length < 1:
+            raise ConfigError(f"--fast-block-length must be >= 1, got {self.fast_block_length}")
+        self.fast_config(self.fast_block_length).validate()  # --threshold in (0, 1]
 
 
 @dataclass
@@ -98,9 +110,10 @@ class Prepared:
         return self.workload.examples
 
     def rows(self) -> list[str]:
-        names = ["reference", "ort-full", "ort-seer", "ort-oracle", "torch-seer"]
+        names = ["reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast", "ort-oracle",
+                 "torch-seer"]
         if self.settings.tail_context is not None:
-            names.insert(3, "ort-seer-tail")
+            names.insert(names.index("ort-oracle"), "ort-seer-tail")
         return names + (["trt-full", "trt-seer"] if "trt" in self.services else [])
 
     @property
@@ -159,7 +172,8 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
     say(f"exporting {settings.target} to ONNX (once for this run)")
     start = time.perf_counter()
     export = export_multimodal if multimodal else export_checkpoint
-    exported = export(settings.target, work_dir / "export", ExportOptions(seer=SeerStats.for_config(seer)))
+    exported = export(settings.target, work_dir / "export",
+                      ExportOptions(seer=SeerStats.for_config(seer), kv_cache=True))  # the fast rows run the cache
     export_seconds = time.perf_counter() - start
     services = {"torch": torch_service, "ort": service(exported.out)}
     skipped: list[dict[str, str]] = []
@@ -197,6 +211,13 @@ def _runner(p: Prepared, row: str, config: GenerationConfig, timings: dict[str, 
         return service_row(p.services["torch"], config, p.seer)
     engine = "trt" if row.startswith("trt") else "ort"
     service = p.services[engine]
+    fast = p.settings.fast_config(config.gen_length)
+    if row == "ort-parallel":
+        return service_row(service, replace(fast, kv_cache=False), None)
+    if row == "ort-fastdllm":
+        return service_row(service, fast, None)
+    if row == "ort-seer-fast":
+        return service_row(service, fast, p.seer)
     if row == "ort-seer-tail":
         assert p.settings.tail_context is not None  # the row exists only with --tail-context
         return service_row(service, config, p.seer.with_(tail_context=p.settings.tail_context))
@@ -243,7 +264,9 @@ def run_bench(p: Prepared, command: str, progress: Progress = lambda _: None) ->
                   "prompts": s.prompts, "workload": p.workload.description, "repeats": s.repeats, "warmup_batches": 1,
                   "threads": s.threads, "tail_context": s.tail_context,
                   "steps": "gen_length", "block_length": "gen_length (one block)", "temperature": 0.0,
-                  "remasking": "low_confidence"},
+                  "remasking": "low_confidence",
+                  "fast_rows": {"rows": list(FAST_ROWS), "decode": "threshold", "threshold": s.threshold,
+                                "block_length": s.fast_block_length, "kv_cache": "dual (ort-fastdllm, ort-seer-fast)"}},
         model={"target": s.target, "parameters": model.num_parameters(), "d_model": cfg.d_model,
                "n_layers": cfg.n_layers, "mlp_hidden": cfg.mlp_hidden, "vocab_size": cfg.vocab_size,
                "max_seq_len": cfg.max_seq_len, "export_seconds": round(p.export_seconds, 2),
@@ -294,5 +317,7 @@ def score_setting(p: Prepared, gen_length: int, batch_size: int, timings: dict[s
             identical_to_full=round(float(np.mean([a == r for a, r in zip(answers, ref_answers, strict=True)])), 4),
             mean_kept=round(float(np.mean(t.kept)), 2) if t.kept is not None else None,
             safe=round(float(np.mean(np.asarray(t.kept) >= full_lengths)), 4) if t.kept is not None else None,
+            tokens_per_answer_token=round(t.tokens_processed / answer_tokens, 2) if answer_tokens else None,
+            step_zero_share=round(t.step_zero_share, 3) if name != "reference" else None,
         ))
     return results

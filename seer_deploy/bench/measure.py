@@ -29,6 +29,7 @@ class RowTiming:
     kept: list[int] | None  # per request (Seer / oracle rows)
     seconds_runs: list[float]  # one per timed pass
     latencies: np.ndarray  # float64 [repeats, N]: seconds of the batch call that answered each request
+    step_zero_share: float = 0.0  # of the first timed pass's seconds, the share spent in step zero
 
     @property
     def seconds(self) -> float:
@@ -84,4 +85,5 @@ def measure_row(
         kept=kept,
         seconds_runs=seconds_runs,
         latencies=latencies,
+        step_zero_share=sum(o.step_zero_seconds for o in first) / seconds_runs[0] if seconds_runs[0] > 0 else 0.0,
     )

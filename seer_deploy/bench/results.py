@@ -40,6 +40,8 @@ class RowResult:
     identical_to_full: float  # share of decoded answers equal to the reference's (full length)
     mean_kept: float | None  # Seer and oracle rows: mean response slots the later steps ran on
     safe: float | None  # Seer and oracle rows: share kept at or past the full-length answer's end
+    tokens_per_answer_token: float | None = None  # tokens_processed / answer_tokens: the work behind each answer token
+    step_zero_share: float | None = None  # share of the row's time spent in step zero (rows of the runtime loop)
 
 
 @dataclass

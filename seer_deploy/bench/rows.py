@@ -7,7 +7,10 @@ loop itself, and the oracle a study the service does not offer:
 
   reference   `reference.generate` in torch eager at full length: what users run today
   ort-full    the runtime loop on ONNX Runtime at full length
+  ort-parallel   ONNX Runtime at full length with Fast-dLLM's threshold rule (blocks of --fast-block-length), no cache
+  ort-fastdllm   Fast-dLLM's recipe on ONNX Runtime: the threshold rule and the block-wise dual KV cache
   ort-seer    the runtime loop on ONNX Runtime with Seer (step zero at full length, then each row cut)
+  ort-seer-fast  Seer's cut, then the threshold rule and the dual KV cache on what is kept
   ort-oracle  ONNX Runtime told each answer's true length before it starts: every step, the first included, runs on
               prompt + that length (no detector can beat it)
   ort-seer-tail  ONNX Runtime with Seer and the tail context of `bench --tail-context` in place of the config's:
@@ -32,11 +35,19 @@ from seer_deploy.seer.plan import BlockPlan, TruncationPlan, block_plan
 from seer_deploy.service import Request, Service
 
 ROW_NAMES: tuple[str, ...] = (
-    "reference", "ort-full", "ort-seer", "ort-seer-tail", "ort-oracle", "torch-seer", "trt-full", "trt-seer"
+    "reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast", "ort-seer-tail", "ort-oracle",
+    "torch-seer", "trt-full", "trt-seer",
 )
+FAST_ROWS = ("ort-parallel", "ort-fastdllm", "ort-seer-fast")  # the rows that run `BenchSettings.fast_config`
 ROW_DESCRIPTIONS: dict[str, str] = {
     "reference": "the LLaDA-style loop (`reference.generate`) in torch eager at full gen_length: what users run today",
     "ort-full": "the runtime loop (`run_generation`) on ONNX Runtime at full gen_length, no Seer",
+    "ort-parallel": "ONNX Runtime at full gen_length with Fast-dLLM's threshold rule (each step commits every "
+    "candidate of its block at or above the threshold, at least one; blocks of the bench's fast block length), no cache",
+    "ort-fastdllm": "Fast-dLLM's recipe on ONNX Runtime: the threshold rule and the block-wise dual KV cache (each "
+    "block's first step a full pass that refreshes the keys and values, its other steps run only the block)",
+    "ort-seer-fast": "Seer's cut after step zero, then the threshold rule and the dual KV cache on the kept length "
+    "(and the config's tail context, whose keys and values cost only the refresh passes)",
     "ort-seer": "ONNX Runtime with Seer as configured: step zero at full length, then each answer cut to its "
     "detected end + margin (the config's tail context, if any, kept in view as committed EOS) and the rows scheduled "
     "by the batch scheduler",
@@ -59,6 +70,7 @@ class BatchOutput:
     forward_passes: int
     tokens_processed: int  # real (non-padding) tokens through the model
     kept: list[int] | None  # per request: response slots the later steps ran on (Seer and the oracle)
+    step_zero_seconds: float = 0.0  # of the call's time, spent in step zero
 
 
 Runner = Callable[[Sequence[Request], Sequence[int]], BatchOutput]  # (requests, their indices) -> output
@@ -84,7 +96,7 @@ def service_row(service: Service, config: GenerationConfig, seer: SeerConfig | N
         out = service.generate(requests, full_length=seer is None, seer=seer, generation=config)
         kept = [a.seer.kept for a in out.answers if a.seer is not None] if seer is not None else None
         tokens = np.array([a.tokens for a in out.answers], dtype=np.int64)
-        return BatchOutput(tokens, out.steps_run, out.tokens_processed, kept)
+        return BatchOutput(tokens, out.steps_run, out.tokens_processed, kept, out.step_zero_seconds)
 
     return run
 

@@ -50,6 +50,7 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
         parts.append("--no-tensorrt")
     if settings.tail_context is not None:
         parts += ["--tail-context", str(settings.tail_context)]
+    parts += ["--fast-block-length", str(settings.fast_block_length), "--threshold", f"{settings.threshold:g}"]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -76,10 +77,17 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
 @click.option("--tail-context", default=None, metavar="N|all",
               help="Also measure ort-seer-tail: Seer with this tail_context (cut slots kept in view as committed EOS; "
                    "'all': the whole tail) [default: no such row].")
+@click.option("--fast-block-length", type=int, default=32, show_default=True,
+              help="Block length of the fast rows (ort-parallel, ort-fastdllm, ort-seer-fast), Fast-dLLM's 32 "
+                   "(one block of gen_length where it does not divide it).")
+@click.option("--threshold", type=float, default=0.9, show_default=True,
+              help="The fast rows' parallel decoding threshold (Fast-dLLM's default 0.9).")
 def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int, repeats: int, threads: int, out: Path,
-            scaling: bool, scaling_lengths: str, scaling_shape: str, tensorrt: bool, tail_context: str | None) -> None:
+            scaling: bool, scaling_lengths: str, scaling_shape: str, tensorrt: bool, tail_context: str | None,
+            fast_block_length: int, threshold: float) -> None:
     """Benchmark TARGET (a checkpoint directory, 'demo' (the default) or 'demo-vl'): reference, ONNX Runtime full /
-    Seer / oracle, torch with Seer, and step time against length on a large random model.
+    Seer / oracle, the peers' recipes (Fast-dLLM's parallel decoding and dual KV cache) with and without Seer, torch
+    with Seer, and step time against length on a large random model.
 
     A multimodal TARGET ('demo-vl' or a LLaDA-V-layout checkpoint) is measured on held-out demo-vl pictures."""
     from seer_deploy.bench.harness import BenchSettings, prepare_bench, run_bench
@@ -106,7 +114,8 @@ def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int
     settings = BenchSettings(target=target, gen_lengths=parse_ints(gen_lengths, "--gen-lengths"),
                              batch_sizes=parse_ints(batch_sizes, "--batch-sizes"), prompts=prompts, repeats=repeats,
                              threads=threads, scaling=scaling_settings, tensorrt=tensorrt,
-                             tail_context=None if tail_context is None else parse_tail_context(tail_context))
+                             tail_context=None if tail_context is None else parse_tail_context(tail_context),
+                             fast_block_length=fast_block_length, threshold=threshold)
     settings.validate()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a directory for bench.json, bench.md and bench.png")

@@ -7,7 +7,9 @@ the same column.
 
 Parallel decoding (`decode`, Fast-dLLM's rules) replaces the fixed split: a step commits the longest run of the
 ranked candidates (most confident first) whose r-th confidence clears the rule's r-th threshold, at least one;
-a block ends when it has no masks left, so the step count follows the model's confidence (`rank_thresholds`).
+a block ends when it has no masks left, so the step count follows the model's confidence (`rank_thresholds`). A pass
+that changes none of the candidates (the model proposed the mask token itself) also ends its block, which would
+otherwise repeat that pass for ever.
 """
 
 from __future__ import annotations

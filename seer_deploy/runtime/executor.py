@@ -20,7 +20,15 @@ from typing import cast
 
 import numpy as np
 
-from seer_deploy.core.backend import Backend, CacheBackend, Step0Output, StepInput, StepOutput, WindowInput
+from seer_deploy.core.backend import (
+    Backend,
+    CacheBackend,
+    RefreshOutput,
+    Step0Output,
+    StepInput,
+    StepOutput,
+    WindowInput,
+)
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, left_pad
 from seer_deploy.runtime.loopcore import LoopCore
@@ -53,7 +61,7 @@ class LoopContext:
         """The backend's input for one step over x."""
         return StepInput(x, mask, *self.sampling(), prompt_width, self.config.cfg_scale)
 
-    def commit(self, x: np.ndarray, out: StepOutput | Step0Output, lo: np.ndarray, hi: np.ndarray,
+    def commit(self, x: np.ndarray, out: StepOutput | Step0Output | RefreshOutput, lo: np.ndarray, hi: np.ndarray,
                k: np.ndarray) -> None:
         """Commit, in place, masked positions of row b in [lo[b], hi[b]): the top k[b] by the configured remasking,
         or with parallel decoding (k[b] = -1) those the rule accepts."""
@@ -167,6 +175,7 @@ class _Cursor:
         self.slots = () if parallel else step_slots(plan.blocks)
         self.position = 0  # fixed: the next slot; parallel: the current block
         self.schedule = np.zeros(0, np.int64)
+        self.candidates: tuple[int, int] | None = None  # parallel: (block, masks before its end) at the last pass
 
     def next(self, ctx: LoopContext, group: _Group, row: int, first_schedule: np.ndarray | None
              ) -> tuple[int, int, int] | None:
@@ -178,7 +187,10 @@ class _Cursor:
             while self.position < len(blocks):  # a block ends when it has no masks left
                 block = blocks[self.position]
                 lo, hi = np.array([P + block.start]), np.array([P + block.end])
-                if ctx.core.masks_left(x, lo, hi, ctx.mask_id)[0] > 0:
+                candidates = int(ctx.core.masks_left(x, np.zeros(1, np.int64), hi, ctx.mask_id)[0])
+                stuck = self.candidates == (self.position, candidates)  # the last pass changed none of them
+                if ctx.core.masks_left(x, lo, hi, ctx.mask_id)[0] > 0 and not stuck:
+                    self.candidates = (self.position, candidates)
                     return P + block.start, P + block.end, -1
                 self.position += 1
             return None

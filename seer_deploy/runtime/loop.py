@@ -14,6 +14,7 @@ commit anything in any row is not run; the tokens are the same as the reference'
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -49,6 +50,7 @@ class LoopResult:
     positions_computed: int = 0  # all positions over the passes, padding included
     batch_sizes: list[int] = field(default_factory=list)  # rows per forward pass, step zero first
     row_steps: list[int] = field(default_factory=list)  # forward passes each request made, step zero included
+    step_zero_seconds: float = 0.0  # wall time of step zero (what Seer cannot cut)
 
 
 def check_supported(config: GenerationConfig, backend: Backend) -> None:
@@ -110,7 +112,9 @@ def run_generation(
     left = ctx.core.masks_left(x, np.full(B, P + first.start, np.int64), np.full(B, P + first.end, np.int64), mask_id)
     schedule = ctx.core.transfer_schedule(left, first.steps)
     truncating = seer is not None or kept_lengths is not None
+    started = time.perf_counter()
     out0, kv = step_zero(ctx, x, mask, P, P + first.end, schedule[:, 0], tally, real, truncating)
+    step_zero_seconds = time.perf_counter() - started
     responses = x[:, P:].copy()
     # The prompts as step zero left them: masks inside a prompt are candidates too, and its commits stand.
     prompts = [x[b, P - len(p) : P].tolist() for b, p in enumerate(prompts)]
@@ -130,7 +134,7 @@ def run_generation(
                                         steps=row_steps[b] if config.parallel or config.kv_cache else None)
                    for b, plan in enumerate(plans)]
     return LoopResult(tokens, tally.steps_run, tally.tokens_processed, reports, hybrid, tally.positions_computed,
-                      tally.batch_sizes, row_steps)
+                      tally.batch_sizes, row_steps, step_zero_seconds)
 
 
 def run_rows(ctx: LoopContext, rows: Rows, tally: Tally, cost: StepCost | None = None

@@ -167,7 +167,7 @@ def _run_parallel(
     generator: torch.Generator | None,
 ) -> tuple[int, list[int]]:
     """Parallel decoding over `blocks` (sequence columns [lo, hi)): every row works in its first block that still has
-    masks; the loop ends when no row has one. Returns the forward passes made and, per row, those it was not done
+    masks (or until a pass changes none of its candidates); the loop ends when no row has a block left. Returns the forward passes made and, per row, those it was not done
     in (what it costs alone)."""
     mask_id, device = model.cfg.mask_id, batch.x.device
     B, n = batch.x.shape[0], len(blocks)
@@ -180,9 +180,18 @@ def _run_parallel(
         if all(j == n for j in current):
             return passes, row_passes
         hi = torch.tensor([blocks[j][1] if j < n else 0 for j in current], device=device)
+        before = _masks_before(batch.x, hi, mask_id)
         batch.x = _step(model, batch, hi, None, config, generator).x
+        stuck = (_masks_before(batch.x, hi, mask_id) == before).tolist()
         passes += 1
         row_passes = [r + (j < n) for r, j in zip(row_passes, current, strict=True)]
+        # A pass that changed no mask (the model proposed the mask token itself) ends the block: it would repeat.
+        current = [j + 1 if j < n and still else j for j, still in zip(current, stuck, strict=True)]
+
+
+def _masks_before(x: Tensor, hi: Tensor, mask_id: int) -> Tensor:
+    """[B]: masked positions before hi[b] in each row."""
+    return ((x == mask_id) & (torch.arange(x.shape[1], device=x.device)[None, :] < hi[:, None])).sum(-1)
 
 
 @torch.no_grad()
