@@ -21,6 +21,9 @@ FOOTNOTES = (
     ("**passes**: forward passes over all batches; **tokens**: real (non-padding) tokens through the model, summed "
     "over the passes."),
     "**speedup**: the reference row's median seconds divided by the row's, same gen_length and batch.",
+    ("**tok / ans**: tokens processed per answer token (the work behind each token of an answer; a cached pass "
+    "counts its window's tokens); **step 0**: share of the row's time spent in step zero, the one full-length pass "
+    "Seer cannot cut."),
     ("**Seer / oracle**: the Seer row's speedup divided by the oracle's on the same engine (= oracle seconds / Seer "
     "seconds); 1.0 would be a perfect detector with a free step zero."),
     ("**exact**: share of answers equal to the task's answer (`seer_deploy.models.demo_tasks`); **= full**: share of "
@@ -84,8 +87,43 @@ def targets(data: dict[str, Any]) -> list[TargetCheck]:
     ]
 
 
+FAST_TARGET_GENS, FAST_TARGET_BATCHES = (256, 512), (1, 8)
+FAST_OVER_FASTDLLM, FAST_OVER_FULL, FAST_EXACT_POINTS = 2.0, 10.0, 0.01
+
+
+def fast_targets(data: dict[str, Any]) -> list[TargetCheck]:
+    """The speed issue's targets for ort-seer-fast at each measured (gen_length 256 / 512, batch 1 / 8): at least 2x
+    ort-fastdllm's speed and 10x ort-full's, exact match within 1 point of full length's (ort-full)."""
+    checks = []
+    for G in FAST_TARGET_GENS:
+        for B in FAST_TARGET_BATCHES:
+            fast, peer, full = (_find(data, G, B, row) for row in ("ort-seer-fast", "ort-fastdllm", "ort-full"))
+            if fast is None or peer is None or full is None:
+                continue
+            over_peer, over_full = peer["seconds"] / fast["seconds"], full["seconds"] / fast["seconds"]
+            drop = full["exact_match"] - fast["exact_match"]
+            where = f"gen {G}, batch {B}: ort-seer-fast"
+            checks += [
+                TargetCheck(f"{where} against ort-fastdllm", f">= {FAST_OVER_FASTDLLM:.0f}x", f"{over_peer:.2f}x",
+                            over_peer >= FAST_OVER_FASTDLLM, "" if over_peer >= FAST_OVER_FASTDLLM else
+                            f"{over_peer / FAST_OVER_FASTDLLM:.0%} of the target"),
+                TargetCheck(f"{where} against ort-full", f">= {FAST_OVER_FULL:.0f}x", f"{over_full:.2f}x",
+                            over_full >= FAST_OVER_FULL, "" if over_full >= FAST_OVER_FULL else
+                            f"{over_full / FAST_OVER_FULL:.0%} of the target"),
+                TargetCheck(f"{where} exact match against ort-full's", f">= {full['exact_match'] - FAST_EXACT_POINTS:.2f}",
+                            f"{fast['exact_match']:.2f} (identical to full: {fast['identical_to_full']:.2f})",
+                            drop <= FAST_EXACT_POINTS + 1e-9, "" if drop <= FAST_EXACT_POINTS + 1e-9 else
+                            f"{drop:.2f} lower"),
+            ]
+    return checks
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
 
 
 def _ms(seconds: float) -> str:
@@ -94,8 +132,9 @@ def _ms(seconds: float) -> str:
 
 def results_table(data: dict[str, Any], batch: int) -> list[str]:
     lines = [
-        "| gen | row | tok/s | p50 ms | p95 ms | passes | tokens | speedup | Seer / oracle | exact | = full | kept | safe |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ("| gen | row | tok/s | p50 ms | p95 ms | passes | tokens | tok / ans | step 0 | speedup | Seer / oracle | exact "
+        "| = full | kept | safe |"),
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in data["rows"]:
         if r["batch_size"] != batch:
@@ -103,6 +142,7 @@ def results_table(data: dict[str, Any], batch: int) -> list[str]:
         lines.append(
             f"| {r['gen_length']} | {r['row']} | {r['tokens_per_s']:.1f} | {_ms(r['latency_p50_s'])} | "
             f"{_ms(r['latency_p95_s'])} | {r['forward_passes']:,} | {r['tokens_processed']:,} | "
+            f"{_num(r.get('tokens_per_answer_token'), '.1f')} | {_share(r.get('step_zero_share'))} | "
             f"{r['speedup']:.2f}x | {_num(r['seer_over_oracle'], '.2f')} | {r['exact_match']:.2f} | "
             f"{r['identical_to_full']:.2f} | {_num(r['mean_kept'], '.1f')} | {_num(r['safe'], '.2f')} |"
         )
@@ -142,6 +182,15 @@ def _tail_contexts(seer: dict[str, Any], settings: dict[str, Any]) -> str:
     return text
 
 
+def _fast_rows(settings: dict[str, Any]) -> str:
+    fast = settings.get("fast_rows")
+    if not fast:
+        return ""
+    return (f" The fast rows ({', '.join(fast['rows'])}) decode by the threshold rule at {fast['threshold']:g} over "
+            f"blocks of {fast['block_length']} (one block where that does not divide gen_length), with the dual KV "
+            f"cache except ort-parallel.")
+
+
 def render_markdown(data: dict[str, Any], plot_file: str | None = "bench.png") -> str:
     m, s = data["machine"], data["settings"]
     seer = data["seer"]
@@ -159,13 +208,20 @@ def render_markdown(data: dict[str, Any], plot_file: str | None = "bench.png") -
         f"detector, margin {seer['margin']}{_tail_contexts(seer, s)}."),
         "",
         (f"Workload: {s['prompts']} {s.get('workload', DEFAULT_WORKLOAD)} per setting, greedy, steps = gen_length, "
-        f"one block; one warm-up batch per row and setting, then the median of {s['repeats']} timed passes."),
+        f"one block; one warm-up batch per row and setting, then the median of {s['repeats']} timed passes."
+        + _fast_rows(s)),
         "",
     ]
     for batch in sorted({r["batch_size"] for r in data["rows"]}):
         out += [f"## Batch {batch}", ""] + results_table(data, batch) + [""]
     out += [f"{i}. {note}" for i, note in enumerate(FOOTNOTES, start=1)] + [""]
     checks = targets(data)
+    fast = fast_targets(data)
+    if fast:
+        out += ["## Targets of the fast rows (reported, not asserted)", "",
+                "| target | wanted | measured | met |", "|---|---|---|---|"]
+        out += [f"| {c.name} | {c.wanted} | {c.measured} | {'yes' if c.met else 'no: ' + c.gap} |" for c in fast]
+        out.append("")
     if checks:
         out += [f"## Targets (gen_length {TARGET_GEN}, batch {TARGET_BATCH}; reported, not asserted)", "",
                 "| target | wanted | measured | met |", "|---|---|---|---|"]

@@ -3,7 +3,9 @@
 The demo model is so small that fixed per-call costs hide how a step's cost grows with its length. A model large
 enough that compute dominates (d_model 1024, 8 layers, by default) shows the curve that truncation moves along,
 independent of any model's accuracy: the time of one denoising step at batch `batch` for each length, on torch
-eager and on ONNX Runtime (exported once into the work dir, without the torch comparison: the weights are noise).
+eager and on ONNX Runtime (exported once into the work dir, without the torch comparison: the weights are noise),
+and next to them ONNX Runtime's cached step (`ort-window`: one block of `window` positions against a refresh's keys
+and values of the whole length), what the block-wise KV cache pays per step instead.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from seer_deploy.core.backend import Backend, StepInput
+from seer_deploy.core.backend import Backend, CacheBackend, StepInput, WindowInput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.llada import MaskPredictor
 
-SCALING_BACKENDS: tuple[str, ...] = ("torch", "ort")
+SCALING_BACKENDS: tuple[str, ...] = ("torch", "ort", "ort-window")
 PROMPT_TOKENS = 16  # real tokens in front of the masked response at every length
 
 
@@ -39,6 +41,7 @@ class ScalingSettings:
     lengths: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
     batch: int = 1
     repeats: int = 3  # timed calls per (backend, length); the median counts
+    window: int = 32  # ort-window: the cached step's block (Fast-dLLM's 32)
 
     def validate(self) -> None:
         if not self.lengths or any(n < 2 for n in self.lengths) or list(self.lengths) != sorted(set(self.lengths)):
@@ -101,6 +104,22 @@ def time_steps(backend: Backend, ids: np.ndarray, repeats: int) -> tuple[float, 
     return tuple(runs)
 
 
+def time_window_steps(backend: CacheBackend, ids: np.ndarray, window: int, repeats: int) -> tuple[float, ...]:
+    """Milliseconds of `repeats` cached steps over the last `window` columns of ids, against one refresh's keys and
+    values (not timed), after one warm-up call."""
+    kv = backend.refresh(StepInput(ids, None)).kv
+    width = min(window, ids.shape[1])
+    start_column = np.full(ids.shape[0], ids.shape[1] - width, dtype=np.int64)
+    call = WindowInput(np.ascontiguousarray(ids[:, -width:]), np.ones(ids.shape, np.int64), start_column, kv)
+    backend.window_step(call)
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        backend.window_step(call)
+        runs.append(1e3 * (time.perf_counter() - start))
+    return tuple(runs)
+
+
 def run_scaling(
     settings: ScalingSettings, work_dir: Path, threads: int, progress: Callable[[str], None] = lambda _: None
 ) -> ScalingResult:
@@ -120,12 +139,10 @@ def run_scaling(
     ckpt = save_checkpoint(model, work_dir / "scaling-checkpoint")
     start = time.perf_counter()
     export = export_checkpoint(ckpt, work_dir / "scaling-export",
-                               ExportOptions(verify=False, seer=SeerStats(stats_layers=())))
+                               ExportOptions(verify=False, seer=SeerStats(stats_layers=()), kv_cache=True))
     export_seconds = time.perf_counter() - start
-    backends: dict[str, Backend] = {
-        "torch": TorchBackend(model),
-        "ort": OrtBackend(export.out, OrtSessionOptions(intra_op_threads=threads)),
-    }
+    ort = OrtBackend(export.out, OrtSessionOptions(intra_op_threads=threads))
+    backends: dict[str, Backend] = {"torch": TorchBackend(model), "ort": ort}
     providers = tuple(getattr(backends["ort"], "providers", ()))
     result = ScalingResult(settings, n_params, round(4 * n_params / 2**20, 1), round(export_seconds, 2), providers)
     rng = np.random.default_rng(0)
@@ -133,7 +150,10 @@ def run_scaling(
         ids = step_inputs(cfg, settings.batch, seq_len, rng)
         for name in SCALING_BACKENDS:
             progress(f"scaling: {name} step at length {seq_len}")
-            runs = time_steps(backends[name], ids, settings.repeats)
+            if name == "ort-window":
+                runs = time_window_steps(ort, ids, settings.window, settings.repeats)
+            else:
+                runs = time_steps(backends[name], ids, settings.repeats)
             result.points.append(ScalingPoint(name, seq_len, round(statistics.median(runs), 3),
                                               tuple(round(r, 3) for r in runs)))
     return result
