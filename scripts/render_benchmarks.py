@@ -1,5 +1,7 @@
 """Render BENCHMARKS.md from the committed benchmark results (no measuring here).
 
+    seer-deploy bench demo --gen-lengths 64,256 --batch-sizes 1,8 --prompts 8 --repeats 3 --threads 1 \
+        --scaling-lengths 256,512,1024,2048 --out benchmarks/results-fast        # the fast rows (issue 22)
     seer-deploy bench --tail-context 0 --out benchmarks/results                   # bench.json, bench.md, bench.png
     seer-deploy bench demo-vl --no-scaling --out benchmarks/results-vl            # the multimodal workload
     python benchmarks/bench_loopcore.py > benchmarks/results/loopcore.md
@@ -8,7 +10,8 @@
     python benchmarks/compare_runs.py BEFORE/bench.json AFTER/bench.json > benchmarks/results/redesign_check.md
     python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
 
-The first part is `seer_deploy.bench.report.render_markdown` of bench.json, then notes.md (the analysis written for
+The first part is the run with the fast rows (parallel decoding, the KV cache: benchmarks/results-fast, with its
+notes.md), then `seer_deploy.bench.report.render_markdown` of bench.json, then notes.md (the analysis written for
 that run: why a target is missed), then the multimodal bench rendered the same way; the scripts' tables follow, each
 under the command that produced it. A missing script output is named as missing, not skipped silently.
 """
@@ -24,6 +27,7 @@ from seer_deploy.core.atomic import write_atomic
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 RESULTS_VL = ROOT / "benchmarks" / "results-vl"
+RESULTS_FAST = ROOT / "benchmarks" / "results-fast"
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
      "python benchmarks/bench_loopcore.py"),
@@ -39,10 +43,16 @@ SCRIPTS = (
 
 
 def main() -> None:
+    parts: list[str] = []
+    fast = RESULTS_FAST / "bench.json"
+    if fast.is_file():
+        fast_notes = RESULTS_FAST / "notes.md"
+        parts += [render_markdown(json.loads(fast.read_text()), "benchmarks/results-fast/bench.png"),
+                  fast_notes.read_text().strip() if fast_notes.is_file() else "", ""]
     data = json.loads((RESULTS / "bench.json").read_text())
     notes = RESULTS / "notes.md"  # hand-written analysis of this run (why a target is missed), kept beside the JSON
-    parts = [render_markdown(data, "benchmarks/results/bench.png"),
-             notes.read_text().strip() if notes.is_file() else "", ""]
+    parts += [render_markdown(data, "benchmarks/results/bench.png"),
+              notes.read_text().strip() if notes.is_file() else "", ""]
     vl = RESULTS_VL / "bench.json"
     parts += [render_markdown(json.loads(vl.read_text()), "benchmarks/results-vl/bench.png") if vl.is_file()
               else "# seer-deploy bench: demo-vl\n\n(not measured: benchmarks/results-vl/bench.json is missing)", ""]

@@ -45,6 +45,7 @@ class ServiceOptions:
     seer: bool | None = None  # None: on when a calibrated Seer config is found
     seer_config: Path | SeerConfig | None = None  # instead of the target's own: a file from `calibrate`, or a config
     tail_context: TailContext | None = None  # overrides the Seer config's
+    first_canvas: int | None = None  # overrides the Seer config's (progressive step zero; 0: off)
     seed: int = 0
 
     def check(self) -> None:
@@ -56,6 +57,11 @@ class ServiceOptions:
             raise ConfigError(f"--seed must be >= 0, got {self.seed}")
         if self.tail_context is not None and self.seer is False:
             raise ConfigError("--tail-context applies to Seer runs; drop --no-seer or --tail-context")
+        if self.first_canvas is not None and self.seer is False:
+            raise ConfigError("--first-canvas applies to Seer runs; drop --no-seer or --first-canvas")
+        if self.first_canvas is not None and not 0 <= self.first_canvas <= self.generation.gen_length:
+            raise ConfigError(f"--first-canvas {self.first_canvas} must be from 0 (off) to --gen-length "
+                              f"({self.generation.gen_length})")
 
 
 @dataclass
@@ -102,11 +108,13 @@ def resolve_seer(target: str | os.PathLike[str], options: ServiceOptions, warn: 
              "(run `seer-deploy calibrate` for a safe margin)")
         seer = SeerConfig()
     if seer is None:
-        if options.tail_context is not None:
-            raise ConfigError("--tail-context applies to Seer runs, and this target has no calibrated Seer config; "
-                              "add --seer (built-in defaults) or --seer-config FILE")
+        if options.tail_context is not None or options.first_canvas is not None:
+            raise ConfigError("--tail-context and --first-canvas apply to Seer runs, and this target has no "
+                              "calibrated Seer config; add --seer (built-in defaults) or --seer-config FILE")
         return None
-    return seer if options.tail_context is None else seer.with_(tail_context=options.tail_context)
+    if options.tail_context is not None:
+        seer = seer.with_(tail_context=options.tail_context)
+    return seer if options.first_canvas is None else seer.with_(first_canvas=options.first_canvas)
 
 
 class Service:

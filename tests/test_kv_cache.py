@@ -204,3 +204,56 @@ def test_multimodal_cache_on_ort_equals_torch(tmp_path: Path) -> None:
         run = Service(target, ServiceOptions(generation=config, seer=False)).generate(requests)
         tokens.append([a.tokens for a in run.answers])
     assert tokens[0] == tokens[1]
+
+
+@pytest.mark.parametrize("config", [GenerationConfig(24, 24), GenerationConfig(24, 24, block_length=8, kv_cache=True,
+                                                                                decode="threshold", threshold=0.3)],
+                         ids=["fixed", "fast"])
+def test_progressive_step_zero_on_ort_equals_torch(exported: tuple[MaskPredictor, Path, Path],
+                                                   config: GenerationConfig) -> None:
+    """A short first canvas: ONNX Runtime and torch agree token for token; where the canvas finds no end, the run is
+    the one without it plus the canvas pass."""
+    model, _, out = exported
+    cfg = model.cfg
+    for seer in (SeerConfig(detector="eos", eos_floor=0.0, margin=0), SeerConfig(detector="eos", eos_floor=2.0)):
+        canvas = seer.with_(first_canvas=12)
+        runs = [run_generation(backend, PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id, eos_id=cfg.eos_id,
+                               seer=canvas) for backend in (TorchBackend(model), OrtBackend(out, CPU))]
+        assert np.array_equal(runs[0].tokens, runs[1].tokens)
+        if seer.eos_floor > 1:  # this detector never cuts: every row falls back to step zero at full length
+            full = run_generation(TorchBackend(model), PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id,
+                                  eos_id=cfg.eos_id, seer=seer)
+            assert np.array_equal(runs[0].tokens, full.tokens)
+            assert runs[0].steps_run == full.steps_run + 1
+
+
+@pytest.mark.slow
+def test_progressive_step_zero_plans_from_the_canvas_on_the_demo() -> None:
+    """The demo's answers end well inside 32 slots: no row runs step zero at full length, and the run costs fewer
+    tokens than with step zero at 256."""
+    ckpt = load_checkpoint("demo")
+    cfg = ckpt.config
+    seer = SeerConfig.load(ckpt.path / "seer.json")
+    from seer_deploy.models.demo_tasks import heldout_examples
+    from seer_deploy.models.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_checkpoint(ckpt.path, cfg.eos_id)
+    prompts = [tok.encode_prompt(e.prompt) for e in heldout_examples(6)]
+    config = GenerationConfig(256, 256, block_length=32, kv_cache=True, decode="threshold")
+    backend = TorchBackend(ckpt.model, seer.stats_spec(cfg.n_layers))
+    runs = [run_generation(backend, prompts, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id, eos_id=cfg.eos_id,
+                           seer=seer.with_(first_canvas=canvas)) for canvas in (0, 32)]
+    assert runs[1].seer is not None and all(r.kept < 32 for r in runs[1].seer)
+    assert runs[1].batch_sizes[0] == len(prompts) and runs[1].steps_run == runs[0].steps_run
+    assert runs[1].tokens_processed < runs[0].tokens_processed / 2
+
+
+def test_first_canvas_option(exported: tuple[MaskPredictor, Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    _, ckpt, _ = exported
+    with pytest.raises(ConfigError, match="--first-canvas"):
+        Service(ckpt, ServiceOptions(generation=GenerationConfig(8, 8), seer=False, first_canvas=4))
+    with pytest.raises(ConfigError, match="--first-canvas 9"):
+        Service(ckpt, ServiceOptions(generation=GenerationConfig(8, 8), seer=True, first_canvas=9))
+    code, out_text, _ = run(["generate", str(ckpt), "-p", "reverse 12", "--gen-length", "16", "--seer",
+                             "--first-canvas", "8", "--json"], capsys)
+    assert code == 0 and json.loads(out_text.splitlines()[0])["seer"]["gen_length"] == 16

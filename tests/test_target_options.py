@@ -178,3 +178,25 @@ def test_a_text_only_request_runs_on_a_multimodal_target(kind: str, targets: dic
     alone = service.generate([Request("colors")])
     mixed = service.generate([Request("colors"), *requests_for(kind, targets)[:1]])
     assert alone.answers[0].tokens == mixed.answers[0].tokens and len(alone.answers[0].tokens) == CONFIG.gen_length
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_parallel_decoding_runs_on_every_kind(kind: str, targets: dict[str, Path]) -> None:
+    """--decode threshold with a threshold every candidate clears: one pass commits the whole block, on any target."""
+    easy = GenerationConfig(gen_length=8, steps=8, decode="threshold", threshold=1e-30)
+    _, tokens, steps, _ = run(kind, targets, generation=easy, seer=False)
+    _, fixed_tokens, fixed_steps, _ = run(kind, targets, seer=False)
+    assert steps == 1 and fixed_steps == CONFIG.steps
+    assert len(tokens) == len(fixed_tokens) == 3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kv_cache_runs_on_torch_and_is_refused_by_exports_without_its_graphs(kind: str,
+                                                                             targets: dict[str, Path]) -> None:
+    cached = GenerationConfig(gen_length=8, steps=8, block_length=4, kv_cache=True)
+    if kind in ORT_KINDS:  # these exports were made without --kv-cache
+        with pytest.raises(ConfigError, match="export --kv-cache"):
+            Service(targets[kind], ServiceOptions(generation=cached, seer=False))
+        return
+    _, tokens, steps, _ = run(kind, targets, generation=cached, seer=True)
+    assert steps >= 2 and all(len(t) == CONFIG.gen_length for t in tokens)

@@ -55,6 +55,7 @@ class BenchSettings:
     tail_context: TailContext | None = None  # also measure ort-seer-tail: Seer with this tail_context
     fast_block_length: int = 32  # the fast rows' denoising block (Fast-dLLM's), or gen_length when it does not divide
     threshold: float = 0.9  # the fast rows' parallel decoding threshold (Fast-dLLM's default)
+    first_canvas: int = 32  # ort-seer-progressive: step zero's first canvas (response slots)
 
     def fast_config(self, gen_length: int) -> GenerationConfig:
         """The fast rows' settings at `gen_length`: the threshold rule over blocks of fast_block_length, with the
@@ -78,6 +79,8 @@ class BenchSettings:
             self.scaling.validate()
         if self.tail_context is not None:
             parse_tail_context(self.tail_context)
+        if self.first_canvas < 1:
+            raise ConfigError(f"--first-canvas must be >= 1, got {self.first_canvas}")
         if self.fast_block_length < 1:
             raise ConfigError(f"--fast-block-length must be >= 1, got {self.fast_block_length}")
         self.fast_config(self.fast_block_length).validate()  # --threshold in (0, 1]
@@ -110,8 +113,8 @@ class Prepared:
         return self.workload.examples
 
     def rows(self) -> list[str]:
-        names = ["reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast", "ort-oracle",
-                 "torch-seer"]
+        names = ["reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast",
+                 "ort-seer-progressive", "ort-oracle", "torch-seer"]
         if self.settings.tail_context is not None:
             names.insert(names.index("ort-oracle"), "ort-seer-tail")
         return names + (["trt-full", "trt-seer"] if "trt" in self.services else [])
@@ -218,6 +221,8 @@ def _runner(p: Prepared, row: str, config: GenerationConfig, timings: dict[str, 
         return service_row(service, fast, None)
     if row == "ort-seer-fast":
         return service_row(service, fast, p.seer)
+    if row == "ort-seer-progressive":
+        return service_row(service, fast, p.seer.with_(first_canvas=min(p.settings.first_canvas, config.gen_length)))
     if row == "ort-seer-tail":
         assert p.settings.tail_context is not None  # the row exists only with --tail-context
         return service_row(service, config, p.seer.with_(tail_context=p.settings.tail_context))
@@ -266,7 +271,8 @@ def run_bench(p: Prepared, command: str, progress: Progress = lambda _: None) ->
                   "steps": "gen_length", "block_length": "gen_length (one block)", "temperature": 0.0,
                   "remasking": "low_confidence",
                   "fast_rows": {"rows": list(FAST_ROWS), "decode": "threshold", "threshold": s.threshold,
-                                "block_length": s.fast_block_length, "kv_cache": "dual (ort-fastdllm, ort-seer-fast)"}},
+                                "block_length": s.fast_block_length, "first_canvas": s.first_canvas,
+                                "kv_cache": "dual (all but ort-parallel)"}},
         model={"target": s.target, "parameters": model.num_parameters(), "d_model": cfg.d_model,
                "n_layers": cfg.n_layers, "mlp_hidden": cfg.mlp_hidden, "vocab_size": cfg.vocab_size,
                "max_seq_len": cfg.max_seq_len, "export_seconds": round(p.export_seconds, 2),

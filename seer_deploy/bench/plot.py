@@ -21,7 +21,7 @@ _STYLE = {
     "ort-seer": {"color": "tab:red", "marker": "^"},
     "ort-parallel": {"color": "tab:cyan", "marker": "s", "linestyle": ":"},
     "ort-fastdllm": {"color": "tab:olive", "marker": "P"},
-    "ort-seer-fast": {"color": "crimson", "marker": "*", "markersize": 10},
+    "ort-seer-fast": {"color": "crimson", "marker": "*"},
     "ort-seer-tail": {"color": "tab:brown", "marker": "^", "linestyle": ":"},
     "ort-oracle": {"color": "tab:green", "marker": "v", "linestyle": "--"},
     "torch-seer": {"color": "tab:orange", "marker": "D"},

@@ -186,9 +186,10 @@ def _fast_rows(settings: dict[str, Any]) -> str:
     fast = settings.get("fast_rows")
     if not fast:
         return ""
+    canvas = f"; ort-seer-progressive's first canvas: {fast['first_canvas']} slots" if "first_canvas" in fast else ""
     return (f" The fast rows ({', '.join(fast['rows'])}) decode by the threshold rule at {fast['threshold']:g} over "
             f"blocks of {fast['block_length']} (one block where that does not divide gen_length), with the dual KV "
-            f"cache except ort-parallel.")
+            f"cache except ort-parallel{canvas}.")
 
 
 def render_markdown(data: dict[str, Any], plot_file: str | None = "bench.png") -> str:

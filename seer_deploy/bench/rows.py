@@ -11,6 +11,7 @@ loop itself, and the oracle a study the service does not offer:
   ort-fastdllm   Fast-dLLM's recipe on ONNX Runtime: the threshold rule and the block-wise dual KV cache
   ort-seer    the runtime loop on ONNX Runtime with Seer (step zero at full length, then each row cut)
   ort-seer-fast  Seer's cut, then the threshold rule and the dual KV cache on what is kept
+  ort-seer-progressive  ort-seer-fast with progressive step zero (a short first canvas; full length where it misses)
   ort-oracle  ONNX Runtime told each answer's true length before it starts: every step, the first included, runs on
               prompt + that length (no detector can beat it)
   ort-seer-tail  ONNX Runtime with Seer and the tail context of `bench --tail-context` in place of the config's:
@@ -38,7 +39,7 @@ ROW_NAMES: tuple[str, ...] = (
     "reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast", "ort-seer-tail", "ort-oracle",
     "torch-seer", "trt-full", "trt-seer",
 )
-FAST_ROWS = ("ort-parallel", "ort-fastdllm", "ort-seer-fast")  # the rows that run `BenchSettings.fast_config`
+FAST_ROWS = ("ort-parallel", "ort-fastdllm", "ort-seer-fast", "ort-seer-progressive")  # the rows that run `BenchSettings.fast_config`
 ROW_DESCRIPTIONS: dict[str, str] = {
     "reference": "the LLaDA-style loop (`reference.generate`) in torch eager at full gen_length: what users run today",
     "ort-full": "the runtime loop (`run_generation`) on ONNX Runtime at full gen_length, no Seer",
@@ -48,6 +49,9 @@ ROW_DESCRIPTIONS: dict[str, str] = {
     "block's first step a full pass that refreshes the keys and values, its other steps run only the block)",
     "ort-seer-fast": "Seer's cut after step zero, then the threshold rule and the dual KV cache on the kept length "
     "(and the config's tail context, whose keys and values cost only the refresh passes)",
+    "ort-seer-progressive": "ort-seer-fast with progressive step zero: step zero first on a canvas of the bench's "
+    "--first-canvas slots, planned from it where the answer's end lies inside, at full gen_length only for the rows "
+    "where it does not (the answers are then those of a shorter canvas: compare its exact and = full columns)",
     "ort-seer": "ONNX Runtime with Seer as configured: step zero at full length, then each answer cut to its "
     "detected end + margin (the config's tail context, if any, kept in view as committed EOS) and the rows scheduled "
     "by the batch scheduler",

@@ -50,7 +50,8 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
         parts.append("--no-tensorrt")
     if settings.tail_context is not None:
         parts += ["--tail-context", str(settings.tail_context)]
-    parts += ["--fast-block-length", str(settings.fast_block_length), "--threshold", f"{settings.threshold:g}"]
+    parts += ["--fast-block-length", str(settings.fast_block_length), "--threshold", f"{settings.threshold:g}",
+              "--first-canvas", str(settings.first_canvas)]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -82,9 +83,11 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
                    "(one block of gen_length where it does not divide it).")
 @click.option("--threshold", type=float, default=0.9, show_default=True,
               help="The fast rows' parallel decoding threshold (Fast-dLLM's default 0.9).")
+@click.option("--first-canvas", type=int, default=32, show_default=True,
+              help="ort-seer-progressive: step zero's first canvas in response slots (progressive step zero).")
 def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int, repeats: int, threads: int, out: Path,
             scaling: bool, scaling_lengths: str, scaling_shape: str, tensorrt: bool, tail_context: str | None,
-            fast_block_length: int, threshold: float) -> None:
+            fast_block_length: int, threshold: float, first_canvas: int) -> None:
     """Benchmark TARGET (a checkpoint directory, 'demo' (the default) or 'demo-vl'): reference, ONNX Runtime full /
     Seer / oracle, the peers' recipes (Fast-dLLM's parallel decoding and dual KV cache) with and without Seer, torch
     with Seer, and step time against length on a large random model.
@@ -115,7 +118,7 @@ def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int
                              batch_sizes=parse_ints(batch_sizes, "--batch-sizes"), prompts=prompts, repeats=repeats,
                              threads=threads, scaling=scaling_settings, tensorrt=tensorrt,
                              tail_context=None if tail_context is None else parse_tail_context(tail_context),
-                             fast_block_length=fast_block_length, threshold=threshold)
+                             fast_block_length=fast_block_length, threshold=threshold, first_canvas=first_canvas)
     settings.validate()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a directory for bench.json, bench.md and bench.png")

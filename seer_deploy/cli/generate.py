@@ -97,6 +97,10 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
               help="Seer: cut slots the later steps still run, as committed EOS. 0 is the paper's cut (fastest); "
                    "'all' keeps the whole cut tail in view (every step at full length, the steps still the cut's; "
                    "on the demo the answers then equal full length's) [default: the Seer config's].")
+@click.option("--first-canvas", type=int, default=None, metavar="N",
+              help="Seer: progressive step zero. Run step zero on N response slots first; rows whose end lies inside "
+                   "are planned from it, the others run step zero at full --gen-length (0: off) [default: the Seer "
+                   "config's].")
 @click.option("--provider", "providers", multiple=True,
               help="ONNX Runtime provider, in order of preference (repeat) [default: the engine's, else CUDA if "
                    "available, else CPU]. Export and ONNX Runtime engine targets only.")
@@ -109,7 +113,7 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
 def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen_length: int, steps: int | None,
             block_length: int | None, temperature: float, remasking: str, cfg_scale: float, seed: int,
             decode: str, threshold: float, factor: float, kv_cache: bool, backend_name: BackendChoice | None, batch_size: int, use_seer: bool | None, seer_config: Path | None,
-            tail_context: str | None, providers: tuple[str, ...], threads: int | None, images: tuple[str, ...],
+            tail_context: str | None, first_canvas: int | None, providers: tuple[str, ...], threads: int | None, images: tuple[str, ...],
             as_json: bool) -> None:
     """Generate answers for prompts with TARGET: a checkpoint directory, 'demo' or 'demo-vl' (torch), an export
     directory (ONNX Runtime) or an engine directory (ONNX Runtime or TensorRT); with --image, about pictures."""
@@ -119,6 +123,7 @@ def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen
                                      decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache),
         backend=backend_name, batch_size=batch_size, providers=providers or None, threads=threads, seer=use_seer,
         seer_config=seer_config, tail_context=None if tail_context is None else parse_tail_context(tail_context),
+        first_canvas=first_canvas,
         seed=seed,
     )
     service = Service(target, options, warn=lambda message: click.echo(message, err=True))

@@ -32,6 +32,7 @@ from seer_deploy.core.backend import (
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, left_pad
 from seer_deploy.runtime.loopcore import LoopCore
+from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import BlockPlan, TruncationPlan
 
 
@@ -46,6 +47,7 @@ class LoopContext:
     pad_id: int  # what left (and, in a group, right) padding holds
     eos_id: int  # what a cut tail holds
     rng: np.random.Generator  # random remasking scores and per-step sampling seeds
+    seer: SeerConfig | None = None  # how step zero's boundary is read (None: the loop does not truncate by Seer)
 
     @property
     def passes_per_step(self) -> int:

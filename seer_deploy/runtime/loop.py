@@ -37,7 +37,7 @@ from seer_deploy.runtime.executor import LoopContext, Rows, Tally, run_group
 from seer_deploy.runtime.loopcore import LoopCore, active_core
 from seer_deploy.runtime.scheduler import HybridPlan, StepCost, plan_hybrid, step_cost_of
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.seer.plan import SeerReport, TruncationPlan, full_length_plan, plan_batch
+from seer_deploy.seer.plan import SeerReport, TruncationPlan, full_length_plan, make_plan, plan_batch
 
 
 @dataclass
@@ -100,7 +100,7 @@ def run_generation(
     if pad_id == mask_id:
         raise ConfigError(f"pad_id equals mask_id ({mask_id}): padding would be denoised; pad with EOS instead")
     eos = pad_id if eos_id is None else eos_id
-    ctx = LoopContext(backend, core or active_core(), config, mask_id, pad_id, eos, np.random.default_rng(seed))
+    ctx = LoopContext(backend, core or active_core(), config, mask_id, pad_id, eos, np.random.default_rng(seed), seer)
     tally = Tally()
     B, G = len(prompts), config.gen_length
     ids, real = left_pad(prompts, pad_id)
@@ -113,18 +113,35 @@ def run_generation(
     schedule = ctx.core.transfer_schedule(left, first.steps)
     truncating = seer is not None or kept_lengths is not None
     started = time.perf_counter()
-    out0, kv = step_zero(ctx, x, mask, P, P + first.end, schedule[:, 0], tally, real, truncating)
+    canvas = seer.first_canvas if seer is not None and kept_lengths is None else 0
+    plans: list[TruncationPlan | None] = [None] * B
+    if 0 < canvas < G:  # progressive step zero: a short canvas first
+        plans = first_canvas_plans(ctx, x, real, P, first.end, schedule[:, 0], canvas, tally)
+    todo = [b for b in range(B) if plans[b] is None]  # rows that run step zero at full length
+    out0, kv = None, None
+    if todo:
+        x_zero = x[todo]  # a copy: step zero commits into it
+        mask_zero = None if mask is None or bool(mask[todo].all()) else np.ascontiguousarray(mask[todo])
+        out0, kv = step_zero(ctx, x_zero, mask_zero, P, P + first.end, schedule[todo, 0], tally, real[todo],
+                             truncating)
+        x[todo] = x_zero
     step_zero_seconds = time.perf_counter() - started
     responses = x[:, P:].copy()
     # The prompts as step zero left them: masks inside a prompt are candidates too, and its commits stand.
     prompts = [x[b, P - len(p) : P].tolist() for b, p in enumerate(prompts)]
     if out0 is not None and truncating:
-        plans = plan_batch(out0, list(backend.sparsity_rows), P, responses, seer=seer, eos_id=eos, mask_id=mask_id,
-                           gen_length=G, steps=config.steps, block_length=config.block_length,
-                           kept_lengths=kept_lengths)
-    else:
+        kept = None if kept_lengths is None else [kept_lengths[b] for b in todo]
+        full = plan_batch(out0, list(backend.sparsity_rows), P, x_zero[:, P:], seer=seer, eos_id=eos,
+                          mask_id=mask_id, gen_length=G, steps=config.steps, block_length=config.block_length,
+                          kept_lengths=kept)
+        for b, plan in zip(todo, full, strict=True):
+            plans[b] = plan
+    elif not truncating:
         plans = [full_length_plan(G, config.steps, config.block_length)] * B
-    rows = Rows(prompts, responses, plans, None if truncating else schedule[:, 1:], kv)
+    if not all(plan is not None for plan in plans):
+        raise AssertionError("every row has a plan after step zero")
+    decided = [plan for plan in plans if plan is not None]
+    rows = Rows(prompts, responses, decided, None if truncating else schedule[:, 1:], kv)
     tokens, hybrid, passes = run_rows(ctx, rows, tally, cost)
     row_steps = [1 + int(n) for n in passes]
     reports = None
@@ -132,9 +149,49 @@ def run_generation(
         forced = kept_lengths is not None
         reports = [SeerReport.from_plan(plan, len(prompts[b]), ctx.passes_per_step, forced=forced,
                                         steps=row_steps[b] if config.parallel or config.kv_cache else None)
-                   for b, plan in enumerate(plans)]
+                   for b, plan in enumerate(decided)]
     return LoopResult(tokens, tally.steps_run, tally.tokens_processed, reports, hybrid, tally.positions_computed,
                       tally.batch_sizes, row_steps, step_zero_seconds)
+
+
+def first_canvas_plans(
+    ctx: LoopContext,
+    x: np.ndarray,
+    real: np.ndarray,
+    prompt_width: int,
+    first_end: int,
+    k: np.ndarray,
+    canvas: int,
+    tally: Tally,
+) -> list[TruncationPlan | None]:
+    """Progressive step zero: step zero on prompt + `canvas` masks for every row. A row whose kept length (boundary +
+    margin) falls inside the canvas keeps that step zero's commits, written into x, and gets its plan at full
+    gen_length; the others get None (and run step zero at full length).
+
+    On the canvas the model answers as with gen_length = canvas, so the answers are those of a shorter run: keep it
+    where the bench shows equal accuracy.
+    """
+    seer = ctx.seer
+    assert seer is not None
+    config, P = ctx.config, prompt_width
+    width = P + canvas
+    xc = np.ascontiguousarray(x[:, :width])
+    mask = np.ascontiguousarray(real[:, :width])
+    out0, _ = step_zero(ctx, xc, None if bool(mask.all()) else mask, P, P + min(first_end, canvas), k, tally, mask,
+                        truncating=True)
+    assert out0 is not None
+    on_canvas = plan_batch(out0, list(ctx.backend.sparsity_rows), P, xc[:, P:], seer=seer, eos_id=ctx.eos_id,
+                           mask_id=ctx.mask_id, gen_length=canvas, steps=canvas, block_length=None)
+    plans: list[TruncationPlan | None] = []
+    for b, plan in enumerate(on_canvas):
+        if plan.kept >= canvas:  # no end inside the canvas: step zero again at full length
+            plans.append(None)
+            continue
+        x[b, :width] = xc[b]
+        plans.append(make_plan(config.gen_length, config.steps, config.block_length, plan.kept,
+                               still_masked=x[b, P:] == ctx.mask_id, boundary=plan.boundary,
+                               context=seer.context_slots(plan.kept, config.gen_length)))
+    return plans
 
 
 def run_rows(ctx: LoopContext, rows: Rows, tally: Tally, cost: StepCost | None = None

@@ -72,6 +72,8 @@ class SeerConfig:
     (the paper's cut: later steps run on prompt + kept length only), a count, or 'all' (the whole tail: the steps
     are still the cut's, but every step runs at full length; on the demo the answers then equal full length's).
     `calibrate --target-identical` chooses it, after the margin (calibration.identity_fit.fit_identity_margin).
+    first_canvas: progressive step zero (`runtime.loop`): step zero first runs on prompt + this many masks; a row whose
+    kept length falls inside that canvas is planned from it, the others run step zero again at full gen_length.
     """
 
     detector: Detector = "eos"
@@ -90,6 +92,9 @@ class SeerConfig:
     trends: tuple[Trend, ...] = ()
     buckets: tuple[int, ...] = ()  # allowed kept lengths (response slots), ascending; () = any length
     tail_context: TailContext = 0  # cut slots kept in the later steps' input as committed EOS; 'all' = every one
+    # Progressive step zero: run step zero on a canvas of this many response slots first, and at full gen_length
+    # only for the rows whose end it does not find inside (0: step zero at full gen_length, the paper's).
+    first_canvas: int = 0
     calibration: dict[str, Any] = field(default_factory=dict, compare=False)  # provenance and measured rates
 
     def __post_init__(self) -> None:
@@ -99,7 +104,7 @@ class SeerConfig:
         """Raise ConfigError naming the bad setting and a fix."""
         if self.detector not in DETECTORS:
             raise ConfigError(f"seer detector '{self.detector}' is unknown; use one of {', '.join(DETECTORS)}")
-        for name, lo in (("margin", 0), ("eos_tolerance", 0), ("min_tail", 1)):
+        for name, lo in (("margin", 0), ("eos_tolerance", 0), ("min_tail", 1), ("first_canvas", 0)):
             value = getattr(self, name)
             if not int_in(value, lo, MAX_SLOTS):
                 raise ConfigError(f"seer {name} is {value!r}; it must be a whole number of response slots from {lo} "
