@@ -20,8 +20,9 @@ from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.service import Request, Service, ServiceOptions
 
-ROWS = ("reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast", "ort-oracle", "torch-seer")
-SEER_ROWS = ("ort-seer", "ort-seer-tail", "ort-seer-fast", "ort-oracle", "torch-seer")  # rows that report kept lengths
+ROWS = ("reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast", "ort-seer-progressive",
+        "ort-oracle", "torch-seer")
+SEER_ROWS = ("ort-seer", "ort-seer-tail", "ort-seer-fast", "ort-seer-progressive", "ort-oracle", "torch-seer")  # rows that report kept lengths
 WITH_TAIL = (*ROWS, "ort-seer-tail")  # rows of a run with --tail-context
 
 
@@ -44,7 +45,7 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     out = root / "out"
     rc = _bench([str(ckpt), "--gen-lengths", "8,16", "--batch-sizes", "1,2", "--prompts", "2", "--repeats", "2",
                  "--out", str(out), "--scaling-lengths", "8,16", "--scaling-shape", "32,1,64,64", "--no-tensorrt",
-                 "--tail-context", "all", "--fast-block-length", "4", "--threshold", "0.5"])
+                 "--tail-context", "all", "--fast-block-length", "4", "--threshold", "0.5", "--first-canvas", "4"])
     assert rc == 0
     return ckpt, out
 
@@ -60,7 +61,7 @@ def test_writes_json_markdown_and_png(bench_run: tuple[Path, Path]) -> None:
     assert data["settings"]["gen_lengths"] == [8, 16] and data["settings"]["batch_sizes"] == [1, 2]
     assert "--gen-lengths 8,16" in data["command"] and "--no-tensorrt" in data["command"]
     assert "--tail-context all" in data["command"] and data["settings"]["tail_context"] == "all"
-    assert "--fast-block-length 4 --threshold 0.5" in data["command"]
+    assert "--fast-block-length 4 --threshold 0.5 --first-canvas 4" in data["command"]
     assert data["settings"]["fast_rows"]["block_length"] == 4 and data["settings"]["fast_rows"]["threshold"] == 0.5
     assert {s["row"] for s in data["skipped"]} == {"trt-full", "trt-seer"}
     assert data["seer"]["source"] == "defaults" and data["notes"]  # the tiny checkpoint has no calibration
