@@ -4,6 +4,7 @@ cached loop on ONNX Runtime against the cached loop on torch, token for token.""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -155,9 +156,15 @@ def test_the_cache_is_used(exported: tuple[MaskPredictor, Path, Path]) -> None:
 
 def test_cache_requests_are_refused_with_the_fix(tmp_path: Path, exported: tuple[MaskPredictor, Path, Path],
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    model, ckpt, out = exported
+    model, _, out = exported
     cfg = model.cfg
-    plain = export_checkpoint(ckpt, tmp_path / "plain", ExportOptions(verify=False)).out
+    # The same export as one made without --kv-cache: no cache graphs, none in its manifest.
+    plain = tmp_path / "plain"
+    shutil.copytree(out, plain)
+    manifest = json.loads((plain / "manifest.json").read_text())
+    for name in ("refresh", "window_step"):
+        (plain / manifest["graphs"].pop(name)["file"]).unlink()
+    (plain / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match="--kv-cache"):
         run_generation(OrtBackend(plain, CPU), PROMPTS, GenerationConfig(8, 8, kv_cache=True), mask_id=cfg.mask_id,
                        pad_id=cfg.pad_id)
@@ -192,7 +199,7 @@ def test_generate_json_records_the_decoding(exported: tuple[MaskPredictor, Path,
 def test_multimodal_cache_on_ort_equals_torch(tmp_path: Path) -> None:
     """The image tokens sit in the cached prefix: the cached loop over pictures, ORT against torch."""
     ckpt, _, _ = write_tiny_vl(tmp_path / "vl", seed=3)
-    out = export_multimodal(ckpt, tmp_path / "export", CACHE).out
+    out = export_multimodal(ckpt, tmp_path / "export", ExportOptions(kv_cache=True, verify=False)).out
     assert ExportManifest.load(out).has_cache
     for i, picture in enumerate(pictures(2)):
         picture.save(tmp_path / f"pic{i}.png")
