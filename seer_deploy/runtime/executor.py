@@ -10,6 +10,11 @@ A row entering a block splits the block's masks evenly over its steps (LLaDA), e
 the schedule fixed before step zero (full length: `first_schedule`). A call carries only the rows that can commit
 something at that step, trimmed to the columns they need, so rows that finish leave the batch; a step no row can
 commit in is not run (the reference runs it and changes nothing).
+
+With parallel decoding (`GenerationConfig.decode`) a row has no schedule: each pass commits what the rule accepts and
+the row moves to its next block when its block has no masks left (`_Cursor`). With the KV cache a row's pass is a
+refresh (the group's columns, keys and values kept per row) when it enters a block, else a window step over its
+block only (`_Group.refresh`, `_Group.window_step`).
 """
 
 from __future__ import annotations
