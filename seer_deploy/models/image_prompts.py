@@ -117,12 +117,12 @@ class ImageConditionedModel(MaskPredictor):
     image_table: Tensor
 
     def __init__(self, lm: MaskPredictor, table: Tensor) -> None:
-        nn.Module.__init__(self)  # share the LM's modules rather than building new ones
-        self.cfg = lm.cfg
-        self.embed = lm.embed
-        self.layers = lm.layers
-        self.final_norm = lm.final_norm
-        self.lm_head = lm.lm_head
+        nn.Module.__init__(self)  # share the LM's modules and settings rather than building new ones
+        for name, value in vars(lm).items():
+            if not name.startswith("_") and name != "training":
+                setattr(self, name, value)  # cfg and whatever options a model family adds
+        for name, child in lm.named_children():
+            self.add_module(name, child)
         self.register_buffer("image_table", table.to(lm.embed.weight), persistent=False)
 
     def embed_inputs(self, input_ids: Tensor | None) -> Tensor:

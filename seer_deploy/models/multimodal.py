@@ -1,11 +1,14 @@
-"""LLaDA-V-style multimodal checkpoints: layout, loading and writing (prompts with pictures: models.image_prompts).
+"""LLaVA-style multimodal checkpoints (LLaDA-V, LaViDa): layout, loading and writing (prompts with pictures:
+models.image_prompts).
 
-Layout: a Llama-style language model (`model.layers.N...`, `model.embed_tokens`, `model.norm`, `lm_head`, loaded by
-`load_checkpoint`) plus LLaVA's names for the vision side: `model.vision_tower.vision_tower.vision_model.*` (SigLIP),
+Layout: a language model loaded by `load_checkpoint` (LLaDA-V: Llama-style `model.layers.N...`, `model.embed_tokens`,
+`model.norm`, `lm_head`; LaViDa-LLaDA: LLaDA's `model.transformer.blocks.N...`; models.lavida) plus LLaVA's names for
+the vision side: `model.vision_tower.vision_tower.vision_model.*` (SigLIP),
 `model.mm_projector.{0,2,...}.*` and `model.image_newline`, with LLaVA's config keys (`mm_vision_tower`,
 `mm_projector_type`, `mm_vision_select_layer`, `mm_vision_select_feature`, `mm_hidden_size`, `mm_patch_merge_type`,
 `image_aspect_ratio`, `image_token_index`). The SigLIP config is read from `vision_config` in config.json, from a local
-directory named by `mm_vision_tower`, or, for the published so400m towers, from their known shape (never downloaded).
+directory named by `mm_vision_tower`, or, for the published so400m towers, from their known shape (never downloaded;
+LaViDa builds every SigLIP tower with the so400m shape, whatever path its config names).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from seer_deploy.core.errors import CheckpointError, ConfigError
 from seer_deploy.core.files import confined, read_json
 from seer_deploy.models.checkpoint import (
     SINGLE_FILE,
+    Layout,
     LoadedCheckpoint,
     finite_weight,
     load_checkpoint,
@@ -37,6 +41,7 @@ from seer_deploy.models.checkpoint import (
 )
 from seer_deploy.models.config import ModelConfig, config_from_dict
 from seer_deploy.models.image import SIGLIP_MEAN, SIGLIP_STD, ImageConfig
+from seer_deploy.models.lavida import LLADA, VARIANT_NAMES, lavida_config_keys, lavida_variant, lavida_vision_fields
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.vision import VisionConfig, VisionEncoder
 
@@ -65,6 +70,7 @@ KNOWN_TOWERS: dict[str, dict[str, Any]] = {
     }
     for name in ("google/siglip-so400m-patch14-384", "google/siglip2-so400m-patch14-384")
 }
+KNOWN_TOWERS_LAVIDA = "google/siglip-so400m-patch14-384"
 _SIGLIP_TYPES = ("siglip_vision_model", "siglip", "siglip2_vision_model")
 
 
@@ -85,6 +91,9 @@ def is_multimodal_checkpoint(name_or_path: str | os.PathLike[str]) -> bool:
 
 def _tower_fields(raw: dict[str, Any], path: Path | None) -> dict[str, Any]:
     name = raw.get("mm_vision_tower") or raw.get("vision_tower")
+    if lavida_variant(raw) is not None and isinstance(name, str) and "siglip" in name and not (
+            isinstance(raw.get("vision_config"), dict) or _local_tower(name, path) is not None):
+        name = KNOWN_TOWERS_LAVIDA  # LaViDa's SigLipVisionTower is always so400m (its config's defaults)
     vc = raw.get("vision_config")
     if isinstance(vc, dict):
         fields = dict(vc)
@@ -148,6 +157,8 @@ def vision_config_from_dict(raw: dict[str, Any], path: Path | None = None) -> Vi
             "config.json describes no vision tower (no mm_vision_tower or vision_config): not a multimodal "
             "(LLaDA-V-style) checkpoint; use it without --image"
         )
+    variant = lavida_variant(raw)
+    lavida = lavida_vision_fields(raw, variant) if variant is not None else {}  # anyres refused here, before loading
     siglip = _tower_fields(raw, path)
     lm = config_from_dict(raw)
     return VisionConfig(
@@ -155,11 +166,13 @@ def vision_config_from_dict(raw: dict[str, Any], path: Path | None = None) -> Vi
         lm_hidden_size=lm.d_model,
         mm_hidden_size=raw.get("mm_hidden_size") or siglip.get("hidden_size", 0),
         image=_image_config(raw, siglip, path),
-        select_layer=raw.get("mm_vision_select_layer", -2),
+        select_layer=lavida.get("select_layer", raw.get("mm_vision_select_layer", -2)),
         select_feature=str(raw.get("mm_vision_select_feature") or "patch"),
         projector_type=str(raw.get("mm_projector_type") or "linear"),
         patch_merge_type=str(raw.get("mm_patch_merge_type") or "flat"),
         image_token_index=raw.get("image_token_index", LLAVA_IMAGE_TOKEN_INDEX),
+        pool_stride=lavida.get("pool_stride", 1),
+        pool_mode=lavida.get("pool_mode", "bilinear"),
     )
 
 
@@ -271,11 +284,19 @@ def _short(names: list[str], limit: int = 6) -> str:
     return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
-def multimodal_config_dict(lm_cfg: ModelConfig, vcfg: VisionConfig, tower_name: str = "local-siglip") -> dict[str, Any]:
-    """config.json of a LLaDA-V-layout checkpoint: Llama-style LM fields plus LLaVA's mm_* keys and vision_config."""
-    d = lm_cfg.to_llama_dict()
-    d["model_type"] = "llava_llada"
-    d["architectures"] = ["LlavaLLaDAModelLM"]
+def multimodal_config_dict(lm_cfg: ModelConfig, vcfg: VisionConfig, tower_name: str = "local-siglip",
+                           lavida: str | None = None) -> dict[str, Any]:
+    """config.json of a LLaDA-V-layout checkpoint (Llama-style LM fields), or with `lavida` 'llada' a LaViDa-LLaDA one
+    (LLaDA's fields and LaViDa's keys), plus LLaVA's mm_* keys and vision_config."""
+    if lavida is None:
+        d = lm_cfg.to_llama_dict()
+        d["model_type"] = "llava_llada"
+        d["architectures"] = ["LlavaLLaDAModelLM"]
+    elif lavida == LLADA:
+        d = lm_cfg.to_llada_dict()
+        d.update(lavida_config_keys(lavida, vcfg.pool_stride, vcfg.pool_mode))
+    else:
+        raise ConfigError(f"writing a {VARIANT_NAMES.get(lavida, lavida)} checkpoint is not supported")
     d.update(
         {
             "mm_vision_tower": tower_name,
@@ -302,8 +323,10 @@ def save_multimodal_checkpoint(
     extra_files: dict[str, str] | None = None,
     dtype: torch.dtype | None = None,
     unused_layers: bool = False,
+    lavida: str | None = None,
 ) -> Path:
-    """Write a LLaDA-V-layout checkpoint (one model.safetensors, config.json, preprocessor_config.json).
+    """Write a LLaDA-V-layout checkpoint (one model.safetensors, config.json, preprocessor_config.json); with
+    `lavida` 'llada' a LaViDa-LLaDA one (LLaDA's weight names and config fields, LaViDa's model_type and keys).
 
     The tower is stored as LLaVA-OneVision stores it: the layers that run and the (unused) post-layernorm.
     unused_layers=True adds layers past the selected one (copies of the last layer that runs, never read), as a
@@ -317,14 +340,15 @@ def save_multimodal_checkpoint(
     tmp = temp_dir_beside(dest, "write")
     try:
         lm_params = dict(lm.named_parameters())
-        tensors: dict[str, Tensor] = {ext: lm_params[internal] for internal, ext in weight_name_map(lm.cfg, "llama").items()}
+        config = multimodal_config_dict(lm.cfg, vcfg, lavida=lavida)  # refuses a variant it cannot write
+        layout: Layout = "llama" if lavida is None else "llada"
+        tensors: dict[str, Tensor] = {ext: lm_params[internal] for internal, ext in weight_name_map(lm.cfg, layout).items()}
         v_params = dict(vision.named_parameters())
         tensors.update({ext: v_params[internal] for internal, ext in vision_weight_names(vision).items()})
         if unused_layers:
             tensors.update(_unused_layers(vision))
         out = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in tensors.items()}
         save_safetensors(out, tmp / SINGLE_FILE)
-        config = multimodal_config_dict(lm.cfg, vcfg)
         config["torch_dtype"] = str(next(iter(out.values())).dtype).removeprefix("torch.")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         proc = {

@@ -2,9 +2,10 @@
 
 Pixels [N, 3, H, W] -> SigLIP patch embeddings -> the first k encoder layers (the hidden state LLaVA selects with
 `mm_vision_select_layer`: -2 = the output of the second-to-last layer, before the post-layernorm) -> the projector
-(`mlp2x_gelu`: Linear, GELU, Linear) -> one embedding per patch in the language model's width, plus LLaVA's
-`image_newline` vector when the patch-merge type asks for it. Only the layers that feed the selected one are built,
-so a checkpoint that stores the unused last layer (or, like LLaVA-OneVision's, drops it) loads either way.
+(`mlp2x_gelu`: Linear, GELU, Linear) -> one embedding per patch in the language model's width -> optionally LaViDa's
+2-D pooling of the patch grid (`pool_stride` > 1: 27 x 27 -> 14 x 14 bilinear) -> plus LLaVA's `image_newline`
+vector when the patch-merge type asks for it. Only the layers that feed the selected one are built, so a checkpoint
+that stores the unused last layer (or, like LLaVA-OneVision's and LaViDa's, drops it) loads either way.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seer_deploy.core.checks import int_in, number_in
@@ -46,6 +48,9 @@ SIGLIP_RANGES: dict[str, tuple[int, int]] = {
     "patch_size": (1, MAX_IMAGE_SIZE),
 }
 SELECT_FEATURES: tuple[str, ...] = ("patch", "cls_patch")  # SigLIP has no CLS token: both mean every patch
+# LaViDa's get_2dPool modes (after the projector): bilinear resizes the grid to ceil(side / stride), the others pool
+# with kernel = stride (floor(side / stride)).
+POOL_MODES: tuple[str, ...] = ("bilinear", "average", "max")
 _MLP_GELU = re.compile(r"^mlp(\d{1,4})x_gelu$")
 MAX_PROJECTOR_DEPTH = 16  # LLaVA uses 2
 
@@ -76,6 +81,8 @@ class VisionConfig:
     projector_type: str = "mlp2x_gelu"
     patch_merge_type: str = "flat"  # 'unpad' in it: one learned image_newline vector after each image's patches
     image_token_index: int = -200  # the prompt placeholder (LLaVA's IMAGE_TOKEN_INDEX)
+    pool_stride: int = 1  # LaViDa: 2 pools the projected patch grid 2x2 (1 = no pooling, LLaDA-V)
+    pool_mode: str = "bilinear"  # LaViDa's mm_spatial_pool_mode (POOL_MODES)
 
     def __post_init__(self) -> None:
         missing = [k for k in SIGLIP_REQUIRED if k not in self.siglip]
@@ -122,6 +129,16 @@ class VisionConfig:
             )
         projector_depth(self.projector_type)
         self.layers_to_run  # noqa: B018 - validates select_layer
+        if not int_in(self.pool_stride, 1, self.grid_side):
+            raise CheckpointError(
+                f"mm_spatial_pool_stride {self.pool_stride!r} must be an integer from 1 (no pooling) to the patch grid's "
+                f"side {self.grid_side}; LaViDa uses 2"
+            )
+        if self.pool_mode not in POOL_MODES:
+            raise CheckpointError(
+                f"mm_spatial_pool_mode {self.pool_mode!r} is not supported; use one of {', '.join(POOL_MODES)} "
+                "(LaViDa uses bilinear)"
+            )
 
     @property
     def layers_to_run(self) -> int:
@@ -136,9 +153,22 @@ class VisionConfig:
         return k
 
     @property
+    def grid_side(self) -> int:
+        """SigLIP's patch convolution has no padding: 384 px at patch 14 gives a 27 x 27 patch grid."""
+        return int(self.siglip["image_size"]) // int(self.siglip["patch_size"])
+
+    @property
     def patches_per_image(self) -> int:
-        """SigLIP's patch convolution has no padding: 384 px at patch 14 gives 27 x 27 patches."""
-        return (int(self.siglip["image_size"]) // int(self.siglip["patch_size"])) ** 2
+        return self.grid_side**2
+
+    @property
+    def pooled_side(self) -> int:
+        """The grid's side after pooling: bilinear rounds up (27 -> 14), average and max pooling round down (13)."""
+        if self.pool_stride == 1:
+            return self.grid_side
+        if self.pool_mode == "bilinear":
+            return -(-self.grid_side // self.pool_stride)
+        return self.grid_side // self.pool_stride
 
     @property
     def newline(self) -> bool:
@@ -147,7 +177,7 @@ class VisionConfig:
     @property
     def tokens_per_image(self) -> int:
         """Embeddings one image contributes to the prompt."""
-        return self.patches_per_image + (1 if self.newline else 0)
+        return self.pooled_side**2 + (1 if self.newline else 0)
 
     def siglip_config(self) -> Any:
         """transformers' SiglipVisionConfig for the layers that run (no pooling head: LLaVA drops it)."""
@@ -173,6 +203,8 @@ class VisionConfig:
             "projector_type": self.projector_type,
             "patch_merge_type": self.patch_merge_type,
             "image_token_index": self.image_token_index,
+            "pool_stride": self.pool_stride,
+            "pool_mode": self.pool_mode,
             "tokens_per_image": self.tokens_per_image,
         }
 
@@ -206,6 +238,23 @@ def build_projector(cfg: VisionConfig) -> nn.Sequential:
     return nn.Sequential(*modules)
 
 
+def pool_grid(feats: Tensor, cfg: VisionConfig) -> Tensor:
+    """LaViDa's 2-D pooling of projected patch features [N, side * side, D] -> [N, pooled_side ** 2, D] (row-major,
+    as LaViDa's get_2dPool: bilinear without corner alignment, or average / max pooling with kernel = stride)."""
+    if cfg.pool_stride == 1:
+        return feats
+    n, _, width = feats.shape
+    side = cfg.grid_side
+    grid = feats.reshape(n, side, side, width).permute(0, 3, 1, 2)
+    if cfg.pool_mode == "bilinear":
+        pooled = F.interpolate(grid, size=(cfg.pooled_side, cfg.pooled_side), mode="bilinear", align_corners=False)
+    elif cfg.pool_mode == "average":
+        pooled = F.avg_pool2d(grid, cfg.pool_stride)
+    else:
+        pooled = F.max_pool2d(grid, cfg.pool_stride)
+    return pooled.permute(0, 2, 3, 1).reshape(n, cfg.pooled_side**2, width)
+
+
 class VisionEncoder(nn.Module):
     """pixel_values [N, 3, H, W] -> image embeddings [N, tokens_per_image, lm_hidden_size]."""
 
@@ -218,7 +267,7 @@ class VisionEncoder(nn.Module):
 
     def forward(self, pixel_values: Tensor) -> Tensor:
         dtype = next(self.projector.parameters()).dtype
-        feats = self.projector(self.tower(pixel_values.to(dtype)))
+        feats = pool_grid(self.projector(self.tower(pixel_values.to(dtype))), self.cfg)
         if self.image_newline is not None:
             newline = self.image_newline.to(feats.dtype).expand(feats.shape[0], 1, feats.shape[-1])
             feats = torch.cat([feats, newline], dim=1)

@@ -1,0 +1,248 @@
+"""LaViDa checkpoints (jacklishufan/LaViDa) in their public layout: load, pool, generate with a picture, export, and
+ONNX Runtime = torch token for token with Seer on and off; one loader error per variant.
+
+The tiny checkpoints are written as LaViDa's training code saves them: LLaDA's original LM names
+(`model.transformer.blocks.N...`) and config fields, LLaVA's vision names, the SigLIP tower without its last layer,
+`architectures` ["LlavaLladaForMaskedDiffusion"]. One deviation, needed for a tiny tower: config.json carries the
+tower's shape as `vision_config` (LaViDa builds every tower with the so400m shape; a test below checks that shape).
+The pictures are real photographs (matplotlib's sample data, a declared dependency), not rendered shapes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from matplotlib import cbook
+from safetensors import safe_open
+
+from seer_deploy.core.errors import CheckpointError, ConfigError
+from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.export.multimodal import export_multimodal
+from seer_deploy.models.config import ModelConfig
+from seer_deploy.models.demo_vl_tasks import VOCAB, write_tokenizer
+from seer_deploy.models.image import ImageConfig, load_image, pixel_batch
+from seer_deploy.models.image_prompts import ImageConditionedModel, MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.lavida import lavida_variant
+from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.multimodal import load_multimodal, save_multimodal_checkpoint, vision_config_from_dict
+from seer_deploy.models.requests import assign_images
+from seer_deploy.models.vision import VisionConfig, VisionEncoder
+from seer_deploy.runtime.reference import generate
+from seer_deploy.seer.config import SeerConfig
+from seer_deploy.service import Run, ServiceOptions
+from seer_deploy.service import generate as serve
+
+IMAGE, PATCH = 28, 4  # a 7 x 7 patch grid: odd, as so400m's 27 x 27, so bilinear pooling rounds up to 4 x 4
+CONFIG = GenerationConfig(gen_length=16, steps=16)
+PROMPTS = ["<image> describe", "<image> colors"]
+
+
+def tiny_lavida_models(seed: int = 0) -> tuple[MaskPredictor, VisionEncoder]:
+    """A 2-layer LLaDA LM over the demo-vl words and a 3-layer SigLIP tower pooled 2x2 bilinear, as LaViDa does."""
+    ids = {t: i for i, t in enumerate(VOCAB)}
+    lm_cfg = ModelConfig(
+        vocab_size=len(VOCAB), d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden=64, max_seq_len=96,
+        mask_id=ids["<|mdm_mask|>"], eos_id=ids["<|endoftext|>"], pad_id=ids["<|endoftext|>"],
+        bos_id=ids["<|startoftext|>"],
+    )
+    siglip = {"hidden_size": 24, "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 2,
+              "num_channels": 3, "image_size": IMAGE, "patch_size": PATCH, "hidden_act": "gelu_pytorch_tanh",
+              "layer_norm_eps": 1e-6}
+    vcfg = VisionConfig(siglip=siglip, lm_hidden_size=32, mm_hidden_size=24, image=ImageConfig(IMAGE, aspect="pad"),
+                        projector_type="mlp2x_gelu", patch_merge_type="spatial_unpad", pool_stride=2)
+    torch.manual_seed(seed)
+    lm, vision = MaskPredictor(lm_cfg), VisionEncoder(vcfg)
+    with torch.no_grad():  # larger than default init so the answer depends on the picture
+        for p in [*lm.parameters(), *vision.parameters()]:
+            if p.dim() > 1:
+                p.normal_(0.0, 0.3)
+        assert vision.image_newline is not None
+        vision.image_newline.normal_()
+    return lm.eval(), vision.eval()
+
+
+def write_lavida_llada(path: Path, seed: int = 0) -> Path:
+    lm, vision = tiny_lavida_models(seed)
+    tok = path.parent / f"{path.name}-tokenizer.json"
+    write_tokenizer(tok)
+    return save_multimodal_checkpoint(lm, vision, path, tokenizer_file=tok, lavida="llada")
+
+
+def photos() -> list[str]:
+    """Two real photographs of different aspect ratios (a portrait, a product shot)."""
+    return [str(cbook.get_sample_data(name, asfileobj=False))
+            for name in ("grace_hopper.jpg", "Minduka_Present_Blue_Pack.png")]
+
+
+def edit_config(path: Path, **changes: object) -> None:
+    raw = json.loads((path / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    (path / "config.json").write_text(json.dumps(raw))
+
+
+def run(target: Path | str, seer: SeerConfig | None, texts: list[str] = PROMPTS) -> Run:
+    """The service, as `seer-deploy generate TARGET --image ...` calls it (Seer off, or on with `seer`)."""
+    options = ServiceOptions(generation=CONFIG, seer=seer is not None, seer_config=seer)
+    return serve(assign_images(texts, photos()[: len(texts)]), str(target), options)
+
+
+@pytest.fixture(scope="module")
+def lavida(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A LaViDa-LLaDA checkpoint and its export (vision.onnx with the pooling, step0.onnx, step.onnx)."""
+    root = tmp_path_factory.mktemp("lavida")
+    ckpt = write_lavida_llada(root / "lavida-llada", seed=SEED)
+    return ckpt, export_multimodal(ckpt, root / "export").out
+
+
+# Step zero's EOS predictions place the cut; with this seed's weights both rows end in EOS wins (kept 14 and 15 of
+# 16), so Seer cuts, the rows get different kept lengths and the answers before the cut are not all one token.
+SEED = 30
+SEER = SeerConfig(detector="eos", eos_floor=0.0, margin=0)
+
+
+# ------------------------------------------------------------------------------------------------ layout and loading
+
+
+def test_checkpoint_is_in_lavidas_layout(lavida) -> None:
+    ckpt, _ = lavida
+    with safe_open(ckpt / "model.safetensors", framework="pt") as f:
+        names = set(f.keys())
+    blocks = "model.transformer.blocks.1."
+    assert {blocks + n + ".weight" for n in ("attn_norm", "q_proj", "attn_out", "ff_proj", "up_proj", "ff_out")} <= names
+    assert {"model.transformer.wte.weight", "model.transformer.ln_f.weight", "model.transformer.ff_out.weight"} <= names
+    tower = "model.vision_tower.vision_tower.vision_model."
+    assert tower + "encoder.layers.1.mlp.fc1.weight" in names
+    assert not any(n.startswith(tower + "encoder.layers.2.") for n in names)  # the last layer is dropped
+    assert {"model.mm_projector.0.weight", "model.mm_projector.2.bias", "model.image_newline"} <= names
+    assert not any(n.startswith(("model.layers.", "lm_head")) for n in names)
+    raw = json.loads((ckpt / "config.json").read_text())
+    assert raw["architectures"] == ["LlavaLladaForMaskedDiffusion"] and raw["model_type"] == "llava_llada"
+    assert raw["d_model"] == 32 and "hidden_size" not in raw
+    assert raw["mm_spatial_pool_mode"] == "bilinear" and raw["mm_patch_merge_type"] == "spatial_unpad"
+    assert lavida_variant(raw) == "llada"
+
+
+def test_loader_picks_lavida_and_pools_the_grid(lavida) -> None:
+    """7 x 7 patches -> 4 x 4 after bilinear 2x2 pooling (+ image_newline): the pooling equals a bilinear resize with
+    half-pixel centres written out in numpy, applied to the projected patch features."""
+    ckpt, _ = lavida
+    loaded = load_multimodal(ckpt)
+    vcfg = loaded.vision_config
+    assert loaded.lm.layout == "llada" and (vcfg.pool_stride, vcfg.pool_mode) == (2, "bilinear")
+    assert vcfg.layers_to_run == 2 and vcfg.tokens_per_image == 4 * 4 + 1
+    px = torch.from_numpy(pixel_batch([load_image(p) for p in photos()], vcfg.image))
+    with torch.no_grad():
+        grid = loaded.vision.projector(loaded.vision.tower(px)).numpy().reshape(2, 7, 7, -1)
+        got = loaded.vision(px).numpy()
+    src = np.clip((np.arange(4) + 0.5) * 7 / 4 - 0.5, 0, None)
+    lo = np.floor(src).astype(int)
+    hi, w = np.minimum(lo + 1, 6), src - lo
+    rows = grid[:, lo] * (1 - w)[None, :, None, None] + grid[:, hi] * w[None, :, None, None]
+    want = rows[:, :, lo] * (1 - w)[None, None, :, None] + rows[:, :, hi] * w[None, None, :, None]
+    assert np.allclose(got[:, :16], want.reshape(2, 16, -1), atol=1e-5)
+    assert np.array_equal(got[:, 16], np.broadcast_to(loaded.vision.image_newline.numpy(), (2, 32)))
+
+
+def test_published_configs_give_196_tokens_per_view_and_llada_v_stays_unpooled() -> None:
+    """LaViDa names its tower by a path ending in the so400m name (its training scripts' /path/to/...); its tower is
+    so400m whatever the name: 27 x 27 patches -> 14 x 14 = 196, + image_newline. LLaDA-V (model_type llava_llada too,
+    Llama-style fields) is not LaViDa and keeps its 729 patches."""
+    lm = {"vocab_size": 40, "mask_token_id": 2, "eos_token_id": 1}
+    mm = {"mm_projector_type": "mlp2x_gelu", "mm_hidden_size": 1152, "mm_patch_merge_type": "spatial_unpad",
+          "image_aspect_ratio": "pad", "mm_spatial_pool_stride": None, "mm_spatial_pool_mode": "bilinear"}
+    lavida_raw = {"model_type": "llava_llada", "architectures": ["LlavaLladaForMaskedDiffusion"], "d_model": 64,
+                  "n_layers": 2, "n_heads": 4, "mlp_hidden_size": 128, "max_sequence_length": 4096,
+                  "mm_vision_tower": "/path/to/google/siglip-so400m-patch14-384", **lm, **mm}
+    vcfg = vision_config_from_dict(lavida_raw)
+    assert (vcfg.grid_side, vcfg.pooled_side, vcfg.tokens_per_image, vcfg.layers_to_run) == (27, 14, 197, 26)
+    assert vision_config_from_dict({**lavida_raw, "mm_spatial_pool_stride": 1}).tokens_per_image == 729 + 1
+    assert vision_config_from_dict({**lavida_raw, "mm_spatial_pool_mode": "average"}).tokens_per_image == 169 + 1
+    llada_v = {"model_type": "llava_llada", "architectures": ["LlavaLLaDAModelLM"], "hidden_size": 64,
+               "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+               "max_position_embeddings": 4096, "mm_vision_tower": "google/siglip-so400m-patch14-384", **lm, **mm}
+    assert lavida_variant(llada_v) is None and vision_config_from_dict(llada_v).tokens_per_image == 729 + 1
+
+
+# ------------------------------------------------------------------------------------------------ generation
+
+
+def reference_tokens(ckpt: Path, texts: list[str], kept: list[int] | None = None) -> list[list[int]]:
+    """The oracle: the checkpoint's tower on the photographs, then LLaDA's loop in torch (kept lengths forced)."""
+    loaded = load_multimodal(ckpt)
+    vcfg, cfg = loaded.vision_config, loaded.config
+    tok = MultimodalTokenizer.for_checkpoint(loaded)
+    ids = expand_placeholders([tok.encode_prompt(t) for t in texts], [1] * len(texts), vcfg.tokens_per_image,
+                              vcfg.image_token_index, cfg.n_embed_rows)
+    px = torch.from_numpy(pixel_batch([load_image(p) for p in photos()[: len(texts)]], vcfg.image))
+    with torch.no_grad():
+        table = loaded.vision(px).reshape(-1, cfg.d_model)
+    return generate(ImageConditionedModel(loaded.lm.model, table), ids, CONFIG, kept_lengths=kept).tokens.tolist()
+
+
+def test_service_answers_a_photo_like_the_reference_loop_seer_off_and_on(lavida) -> None:
+    ckpt, _ = lavida
+    full = run(ckpt, None)
+    assert full.backend == "torch" and [a.tokens for a in full.answers] == reference_tokens(ckpt, PROMPTS)
+    cut = run(ckpt, SEER)
+    kept = [r.kept for r in cut.reports if r is not None]
+    assert len(kept) == 2 and min(kept) < CONFIG.gen_length  # Seer did cut
+    assert [a.tokens for a in cut.answers] == reference_tokens(ckpt, PROMPTS, kept)
+
+
+def test_the_picture_matters(lavida) -> None:
+    ckpt, _ = lavida
+    options = ServiceOptions(generation=CONFIG, seer=False)
+    a, b = (serve(assign_images(["<image> describe"], [p]), str(ckpt), options).answers[0].tokens for p in photos())
+    assert a != b
+
+
+# ------------------------------------------------------------------------------------------------ export and ORT
+
+
+def test_export_folds_the_pooling_into_vision_onnx(lavida) -> None:
+    import onnx
+
+    _, out = lavida
+    manifest = json.loads((out / "manifest.json").read_text())
+    section = manifest["extra"]["multimodal"]
+    assert section["vision"]["outputs"]["image_embeds"]["shape"][1:] == [17, 32]
+    assert section["vision_config"]["pool_stride"] == 2 and section["vision_config"]["tokens_per_image"] == 17
+    ops = {n.op_type for n in onnx.load(str(out / "vision.onnx"), load_external_data=False).graph.node}
+    assert "Resize" in ops  # the bilinear pooling runs in the graph
+    assert manifest["extra"]["validation_max_diff"]["vision"] < 1e-4
+
+
+@pytest.mark.parametrize("seer", [None, SEER], ids=["seer-off", "seer-on"])
+def test_onnx_runtime_equals_torch_token_for_token(lavida, seer: SeerConfig | None) -> None:
+    ckpt, out = lavida
+    ort, ref = run(out, seer), run(ckpt, seer)
+    assert ort.backend.startswith("onnxruntime")
+    assert [a.tokens for a in ort.answers] == [a.tokens for a in ref.answers]
+    kept = [r.kept if r else None for r in ort.reports]
+    assert kept == [r.kept if r else None for r in ref.reports]
+    assert kept == ([None, None] if seer is None else [14, 15])  # Seer off: full length; on: both rows cut
+
+
+# ------------------------------------------------------------------------------------------------ loader errors
+
+
+def test_lavida_llada_anyres_is_refused_naming_the_pinpoints_and_the_fix(tmp_path: Path) -> None:
+    ckpt = write_lavida_llada(tmp_path / "ck")
+    edit_config(ckpt, image_aspect_ratio="anyres", image_grid_pinpoints=[[384, 768], [768, 384]])
+    with pytest.raises(ConfigError, match=r"LaViDa-LLaDA: image_aspect_ratio 'anyres'.*\[\[384, 768\], \[768, 384\]\].*"
+                                          r"\"pad\""):
+        load_multimodal(ckpt)
+    edit_config(ckpt, image_aspect_ratio="pad", mm_spatial_pool_stride="2")
+    with pytest.raises(CheckpointError, match="LaViDa-LLaDA: config.json 'mm_spatial_pool_stride' is '2'"):
+        load_multimodal(ckpt)
+    edit_config(ckpt, mm_spatial_pool_stride=None, mm_spatial_pool_mode="nearest")
+    with pytest.raises(CheckpointError, match="mm_spatial_pool_mode 'nearest' is not supported"):
+        load_multimodal(ckpt)
