@@ -42,6 +42,9 @@ class ServiceOptions:
     batch_size: int = 8  # requests per step zero (TensorRT: at most the engine's max batch)
     providers: tuple[str, ...] | None = None  # ONNX Runtime providers, in order of preference
     threads: int | None = None  # intra-op threads
+    device: str | None = None  # "cpu", "cuda", "cuda:N" (torch's device; ONNX Runtime's CUDA provider; TensorRT's GPU)
+    io_binding: bool = False  # ONNX Runtime: IO binding, buffers kept per call shape on the device
+    cuda_graph: bool = False  # ONNX Runtime on CUDA, TensorRT: a CUDA graph per call shape of the step graph
     seer: bool | None = None  # None: on when a calibrated Seer config is found
     seer_config: Path | SeerConfig | None = None  # instead of the target's own: a file from `calibrate`, or a config
     tail_context: TailContext | None = None  # overrides the Seer config's
@@ -135,7 +138,8 @@ class Service:
         self.backend: Backend
         self.backend, self.info = open_target(
             target, self.options.backend,
-            TargetOptions(providers=self.options.providers, threads=self.options.threads, seer=seer),
+            TargetOptions(providers=self.options.providers, threads=self.options.threads, device=self.options.device,
+                          io_binding=self.options.io_binding, cuda_graph=self.options.cuda_graph, seer=seer),
         )
         check_supported(self.options.generation, self.backend)
         self.seer = self.info.seer_for_engine(seer)

@@ -106,22 +106,33 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
                    "available, else CPU]. Export and ONNX Runtime engine targets only.")
 @click.option("--threads", type=int, default=None, help="Intra-op threads: ONNX Runtime's session, or torch's for a "
               "checkpoint [default: the engine's, else the library's]. Not for TensorRT engines.")
+@click.option("--device", default=None, metavar="cpu|cuda[:N]",
+              help="Where the model runs: torch's device for a checkpoint, the CUDA provider's GPU for ONNX Runtime, "
+                   "the GPU of a TensorRT engine [default: torch cpu; ONNX Runtime CUDA if installed; TensorRT GPU 0].")
+@click.option("--io-binding", is_flag=True,
+              help="ONNX Runtime: bind inputs and outputs to buffers kept on the device per call shape; only the "
+                   "chosen tokens and their confidence come back to the host. Pays off on CUDA.")
+@click.option("--cuda-graph", is_flag=True,
+              help="ONNX Runtime on CUDA or TensorRT: capture the step graph once per call shape as a CUDA graph and "
+                   "replay it (calls padded to fixed shapes: batch to a power of two, sequence to a multiple of 32).")
 @click.option("--image", "images", multiple=True, help="An image for the prompts' <image> placeholders, in order "
               "(repeat); TARGET is then a multimodal checkpoint, 'demo-vl', or an export or engine made from one.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object per prompt (with Seer: boundary, kept length, steps, tokens processed vs full).")
 def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen_length: int, steps: int | None,
             block_length: int | None, temperature: float, remasking: str, cfg_scale: float, seed: int,
-            decode: str, threshold: float, factor: float, kv_cache: bool, backend_name: BackendChoice | None, batch_size: int, use_seer: bool | None, seer_config: Path | None,
-            tail_context: str | None, first_canvas: int | None, providers: tuple[str, ...], threads: int | None, images: tuple[str, ...],
-            as_json: bool) -> None:
+            decode: str, threshold: float, factor: float, kv_cache: bool, backend_name: BackendChoice | None,
+            batch_size: int, use_seer: bool | None, seer_config: Path | None,
+            tail_context: str | None, first_canvas: int | None, providers: tuple[str, ...], threads: int | None,
+            device: str | None, io_binding: bool, cuda_graph: bool, images: tuple[str, ...], as_json: bool) -> None:
     """Generate answers for prompts with TARGET: a checkpoint directory, 'demo' or 'demo-vl' (torch), an export
     directory (ONNX Runtime) or an engine directory (ONNX Runtime or TensorRT); with --image, about pictures."""
     requests = read_requests(prompt, images, prompts_file)
     options = ServiceOptions(
         generation=generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale,
                                      decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache),
-        backend=backend_name, batch_size=batch_size, providers=providers or None, threads=threads, seer=use_seer,
+        backend=backend_name, batch_size=batch_size, providers=providers or None, threads=threads, device=device,
+        io_binding=io_binding, cuda_graph=cuda_graph, seer=use_seer,
         seer_config=seer_config, tail_context=None if tail_context is None else parse_tail_context(tail_context),
         first_canvas=first_canvas,
         seed=seed,

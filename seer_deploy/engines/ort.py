@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +21,8 @@ import onnxruntime as ort
 from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, file_sha256, os_error_fix
+from seer_deploy.engines.fixed_shapes import DEFAULT_SEQ_MULTIPLE, FixedShapes
+from seer_deploy.engines.ort_binding import BoundSession
 from seer_deploy.spec.export_manifest import ExportManifest
 from seer_deploy.spec.graph_calls import (
     graph_feed,
@@ -30,7 +32,7 @@ from seer_deploy.spec.graph_calls import (
     window_feed,
     window_output,
 )
-from seer_deploy.spec.graphs import GraphIO, cache_graphs, step_graphs
+from seer_deploy.spec.graphs import STEP, WINDOW_STEP, GraphIO, cache_graphs, step_graphs
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 GraphOptimization = Literal["disable", "basic", "extended", "all"]
@@ -41,6 +43,10 @@ _OPT_LEVELS: dict[str, ort.GraphOptimizationLevel] = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+ProviderEntry = str | tuple[str, dict[str, str]]  # a provider, or a provider with its options
+CUDA_GRAPH_OPTION = "enable_cuda_graph"  # the CUDA provider's option for CUDA graph capture
+# The graphs a denoising step runs (the others run once a batch or a block): the ones CUDA graphs pay off for.
+EVERY_STEP: frozenset[str] = frozenset({STEP.name, WINDOW_STEP.name})
 QUIET_LOG_LEVEL = 3  # errors only: ONNX Runtime's own warnings (unused initializers) are not the user's problem
 
 
@@ -90,7 +96,8 @@ def _node_tensors(nodes: Iterable[Any]) -> Iterator[Any]:
                 yield from _graph_tensors(sub)
 
 
-def open_session(graph_file: Path, options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+def open_session(graph_file: Path, options: ort.SessionOptions, providers: Sequence[ProviderEntry]
+                 ) -> ort.InferenceSession:
     """An ONNX Runtime session over `graph_file` (by path: external data resolves beside it and protobuf's 2 GB limit
     never applies), after `check_external_data`; ONNX Runtime's refusal is one ArtifactError naming the file."""
     check_external_data(graph_file)
@@ -100,6 +107,10 @@ def open_session(graph_file: Path, options: ort.SessionOptions, providers: list[
         if not type(exc).__module__.startswith("onnxruntime"):
             raise
         detail = " ".join(str(exc).split()) or type(exc).__name__
+        if "graph" in detail.lower() and any(isinstance(p, tuple) and p[1].get(CUDA_GRAPH_OPTION) == "1"
+                                             for p in providers):
+            raise ConfigError(f"ONNX Runtime cannot capture CUDA graphs of {graph_file} ({detail}); run without "
+                              "--cuda-graph (IO binding alone still keeps the buffers on the GPU)") from exc
         raise ArtifactError(f"ONNX Runtime cannot open {graph_file} ({detail}); the graph or its weights may be "
                             "damaged or incomplete: re-export it") from exc
 
@@ -116,6 +127,15 @@ class OrtSessionOptions:
     # CPU only: both sessions read one memory-mapped copy of weights.bin instead of a copy each. Weight prepacking
     # is turned off for that, so matmuls get somewhat slower: for models whose two copies would not fit in memory.
     share_weights: bool = False
+    # IO binding: inputs written into buffers kept per call shape on the session's device, outputs kept there, only
+    # the compact outputs copied to the host (engines.ort_binding). Worth it on CUDA; on CPU it gives the same tokens.
+    io_binding: bool = False
+    # Calls padded to fixed shapes (batch to a power of two, sequence to a multiple of this; 0 = off): fewer shapes,
+    # fewer buffer sets; what CUDA graphs need.
+    seq_multiple: int = 0
+    # CUDA only: one captured CUDA graph per call shape (implies io_binding, and seq_multiple 32 unless set).
+    cuda_graph: bool = False
+    device_id: int = 0  # the CUDA device of the CUDA provider
 
     def resolved_providers(self) -> list[str]:
         available = ort.get_available_providers()
@@ -142,7 +162,41 @@ class OrtSessionOptions:
             raise ConfigError(
                 f"graph_optimization '{self.graph_optimization}' is unknown; use one of {', '.join(_OPT_LEVELS)}"
             )
-        self.resolved_providers()
+        if self.seq_multiple < 0 or self.device_id < 0:
+            raise ConfigError(f"seq_multiple ({self.seq_multiple}) and device_id ({self.device_id}) must be >= 0")
+        providers = self.resolved_providers()
+        if self.cuda_graph and providers[0] != CUDA:
+            raise ConfigError(f"--cuda-graph needs the CUDA provider first, got {providers[0]}; install "
+                              "onnxruntime-gpu on an NVIDIA GPU and pass --provider CUDAExecutionProvider, or drop "
+                              "--cuda-graph")
+        if self.cuda_graph and self.share_weights:
+            raise ConfigError("share_weights is CPU only and --cuda-graph CUDA only; drop one")
+
+    def provider_entries(self, cuda_graph: bool = False) -> list[ProviderEntry]:
+        """The providers with their options, as ONNX Runtime takes them (CUDA: the device; with `cuda_graph` and the
+        option on, CUDA graph capture)."""
+        entries: list[ProviderEntry] = []
+        for provider in self.resolved_providers():
+            if provider == CUDA:
+                options = {"device_id": str(self.device_id)}
+                if self.cuda_graph and cuda_graph:
+                    options[CUDA_GRAPH_OPTION] = "1"
+                entries.append((provider, options))
+            else:
+                entries.append(provider)
+        return entries
+
+    def bound(self, session: ort.InferenceSession, graph: GraphIO, max_seq: int, cuda_graph: bool = False
+              ) -> BoundSession | None:
+        """The session's IO-bound runner when IO binding (or CUDA graphs) is on, else None (plain `run`); it
+        captures CUDA graphs when the option is on and `cuda_graph` says this graph gets them."""
+        if not (self.io_binding or self.cuda_graph):
+            return None
+        multiple = self.seq_multiple or (DEFAULT_SEQ_MULTIPLE if self.cuda_graph else 0)
+        device = "cuda" if session.get_providers()[0] == CUDA else "cpu"
+        return BoundSession(session, graph, device=device, device_id=self.device_id,
+                            cuda_graph=self.cuda_graph and cuda_graph,
+                            fixed_shapes=FixedShapes(multiple, max_seq) if multiple else None)
 
     def session_options(self) -> ort.SessionOptions:
         self.check()
@@ -167,6 +221,7 @@ class OrtBackend:
         self.options = options or OrtSessionOptions()
         self.manifest = ExportManifest.load(self.export_dir)
         self._check_files()
+        self.options.check()
         providers = self.options.resolved_providers()
         if self.options.share_weights and providers[0] != CPU:
             raise ConfigError(
@@ -179,11 +234,14 @@ class OrtBackend:
         self._refresh_io, self._window_io = cache_graphs(multimodal)
         self.supports_cache = self.manifest.has_cache and kv_cache
         graphs = (self._step0_io, self._step_io) + ((self._refresh_io, self._window_io) if self.supports_cache else ())
-        self._sessions = {io.name: self._session(io, providers) for io in graphs}
+        self._sessions = {io.name: self._session(io) for io in graphs}
         active = self._sessions[self._step_io.name].get_providers()
         self.providers: list[str] = active
         self.name = "onnxruntime-cuda" if active and active[0] == CUDA else "onnxruntime-cpu"
         self.max_seq_len: int = self.manifest.max_seq_len
+        self._bound = {io.name: self.options.bound(self._sessions[io.name], io, self.max_seq_len,
+                                                   cuda_graph=io.name in EVERY_STEP)
+                       for io in graphs}
         self.sparsity_rows: list[tuple[int, str]] = list(self.manifest.seer.sparsity_rows)
 
     def _check_files(self) -> None:
@@ -210,8 +268,9 @@ class OrtBackend:
         """The declarations of the export's step0 and step graphs: a multimodal export's also take the image table."""
         return step_graphs(multimodal=MULTIMODAL_KEY in self.manifest.extra)
 
-    def _session(self, io: GraphIO, providers: list[str]) -> ort.InferenceSession:
+    def _session(self, io: GraphIO) -> ort.InferenceSession:
         graph = self.manifest.graphs[io.name]
+        providers = self.options.provider_entries(cuda_graph=io.name in EVERY_STEP)
         so = self.options.session_options()
         if self.options.share_weights:
             self._add_shared_initializers(so, self.export_dir / graph.file)
@@ -256,9 +315,21 @@ class OrtBackend:
 
     def _run(self, io: GraphIO, inputs: StepInput) -> dict[str, np.ndarray]:
         checked = inputs.checked(self.max_seq_len)
-        feed = graph_feed(io, checked, self._image_table(checked))
+        return self._call(io, graph_feed(io, checked, self._image_table(checked)))
+
+    def _call(self, io: GraphIO, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One call of a graph: through its IO-bound runner when there is one, else `session.run`."""
+        bound = self._bound[io.name]
+        if bound is not None:
+            return bound.run(feed)
         outputs = self._sessions[io.name].run(io.host_outputs, feed)
         return dict(zip(io.host_outputs, outputs, strict=True))
+
+    @property
+    def bound_shapes(self) -> dict[str, int]:
+        """Per graph, the call shapes bound so far (with CUDA graphs: the graphs captured); empty without IO
+        binding."""
+        return {name: bound.shapes for name, bound in self._bound.items() if bound is not None}
 
     def _image_table(self, checked: StepInput) -> np.ndarray | None:
         """The multimodal graphs' image table for this call; a text export has none."""
@@ -279,9 +350,7 @@ class OrtBackend:
     def window_step(self, inputs: WindowInput) -> StepOutput:
         """A step over the window's columns only, against a refresh's keys and values (export --kv-cache)."""
         self._need_cache()
-        io = self._window_io
-        outputs = self._sessions[io.name].run(io.host_outputs, window_feed(io, inputs.checked()))
-        return window_output(dict(zip(io.host_outputs, outputs, strict=True)))
+        return window_output(self._call(self._window_io, window_feed(self._window_io, inputs.checked())))
 
     def _need_cache(self) -> None:
         if not self.supports_cache and self.manifest.has_cache:

@@ -13,6 +13,11 @@ stream so torch's own ordering stays correct. All of an engine's profiles share 
 execution-memory buffer (sized for the largest profile): calls run one at a time on one stream and end by copying
 the outputs to the host, so the per-profile contexts never use them concurrently.
 
+With `cuda_graph` (`generate --cuda-graph`), the step engine's calls are padded to fixed shapes inside their profile
+(`engines.fixed_shapes`) and each (profile, shape) is captured once as a CUDA graph (torch.cuda.CUDAGraph around
+`execute_async_v3`, after one ordinary call) and replayed after: the buffers' addresses never change, so a replay
+reads the new inputs. Unrun here (no TensorRT, no GPU): type-checked against the stubs.
+
 An engine dir built from an export with the KV cache graphs also holds refresh.engine (the step graph's profiles, one
 per bucket; its kv output sized like the sequence) and window_step.engine (one profile per (bucket, window length)
 pair of `buckets.WindowLayout`, its buffers at the largest batch, sequence and window): `TensorRTBackend.refresh` and
@@ -37,6 +42,7 @@ from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import regular_file
 from seer_deploy.core.sparsity import SparsityRow
 from seer_deploy.engines.buckets import Profile, ProfileLayout, WindowLayout, buffer_shapes, choose_profile_for_seq
+from seer_deploy.engines.fixed_shapes import FixedShapes, pad_feed, unpad_outputs
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
 from seer_deploy.spec.graph_calls import (
     graph_feed,
@@ -277,9 +283,11 @@ class _Engine:
                 if not context.set_tensor_address(name, self.buffers.address(name)):
                     raise ArtifactError(f"{path}: TensorRT refused the buffer of {name}; rebuild the engine")
             self.contexts.append(context)
+        self._graphs: dict[tuple[int, tuple[tuple[int, ...], ...]], torch.cuda.CUDAGraph] = {}
 
-    def run(self, profile: int, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Copy feeds into the input buffers, run on torch's current stream, return every output on the host."""
+    def run(self, profile: int, feeds: Mapping[str, np.ndarray], capture: bool = False) -> dict[str, np.ndarray]:
+        """Copy feeds into the input buffers, run on torch's current stream, return every output on the host. With
+        `capture`, the call is a CUDA graph kept per (profile, input shapes): captured the first time, replayed after."""
         missing = sorted(set(self.inputs) - set(feeds))
         if missing:
             raise ConfigError(f"the engine needs inputs {missing} that the call did not give")
@@ -291,9 +299,30 @@ class _Engine:
                                   f"{profile}; check --max-batch/--max-prompt of the build")
             self.buffers.view(name, host.shape).copy_(host)  # converts the dtype where the engine's differs
         outputs = {name: self.buffers.view(name, _dims(context.get_tensor_shape(name))) for name in self.outputs}
-        if not context.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
-            raise ArtifactError(f"TensorRT failed to run profile {profile} (see its log above)")
+        key = (profile, tuple(tuple(feeds[name].shape) for name in self.inputs))
+        graph = self._graphs.get(key) if capture else None
+        if graph is not None:
+            graph.replay()  # the captured call: same buffers, same shapes, new contents
+        else:
+            self._execute(context, profile, torch.cuda.current_stream(self.device))
+            if capture:
+                self._graphs[key] = self._capture(context, profile)
         return {name: t.cpu().numpy() for name, t in outputs.items()}  # .cpu() waits for the stream
+
+    def _execute(self, context: trt.IExecutionContext, profile: int, stream: torch.cuda.Stream) -> None:
+        if not context.execute_async_v3(stream.cuda_stream):
+            raise ArtifactError(f"TensorRT failed to run profile {profile} (see its log above)")
+
+    def _capture(self, context: trt.IExecutionContext, profile: int) -> torch.cuda.CUDAGraph:
+        """A CUDA graph of one call of `context` at its current shapes, captured after an ordinary call (TensorRT
+        finishes its shape-dependent setup in the first enqueue); replays read and write the same buffers."""
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.graph(graph, stream=stream):
+            self._execute(context, profile, stream)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        return graph
 
 
 class TensorRTBackend:
@@ -308,7 +337,7 @@ class TensorRTBackend:
     name = "tensorrt"
 
     def __init__(self, engine_dir: Path, manifest: EngineManifest, *, sparsity_rows: list[SparsityRow],
-                 max_seq_len: int, device: int = 0) -> None:
+                 max_seq_len: int, device: int = 0, cuda_graph: bool = False) -> None:
         require_tensorrt()
         trt_facts = manifest.tensorrt
         if manifest.backend != "tensorrt" or trt_facts is None:
@@ -319,6 +348,9 @@ class TensorRTBackend:
         self.sparsity_rows = sparsity_rows
         self.max_seq_len = min(max_seq_len, self.layout.max_prompt + self.layout.buckets[-1])
         self._device = torch.device("cuda", device)
+        # CUDA graphs for the step engine (the one run every denoising step): calls padded to fixed shapes inside
+        # their profile, one graph per (profile, padded shape).
+        self.fixed_shapes = FixedShapes(max_batch=self.layout.max_batch) if cuda_graph else None
         self._logger = _logger()
         self._runtime = trt.Runtime(self._logger)  # kept: the runtime must outlive the engines it deserialized
         self._step0_io, self._step_io = step_graphs()  # engines are built from text exports only (engines.build)
@@ -337,7 +369,7 @@ class TensorRTBackend:
 
     @classmethod
     def open(cls, engine_dir: Path, export_facts: RuntimeFacts, *, sparsity_rows: list[SparsityRow],
-             max_seq_len: int, device: int = 0) -> TensorRTBackend:
+             max_seq_len: int, device: int = 0, cuda_graph: bool = False) -> TensorRTBackend:
         """Load an engine dir after checking it against the export (fingerprint, graph hashes) and this machine."""
         require_tensorrt()
         manifest = EngineManifest.load(engine_dir)
@@ -351,7 +383,8 @@ class TensorRTBackend:
             compute_capability=here.compute_capability,
         )
         check_engine_compatible(manifest, facts)
-        return cls(engine_dir, manifest, sparsity_rows=sparsity_rows, max_seq_len=max_seq_len, device=device)
+        return cls(engine_dir, manifest, sparsity_rows=sparsity_rows, max_seq_len=max_seq_len, device=device,
+                   cuda_graph=cuda_graph)
 
     def _run(self, graph: GraphIO, inputs: StepInput) -> dict[str, np.ndarray]:
         checked = inputs.checked(self.max_seq_len)
@@ -364,7 +397,16 @@ class TensorRTBackend:
 
     def step(self, inputs: StepInput) -> StepOutput:
         """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see spec.sampling)."""
-        return step_output(self._run(self._step_io, inputs))
+        if self.fixed_shapes is None:
+            return step_output(self._run(self._step_io, inputs))
+        checked = inputs.checked(self.max_seq_len)
+        batch, seq = checked.input_ids.shape
+        profile = choose_profile_for_seq(seq, self.layout, batch=batch)
+        padded_seq = min(self.fixed_shapes.seq(seq), self.layout.seq_range(profile)[1])  # stays in the profile
+        io = self._step_io
+        feed = pad_feed(io, graph_feed(io, checked), self.fixed_shapes.batch(batch), padded_seq)
+        outputs = self._engines[io.name].run(profile, feed, capture=True)
+        return step_output(unpad_outputs(io, outputs, batch, seq))
 
     def refresh(self, inputs: StepInput) -> RefreshOutput:
         """A step that also returns every layer's keys and values (an engine built from an export --kv-cache)."""

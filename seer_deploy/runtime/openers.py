@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
-from seer_deploy.engines.ort import OrtSessionOptions
+from seer_deploy.engines.ort import CPU, CUDA, OrtSessionOptions
 from seer_deploy.models.image import ImageConfig
 from seer_deploy.runtime.targets import (
     BACKEND_CHOICES,
@@ -26,11 +27,15 @@ from seer_deploy.runtime.targets import (
     TargetOptions,
     checkpoint_exists,
     engine_export_dir,
+    parse_device,
     target_kind,
 )
 from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_FILE
 from seer_deploy.spec.export_manifest import ExportManifest
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
+
+if TYPE_CHECKING:
+    import torch
 
 
 def open_target(
@@ -43,6 +48,7 @@ def open_target(
         raise ConfigError(f"backend '{backend}' is unknown; use one of {', '.join(BACKEND_CHOICES)}")
     if options.threads is not None and options.threads < 0:
         raise ConfigError(f"--threads must be >= 0 (0 = the engine's default), got {options.threads}")
+    options.check()
     kind = target_kind(target)
     if kind == "checkpoint":
         return open_checkpoint(str(target), backend, options)
@@ -65,15 +71,19 @@ def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetO
             f"TARGET '{target}' is a checkpoint, which runs on torch; for {backend} export and build it first "
             f"(seer-deploy export {target} --out DIR --build {build}) and give DIR/engine as TARGET"
         )
-    if options.providers:
-        raise ConfigError(f"--provider chooses ONNX Runtime providers, but TARGET '{target}' is a checkpoint, which "
-                          f"runs on torch; drop --provider or give an export or engine directory")
+    if options.providers or options.io_binding or options.cuda_graph:
+        flag = "--provider" if options.providers else "--io-binding" if options.io_binding else "--cuda-graph"
+        raise ConfigError(f"{flag} sets ONNX Runtime sessions, but TARGET '{target}' is a checkpoint, which runs on "
+                          f"torch; drop {flag} (--device chooses torch's device) or give an export or engine directory")
+    device = torch_device(options.device)
     if options.threads:
         torch.set_num_threads(options.threads)
     images = None
     torch_backend: TorchBackend
     if is_multimodal_checkpoint(target):
         loaded = load_multimodal(target)
+        loaded.lm.model.to(device)
+        loaded.vision.to(device)
         ckpt = loaded.lm
         stats = options.seer.stats_spec(ckpt.config.n_layers) if options.seer is not None else None
         torch_backend = MultimodalTorchBackend(loaded, stats)
@@ -82,7 +92,7 @@ def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetO
     else:
         ckpt = load_checkpoint(target)
         stats = options.seer.stats_spec(ckpt.config.n_layers) if options.seer is not None else None
-        torch_backend = TorchBackend(ckpt.model, stats)
+        torch_backend = TorchBackend(ckpt.model.to(device), stats)
     cfg = ckpt.config
     tok = ckpt.path / TOKENIZER_FILE
     info = TargetInfo(
@@ -91,6 +101,46 @@ def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetO
         tokenizer_file=tok if tok.is_file() else None, checkpoint=target, images=images,
     )
     return torch_backend, info
+
+
+def torch_device(text: str | None) -> torch.device:
+    """The torch device --device names (cpu by default); ConfigError when this torch cannot reach it."""
+    import torch
+
+    kind, index = parse_device(text)
+    if kind != "cuda":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--device {text}: this torch ({torch.__version__}) sees no CUDA GPU; install a CUDA build "
+                          "of torch on a machine with an NVIDIA GPU, or use --device cpu")
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"--device {text}: this machine has {torch.cuda.device_count()} CUDA GPU(s) "
+                          f"(0..{torch.cuda.device_count() - 1}); pick one of them")
+    return torch.device("cuda", index)
+
+
+def ort_session_options(options: TargetOptions, recorded: dict[str, Any] | None = None) -> OrtSessionOptions:
+    """ONNX Runtime session settings: an engine dir's recorded ones (`recorded`), with the caller's providers,
+    threads, device, IO binding and CUDA graphs on top; ConfigError where --device and --provider disagree."""
+    session = recorded or {}
+    kind, index = parse_device(options.device)
+    providers = options.providers
+    if kind == "cuda" and providers is not None and CUDA not in providers:
+        raise ConfigError(f"--device {options.device} runs ONNX Runtime on CUDA, but --provider lists "
+                          f"{', '.join(providers)}; add {CUDA} or drop one of the two")
+    if kind == "cpu" and providers is not None and CUDA in providers:
+        raise ConfigError(f"--device cpu and --provider {CUDA} disagree; drop one of the two")
+    if providers is None and kind != "default":
+        providers = (CUDA, CPU) if kind == "cuda" else (CPU,)
+    if providers is None:
+        providers = tuple(str(p) for p in session.get("providers") or ()) or None
+    return OrtSessionOptions(
+        providers=providers,
+        intra_op_threads=options.threads if options.threads is not None else int(session.get("intra_op_threads", 0)),
+        inter_op_threads=int(session.get("inter_op_threads", 0)),
+        graph_optimization=session.get("graph_optimization", "all"),
+        io_binding=options.io_binding, cuda_graph=options.cuda_graph, device_id=index,
+    )
 
 
 def _export_info(target: str, kind: TargetKind, backend: BackendChoice, path: Path, export_dir: Path,
@@ -147,7 +197,8 @@ def open_export(path: Path, target: str, backend: BackendChoice | None, options:
             f"TARGET '{target}' is an export directory; build a TensorRT engine from it first "
             f"(seer-deploy build {target} --out {path / 'engine'} --backend tensorrt) and give that as TARGET"
         )
-    session = OrtSessionOptions(providers=options.providers, intra_op_threads=options.threads or 0)
+    session = ort_session_options(options)
+    session.check()
     return _ort_backend(path, export, session, _export_info(target, "export", "ort", path, path, export))
 
 
@@ -170,14 +221,10 @@ def checked_engine(path: Path) -> tuple[EngineManifest, Path, ExportManifest, Ru
 
 
 def engine_session_options(manifest: EngineManifest, options: TargetOptions) -> OrtSessionOptions:
-    """The ONNX Runtime session settings an ORT engine dir records, with the caller's providers / threads on top."""
-    session = manifest.ort_session or {}
-    return OrtSessionOptions(
-        providers=options.providers or tuple(str(p) for p in session.get("providers") or ()) or None,
-        intra_op_threads=options.threads if options.threads is not None else int(session.get("intra_op_threads", 0)),
-        inter_op_threads=int(session.get("inter_op_threads", 0)),
-        graph_optimization=session.get("graph_optimization", "all"),
-    )
+    """The ONNX Runtime session settings an ORT engine dir records, with the caller's settings on top."""
+    session = ort_session_options(options, manifest.ort_session)
+    session.check()
+    return session
 
 
 def open_engine(path: Path, target: str, backend: BackendChoice | None, options: TargetOptions
@@ -195,11 +242,16 @@ def open_engine(path: Path, target: str, backend: BackendChoice | None, options:
     if manifest.backend == "tensorrt":
         from seer_deploy.engines.tensorrt_engine import TensorRTBackend
 
-        if options.providers or options.threads is not None:
-            raise ConfigError(f"--provider and --threads set ONNX Runtime sessions, but TARGET '{target}' is a "
-                              f"TensorRT engine; drop them (TensorRT picks its own kernels)")
+        if options.providers or options.threads is not None or options.io_binding:
+            raise ConfigError(f"--provider, --threads and --io-binding set ONNX Runtime sessions, but TARGET "
+                              f"'{target}' is a TensorRT engine; drop them (TensorRT picks its own kernels and always "
+                              "runs on device buffers)")
+        kind, index = parse_device(options.device)
+        if kind == "cpu":
+            raise ConfigError(f"TARGET '{target}' is a TensorRT engine, which runs on a GPU; use --device cuda[:N] "
+                              f"or give its export ({export_dir}) to run on the CPU")
         trt = TensorRTBackend.open(path, facts, sparsity_rows=list(export.seer.sparsity_rows),
-                                   max_seq_len=export.max_seq_len, device=options.device)
+                                   max_seq_len=export.max_seq_len, device=index, cuda_graph=options.cuda_graph)
         return trt, replace(info, max_batch=manifest.max_batch)
     # An ORT engine dir runs the export's graphs with its recorded session settings: the cache graphs where it was
     # built with them (their hashes checked above), none where it was built before the export had them.

@@ -38,8 +38,28 @@ class TargetOptions:
 
     providers: tuple[str, ...] | None = None  # ONNX Runtime providers in order of preference
     threads: int | None = None  # intra-op threads (ONNX Runtime's session; torch's for a checkpoint)
-    device: int = 0  # TensorRT: the CUDA device
+    # "cpu", "cuda" or "cuda:N": where torch runs a checkpoint, the CUDA provider's device (an export), the GPU of a
+    # TensorRT engine. None: the target's default (torch: cpu; ONNX Runtime: CUDA when installed; TensorRT: GPU 0).
+    device: str | None = None
+    io_binding: bool = False  # ONNX Runtime: IO binding (engines.ort_binding)
+    cuda_graph: bool = False  # ONNX Runtime on CUDA: one CUDA graph per call shape (implies io_binding)
     seer: SeerConfig | None = None  # torch: step zero reports the statistics this config reads (default: every layer)
+
+    def check(self) -> None:
+        """ConfigError for a malformed device, before anything loads."""
+        parse_device(self.device)
+
+
+def parse_device(text: str | None) -> tuple[str, int]:
+    """'cpu' -> ('cpu', 0); 'cuda' / 'cuda:N' -> ('cuda', N); None -> ('default', 0); anything else a ConfigError."""
+    if text is None:
+        return "default", 0
+    kind, _, index = text.strip().lower().partition(":")
+    if kind == "cpu" and not index:
+        return "cpu", 0
+    if kind == "cuda" and (not index or index.isdigit()):
+        return "cuda", int(index or 0)
+    raise ConfigError(f"--device {text!r} is not a device; use cpu, cuda or cuda:N (N = the GPU's index)")
 
 
 @dataclass(frozen=True)

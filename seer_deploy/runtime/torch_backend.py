@@ -143,9 +143,10 @@ class MultimodalTorchBackend(TorchBackend):
         """float32 [N, 3, H, W] -> float32 [N, tokens_per_image, D] (N = 0 gives an empty array)."""
         if len(pixel_values) == 0:
             return np.zeros((0, self.vision.cfg.tokens_per_image, self.width), dtype=np.float32)
-        return _numpy(self.vision(torch.from_numpy(np.ascontiguousarray(pixel_values, np.float32))), np.float32)
+        pixels = torch.from_numpy(np.ascontiguousarray(pixel_values, np.float32)).to(self._device)
+        return _numpy(self.vision(pixels), np.float32)
 
     def set_image_table(self, table: np.ndarray | list[np.ndarray]) -> None:
         """The batch's image embeddings (one row per image token, in id order); an empty list = no images."""
         rows = image_table_np(table if isinstance(table, list) else [table], self.width)
-        self.model = ImageConditionedModel(self.language_model, torch.from_numpy(rows)).eval()
+        self.model = ImageConditionedModel(self.language_model, torch.from_numpy(rows).to(self._device)).eval()
