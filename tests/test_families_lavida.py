@@ -246,3 +246,6 @@ def test_lavida_llada_anyres_is_refused_naming_the_pinpoints_and_the_fix(tmp_pat
     edit_config(ckpt, mm_spatial_pool_stride=None, mm_spatial_pool_mode="nearest")
     with pytest.raises(CheckpointError, match="mm_spatial_pool_mode 'nearest' is not supported"):
         load_multimodal(ckpt)
+    edit_config(ckpt, mm_spatial_pool_mode=None, mm_patch_merge_type="unpad")
+    with pytest.raises(CheckpointError, match="LaViDa-LLaDA: mm_patch_merge_type 'unpad' is not one LaViDa runs"):
+        load_multimodal(ckpt)

@@ -65,6 +65,12 @@ def lavida_vision_fields(raw: dict[str, Any], variant: str) -> dict[str, Any]:
             f"{raw.get('image_grid_pinpoints', GRID_PINPOINTS)}) is not supported; set \"image_aspect_ratio\": "
             "\"pad\" in config.json to encode each picture as one 384 px base view (196 pooled tokens)"
         )
+    merge = raw.get("mm_patch_merge_type") or "flat"
+    if not isinstance(merge, str) or not (merge == "flat" or merge.startswith("spatial")):
+        raise CheckpointError(
+            f"{name}: mm_patch_merge_type {merge!r} is not one LaViDa runs; use 'spatial_unpad' (its checkpoints: the "
+            "pooled patches then image_newline) or 'flat' (no image_newline)"
+        )
     stride = raw.get("mm_spatial_pool_stride")
     mode = raw.get("mm_spatial_pool_mode")
     if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int)):
