@@ -45,7 +45,8 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     out = root / "out"
     rc = _bench([str(ckpt), "--gen-lengths", "8,16", "--batch-sizes", "1,2", "--prompts", "2", "--repeats", "2",
                  "--out", str(out), "--scaling-lengths", "8,16", "--scaling-shape", "32,1,64,64", "--no-tensorrt",
-                 "--tail-context", "all", "--fast-block-length", "4", "--threshold", "0.5", "--first-canvas", "4"])
+                 "--tail-context", "all", "--fast-block-length", "4", "--threshold", "0.5", "--first-canvas", "4",
+                 "--device", "cpu", "--io-binding"])
     assert rc == 0
     return ckpt, out
 
@@ -61,7 +62,7 @@ def test_writes_json_markdown_and_png(bench_run: tuple[Path, Path]) -> None:
     assert data["settings"]["gen_lengths"] == [8, 16] and data["settings"]["batch_sizes"] == [1, 2]
     assert "--gen-lengths 8,16" in data["command"] and "--no-tensorrt" in data["command"]
     assert "--tail-context all" in data["command"] and data["settings"]["tail_context"] == "all"
-    assert "--fast-block-length 4 --threshold 0.5 --first-canvas 4" in data["command"]
+    assert "--fast-block-length 4 --threshold 0.5 --first-canvas 4 --device cpu --io-binding" in data["command"]
     assert data["settings"]["fast_rows"]["block_length"] == 4 and data["settings"]["fast_rows"]["threshold"] == 0.5
     assert {s["row"] for s in data["skipped"]} == {"trt-full", "trt-seer"}
     assert data["seer"]["source"] == "defaults" and data["notes"]  # the tiny checkpoint has no calibration
@@ -148,6 +149,7 @@ def test_oracle_rows_match_runs_at_their_true_length(make_checkpoint: Callable[.
         (["--batch-sizes", "0"], "--batch-sizes"),
         (["--prompts", "0"], "--prompts"),
         (["--gen-lengths", "8", "--scaling", "--scaling-shape", "32,1,64"], "--scaling-shape"),
+        (["--gen-lengths", "8", "--device", "tpu"], "--device 'tpu' is not a device"),
         (["--gen-lengths", "4096"], "exceeds the model's"),
     ],
 )

@@ -56,6 +56,9 @@ class BenchSettings:
     fast_block_length: int = 32  # the fast rows' denoising block (Fast-dLLM's), or gen_length when it does not divide
     threshold: float = 0.9  # the fast rows' parallel decoding threshold (Fast-dLLM's default)
     first_canvas: int = 32  # ort-seer-progressive: step zero's first canvas (response slots)
+    device: str | None = None  # "cpu", "cuda[:N]": torch's device and ONNX Runtime's CUDA provider (None: defaults)
+    io_binding: bool = False  # ONNX Runtime rows through IO binding
+    cuda_graph: bool = False  # ONNX Runtime rows with CUDA graphs (CUDA only)
 
     def fast_config(self, gen_length: int) -> GenerationConfig:
         """The fast rows' settings at `gen_length`: the threshold rule over blocks of fast_block_length, with the
@@ -164,8 +167,9 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
     threads = settings.threads or None
     batch = max(settings.batch_sizes)
 
-    def service(target: str | Path, threads: int | None = threads) -> Service:
-        return Service(target, ServiceOptions(batch_size=batch, threads=threads, seer_config=seer))
+    def service(target: str | Path, threads: int | None = threads, **engine: Any) -> Service:
+        return Service(target, ServiceOptions(batch_size=batch, threads=threads, seer_config=seer,
+                                              device=settings.device, **engine))
 
     torch_service = service(settings.target)
     info = torch_service.info
@@ -178,7 +182,8 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
     exported = export(settings.target, work_dir / "export",
                       ExportOptions(seer=SeerStats.for_config(seer), kv_cache=True))  # the fast rows run the cache
     export_seconds = time.perf_counter() - start
-    services = {"torch": torch_service, "ort": service(exported.out)}
+    services = {"torch": torch_service,
+                "ort": service(exported.out, io_binding=settings.io_binding, cuda_graph=settings.cuda_graph)}
     skipped: list[dict[str, str]] = []
     why = _tensorrt_ready() if settings.tensorrt else "not asked for (--no-tensorrt)"
     if why is None and multimodal:

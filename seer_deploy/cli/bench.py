@@ -52,6 +52,9 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
         parts += ["--tail-context", str(settings.tail_context)]
     parts += ["--fast-block-length", str(settings.fast_block_length), "--threshold", f"{settings.threshold:g}",
               "--first-canvas", str(settings.first_canvas)]
+    if settings.device is not None:
+        parts += ["--device", settings.device]
+    parts += ["--io-binding"] * settings.io_binding + ["--cuda-graph"] * settings.cuda_graph
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -85,9 +88,15 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
               help="The fast rows' parallel decoding threshold (Fast-dLLM's default 0.9).")
 @click.option("--first-canvas", type=int, default=32, show_default=True,
               help="ort-seer-progressive: step zero's first canvas in response slots (progressive step zero).")
+@click.option("--device", default=None, metavar="cpu|cuda[:N]",
+              help="torch's device (reference and torch rows) and ONNX Runtime's CUDA provider GPU [default: torch "
+                   "cpu, ONNX Runtime CUDA if installed].")
+@click.option("--io-binding", is_flag=True, help="ONNX Runtime rows through IO binding (see generate --help).")
+@click.option("--cuda-graph", is_flag=True, help="ONNX Runtime rows with CUDA graphs per call shape (CUDA only).")
 def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int, repeats: int, threads: int, out: Path,
             scaling: bool, scaling_lengths: str, scaling_shape: str, tensorrt: bool, tail_context: str | None,
-            fast_block_length: int, threshold: float, first_canvas: int) -> None:
+            fast_block_length: int, threshold: float, first_canvas: int, device: str | None, io_binding: bool,
+            cuda_graph: bool) -> None:
     """Benchmark TARGET (a checkpoint directory, 'demo' (the default) or 'demo-vl'): reference, ONNX Runtime full /
     Seer / oracle, the peers' recipes (Fast-dLLM's parallel decoding and dual KV cache) with and without Seer, torch
     with Seer, and step time against length on a large random model.
@@ -118,7 +127,8 @@ def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int
                              batch_sizes=parse_ints(batch_sizes, "--batch-sizes"), prompts=prompts, repeats=repeats,
                              threads=threads, scaling=scaling_settings, tensorrt=tensorrt,
                              tail_context=None if tail_context is None else parse_tail_context(tail_context),
-                             fast_block_length=fast_block_length, threshold=threshold, first_canvas=first_canvas)
+                             fast_block_length=fast_block_length, threshold=threshold, first_canvas=first_canvas,
+                             device=device, io_binding=io_binding, cuda_graph=cuda_graph)
     settings.validate()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a directory for bench.json, bench.md and bench.png")
