@@ -51,9 +51,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from seer_deploy.cli import bench, build, calibrate, demo, doctor, export, generate, inspection
+    from seer_deploy.cli import bench, build, calibrate, demo, doctor, export, generate, inspection, serve
 
-    for module in (generate, demo, doctor, calibrate, inspection, build, export, bench):
+    for module in (generate, demo, doctor, calibrate, inspection, build, export, bench, serve):
         cli.add_command(module.command)
 
 

@@ -1,0 +1,132 @@
+"""`seer-deploy serve TARGET`: the OpenAI-compatible server (docs/serving.md), on uvicorn or (--ray) Ray Serve.
+
+Options are checked and the target opened before the port is bound, so a bad flag or artifact is one line and no
+server ever answers with a broken engine. SIGTERM drains: accepted requests are answered, then the process exits
+(128 + 15, as every verb stopped by a signal).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from seer_deploy.cli.options import decoding_options, generation_config, generation_options
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.runtime.targets import BACKEND_CHOICES, BackendChoice
+from seer_deploy.seer.config import parse_tail_context
+from seer_deploy.service import ServiceOptions
+
+if TYPE_CHECKING:  # the server's modules (FastAPI, uvicorn) load only when `serve` runs
+    from seer_deploy.serve.options import ServeOptions
+
+API_KEY_ENV = "SEER_DEPLOY_API_KEY"
+
+
+def parse_sizes(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError as exc:
+        raise ConfigError(f"--gen-lengths '{text}' must be integers separated by commas, e.g. 32,64,128") from exc
+
+
+@click.command("serve")
+@click.argument("target")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; the default keeps the server on this machine.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0: a free port.")
+@generation_options
+@decoding_options
+@click.option("--gen-lengths", default=None, metavar="N,N,...",
+              help="Response sizes max_tokens rounds up to [default: powers of two from 16 that fit the model; "
+                   "--gen-length is the size without max_tokens].")
+@click.option("--backend", "backend_name", type=click.Choice(BACKEND_CHOICES), default=None,
+              help="torch, ort or tensorrt [default: the target's own].")
+@click.option("--seer/--no-seer", "use_seer", default=None,
+              help="Seer by default for requests that do not say [default: on when a calibrated config is found].")
+@click.option("--seer-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Seer config from `seer-deploy calibrate` [default: the target's own].")
+@click.option("--tail-context", default=None, metavar="N|all", help="Seer's tail context by default (see generate).")
+@click.option("--provider", "providers", multiple=True, help="ONNX Runtime provider, in order of preference.")
+@click.option("--threads", type=int, default=None, help="Intra-op threads of the engine.")
+@click.option("--max-batch", type=int, default=32, show_default=True, help="Rows in one batch (one generate call).")
+@click.option("--max-wait-ms", type=float, default=5.0, show_default=True,
+              help="How long a batch waits to fill after its first row arrives.")
+@click.option("--max-queue", type=int, default=256, show_default=True,
+              help="Rows waiting; beyond it requests get 429 with Retry-After.")
+@click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True,
+              help="Per-request deadline in seconds, queueing included (504 past it).")
+@click.option("--max-body-bytes", type=int, default=8 << 20, show_default=True, help="Larger bodies get 413.")
+@click.option("--api-key", default=None, envvar=API_KEY_ENV, show_envvar=True,
+              help="Require 'Authorization: Bearer KEY' on /v1/* and /metrics.")
+@click.option("--model-name", default=None, help="The model id clients send [default: the target's name].")
+@click.option("--access-log/--no-access-log", default=True, show_default=True,
+              help="One JSON line per request on stderr.")
+@click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve (pip install -e \".[ray]\"): one engine per "
+              "replica; a local loopback cluster unless RAY_ADDRESS names one.")
+@click.option("--replicas", type=int, default=1, show_default=True, help="--ray: replicas (engines).")
+@click.option("--max-replicas", type=int, default=None, help="--ray: autoscale from --replicas up to this.")
+def command(target: str, host: str, port: int, gen_length: int, steps: int | None, block_length: int | None,
+            temperature: float, remasking: str, cfg_scale: float, seed: int, decode: str, threshold: float,
+            factor: float, kv_cache: bool, gen_lengths: str | None, backend_name: BackendChoice | None,
+            use_seer: bool | None, seer_config: Path | None, tail_context: str | None, providers: tuple[str, ...],
+            threads: int | None, max_batch: int, max_wait_ms: float, max_queue: int, timeout_s: float,
+            max_body_bytes: int, api_key: str | None, model_name: str | None, access_log: bool, use_ray: bool,
+            replicas: int, max_replicas: int | None) -> None:
+    """Serve TARGET (a checkpoint, 'demo', 'demo-vl', an export or engine directory) over HTTP with OpenAI's
+    /v1/completions and /v1/chat/completions, dynamic batching through the generation service, /health, /ready
+    and /metrics."""
+    from seer_deploy.serve.options import ServeOptions, is_loopback
+
+    name = model_name or Path(target.rstrip("/")).name or target
+    serve_options = ServeOptions(model_name=name, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
+                                 timeout_s=timeout_s, max_body_bytes=max_body_bytes,
+                                 gen_lengths=parse_sizes(gen_lengths), api_key=api_key,
+                                 access_log=sys.stderr if access_log else None)
+    serve_options.check()
+    service_options = ServiceOptions(
+        generation=generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale,
+                                     decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache),
+        backend=backend_name, batch_size=max_batch, providers=providers or None, threads=threads, seer=use_seer,
+        seer_config=seer_config, tail_context=None if tail_context is None else parse_tail_context(tail_context),
+        seed=seed,
+    )
+    service_options.check()
+    if not is_loopback(host) and api_key is None:
+        click.echo(f"warning: serving on {host} without --api-key: anyone who reaches this address can use the "
+                   f"model (set --api-key or {API_KEY_ENV})", err=True)
+    if use_ray:
+        from seer_deploy.serve import ray_app
+
+        ray_app.run(target, service_options, serve_options, host=host, port=port, replicas=replicas,
+                    max_replicas=max_replicas, access_log=access_log, say=lambda line: click.echo(line, err=True))
+        return
+    if replicas != 1 or max_replicas is not None:
+        raise ConfigError("--replicas and --max-replicas need --ray (one process serves one engine); add --ray")
+    _serve_here(target, service_options, serve_options, host, port)
+
+
+def _serve_here(target: str, service_options: ServiceOptions, serve_options: ServeOptions, host: str, port: int
+                ) -> None:
+    """Open the engine, bind, say where, serve until a signal drains it."""
+    from seer_deploy.serve.app import create_app
+    from seer_deploy.serve.server import DrainingServer, bind
+    from seer_deploy.service import Service
+
+    service = Service(target, service_options, warn=lambda message: click.echo(message, err=True))
+    app = create_app(service, serve_options)
+    sock = bind(host, port)
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(json.dumps({"event": "serving", "target": target, "backend": service.backend.name,
+                           "url": f"http://{shown}:{bound}", "pid": os.getpid()}), err=True)
+    try:
+        DrainingServer(app).run(sockets=[sock])
+    finally:
+        sock.close()

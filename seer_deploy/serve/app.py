@@ -1,0 +1,321 @@
+"""The FastAPI app: OpenAI-compatible routes over the batcher, health and readiness, Prometheus metrics.
+
+`create_app(service, options)` builds one app around one open Service (its engine); everything the app keeps
+(queue, worker, metrics registry, draining flag) lives on the app, so two apps in a process share nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from seer_deploy.core.errors import ConfigError, SeerDeployError
+from seer_deploy.models.requests import Request as Prompt
+from seer_deploy.seer.config import parse_tail_context
+from seer_deploy.serve import protocol
+from seer_deploy.serve.batcher import Batcher, Closed, DeadlineExceeded, Job, QueueFull
+from seer_deploy.serve.engine import Engine, Result, Row, SeerChoice
+from seer_deploy.serve.metrics import Metrics
+from seer_deploy.serve.options import ServeOptions
+from seer_deploy.serve.sizes import gen_length_for, request_generation, supported_sizes
+from seer_deploy.service import Service
+
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics")
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+
+
+class HTTPError(Exception):
+    """A refusal with its status, OpenAI error type and extra headers."""
+
+    def __init__(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.headers = status, kind, headers or {}
+
+
+class ClientGone(Exception):
+    """The client disconnected while its rows waited; its queued rows were cancelled."""
+
+
+class ServeState:
+    """What the app holds: the engine, its batcher, the metrics, and whether it is draining."""
+
+    def __init__(self, service: Service, options: ServeOptions) -> None:
+        self.options = options
+        self.engine = Engine(service)
+        self.metrics = Metrics(options.replica)
+        self.batcher: Batcher[Row] = Batcher(self.engine.run, max_batch=options.max_batch,
+                                             max_wait_ms=options.max_wait_ms, max_queue=options.max_queue,
+                                             observer=self.metrics)
+        generation = service.options.generation
+        self.sizes = supported_sizes(options.gen_lengths, generation.gen_length, service.backend.max_seq_len)
+        self.draining = False
+
+    def drain(self) -> None:
+        """Shutdown began (SIGTERM): /ready says no; work already accepted still runs (see server.py)."""
+        self.draining = True
+
+    def rows(self, body: protocol.Body, prompts: list[Prompt], max_tokens: int | None) -> list[Row]:
+        """Checked rows of a request (ConfigError, with the CLI's messages, for one that cannot run)."""
+        if body.n != 1:
+            raise ConfigError(f"n is {body.n}; this server returns one answer per prompt (n = 1)")
+        if body.model is not None and body.model != self.options.model_name:
+            raise HTTPError(404, f"model '{body.model}' is not served here; use '{self.options.model_name}' "
+                                 "(GET /v1/models)", "invalid_request_error")
+        base = self.engine.service.options.generation
+        size = gen_length_for(max_tokens, self.sizes, base.gen_length)
+        generation = request_generation(base, size, body.steps, body.block_length, body.temperature)
+        tail = None if body.tail_context is None else parse_tail_context(body.tail_context)
+        choice = SeerChoice(body.seer, tail)
+        seed = body.seed if body.seed is not None else self.engine.service.options.seed
+        return [self.engine.prepare(p, generation, choice, max_tokens=max_tokens, stop=body.stops(), seed=seed)
+                for p in prompts]
+
+    def submit(self, rows: list[Row]) -> list[Job[Row]]:
+        deadline = time.monotonic() + self.options.timeout_s
+        try:
+            return self.batcher.submit([(r, r.key) for r in rows], deadline)
+        except QueueFull as exc:
+            raise HTTPError(429, f"{exc}; retry after {self.options.retry_after_s} s", "rate_limit_error",
+                            {"Retry-After": str(self.options.retry_after_s)}) from exc
+        except Closed as exc:
+            raise HTTPError(503, f"{exc}; retry on another replica", "server_error",
+                            {"Retry-After": str(self.options.retry_after_s)}) from exc
+
+    async def wait(self, request: Request, jobs: list[Job[Row]]) -> list[Result]:
+        """The rows' results; cancels them if the client goes away (ClientGone) or the deadline passes (504)."""
+        gathered: asyncio.Future[list[Any]] = asyncio.gather(*(j.future for j in jobs))
+        gone: asyncio.Future[None] = asyncio.ensure_future(_disconnected(request))
+        try:
+            timeout = max(0.0, min(j.deadline for j in jobs) - time.monotonic())
+            waiting: set[asyncio.Future[Any]] = {gathered, gone}
+            done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if gathered in done:
+                results: list[Result] = gathered.result()
+                for result in results:
+                    self.metrics.answered(result)
+                return results
+            if gone in done:
+                self.batcher.cancel(jobs)
+                raise ClientGone()
+            self.batcher.cancel(jobs, "deadline")
+            raise DeadlineExceeded("the request ran past its deadline")
+        finally:
+            gone.cancel()
+            gathered.add_done_callback(_retrieve)
+            gathered.cancel()  # a no-op once done
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a future's outcome as seen (asyncio logs an exception nobody retrieved)."""
+    if not future.cancelled():
+        future.exception()
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client disconnects (the body has been read, so the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 once it passes `limit` bytes (declared or streamed)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPError(413, f"the request body is {declared} bytes, above this server's {limit} (--max-body-bytes); "
+                             "send a smaller request (scale pictures down)", "invalid_request_error")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPError(413, f"the request body is above this server's {limit} bytes (--max-body-bytes); send a "
+                                 "smaller request (scale pictures down)", "invalid_request_error")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status,
+                        headers=headers)
+
+
+def _sse(data: object) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+class Observe:
+    """ASGI middleware: per-request metrics, the access log (one JSON line a request), the replica header."""
+
+    def __init__(self, app: ASGIApp, state: ServeState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+                       send: Callable[[Message], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.monotonic(), 499  # 499: the client left before any answer
+        replica = self.state.options.replica
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if replica is not None:
+                    message["headers"] = [*message.get("headers", []), (b"x-seer-replica", replica.encode())]
+            await send(message)
+
+        metrics = self.state.metrics
+        metrics.inflight.inc()
+        try:
+            await self.app(scope, receive, sending)
+        except Exception:
+            status = 500
+            raise
+        finally:
+            metrics.inflight.dec()
+            seconds = time.monotonic() - start
+            route = scope["path"] if scope["path"] in ROUTES else "other"
+            metrics.requests.labels(route, str(status)).inc()
+            metrics.latency.labels(route).observe(seconds)
+            log = self.state.options.access_log
+            if log is not None:
+                client = scope.get("client") or ("", 0)
+                log.write(json.dumps({"ts": round(time.time(), 3), "method": scope["method"], "path": scope["path"],
+                                      "status": status, "ms": round(seconds * 1000, 1), "client": client[0],
+                                      **({"replica": replica} if replica else {})}) + "\n")
+                log.flush()
+
+
+def create_app(service: Service, options: ServeOptions | None = None) -> FastAPI:
+    """The OpenAI-compatible app around an open Service (which it then owns: only its worker thread calls it)."""
+    options = options or ServeOptions()
+    options.check()
+    state = ServeState(service, options)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        state.drain()
+        await asyncio.to_thread(state.batcher.close)  # runs what was queued, then stops the worker
+        if options.access_log is not None:  # what shutdown left: every admitted row answered, or not
+            options.access_log.write(json.dumps({"event": "drained", "admitted": state.batcher.admitted,
+                                                 "settled": state.batcher.settled}) + "\n")
+            options.access_log.flush()
+
+    app = FastAPI(title="seer-deploy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.serve = state
+
+    def authorize(request: Request) -> None:
+        if options.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), options.api_key.encode()):
+            raise HTTPError(401, "missing or wrong API key; send 'Authorization: Bearer <key>' (the server's "
+                                 "--api-key or SEER_DEPLOY_API_KEY)", "authentication_error",
+                            {"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(HTTPError)
+    async def http_error(request: Request, exc: HTTPError) -> JSONResponse:
+        return _error(exc.status, str(exc), exc.kind, exc.headers)
+
+    @app.exception_handler(SeerDeployError)
+    async def refused(request: Request, exc: SeerDeployError) -> JSONResponse:
+        if isinstance(exc, ConfigError):  # the request's fault: the CLI's one-line message
+            return _error(400, " ".join(str(exc).split()), "invalid_request_error")
+        return _error(500, " ".join(str(exc).split()), "server_error")
+
+    @app.exception_handler(DeadlineExceeded)
+    async def deadline(request: Request, exc: DeadlineExceeded) -> JSONResponse:
+        return _error(504, f"{exc} ({options.timeout_s:g} s, --timeout); retry later or lower max_tokens",
+                      "timeout_error")
+
+    @app.exception_handler(ClientGone)
+    async def gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it
+
+    async def answer(request: Request, chat: bool) -> Response:
+        authorize(request)
+        raw = await _body(request, options.max_body_bytes)
+        if chat:
+            body: protocol.Body = protocol.parse(protocol.ChatBody, raw)
+            assert isinstance(body, protocol.ChatBody)
+            prompts = [body.request()]
+            max_tokens = body.max_tokens if body.max_tokens is not None else body.max_completion_tokens
+        else:
+            body = protocol.parse(protocol.CompletionBody, raw)
+            assert isinstance(body, protocol.CompletionBody)
+            prompts, max_tokens = body.requests(options.max_prompts), body.max_tokens
+        rows = state.rows(body, prompts, max_tokens)
+        jobs = state.submit(rows)
+        results = await state.wait(request, jobs)
+        rid = protocol.new_id("chatcmpl" if chat else "cmpl")
+        if body.stream:
+            return StreamingResponse(_stream(rid, options.model_name, chat, results), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        if chat:
+            return JSONResponse(protocol.chat_completion(rid, options.model_name, results[0]))
+        return JSONResponse(protocol.completion(rid, options.model_name, results))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await answer(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await answer(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        authorize(request)
+        service = state.engine.service
+        return {"object": "list", "data": [{
+            "id": options.model_name, "object": "model", "created": 0, "owned_by": "seer-deploy",
+            "backend": service.backend.name, "multimodal": state.engine.multimodal,
+            "gen_lengths": list(state.sizes), "default_gen_length": service.options.generation.gen_length,
+            "seer": service.seer is not None,
+        }]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        alive = state.batcher.alive
+        return JSONResponse({"status": "ok" if alive else "worker stopped"}, 200 if alive else 503)
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        ok = state.batcher.accepting and not state.draining
+        return JSONResponse({"ready": ok, "draining": state.draining}, 200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        authorize(request)
+        return Response(state.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.add_middleware(Observe, state=state)
+    return app
+
+
+async def _stream(rid: str, model: str, chat: bool, results: list[Result]) -> AsyncIterator[str]:
+    """An answer as server-sent events once its batch finished: the role, the text, a final chunk with the
+    finish reason and usage (Seer's report included), then [DONE]. Per-block progress needs a hook in the
+    runtime loop (docs/serving.md)."""
+    created = int(time.time())
+    for i, result in enumerate(results):
+        if chat:
+            yield _sse(protocol.chunk(rid, model, created, chat, i, role=True))
+        if result.text:
+            yield _sse(protocol.chunk(rid, model, created, chat, i, text=result.text))
+        last = i == len(results) - 1
+        yield _sse(protocol.chunk(rid, model, created, chat, i, finish=result.finish_reason,
+                                  usage_=protocol.usage(results) if last else None))
+    yield "data: [DONE]\n\n"

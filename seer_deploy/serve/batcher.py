@@ -1,0 +1,191 @@
+"""Dynamic batching: a bounded queue of rows and the one worker thread that owns the engine.
+
+HTTP handlers (on the event loop) submit rows and await their futures; the worker takes the oldest row, waits up
+to `max_wait_ms` (or until `max_batch` rows of its kind are queued), and runs every queued row of that kind
+together, in arrival order: one kind = one generation setting = one `Service.generate` call, where the hybrid
+scheduler batches their different kept lengths. The engine is not thread-safe, so nothing but the worker calls it.
+A full queue refuses at once (429); a row past its deadline is dropped before it runs (504); a cancelled row
+(its client went away) leaves the queue; `close()` stops taking rows and drains the ones already taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+Row = TypeVar("Row")
+
+
+class QueueFull(Exception):
+    """The queue cannot take these rows now; retry after a while (HTTP 429)."""
+
+
+class Closed(Exception):
+    """The batcher is shutting down and takes no new rows (HTTP 503)."""
+
+
+class DeadlineExceeded(Exception):
+    """The row waited past its deadline and was not run (HTTP 504)."""
+
+
+class Observer(Protocol):
+    """What the batcher reports (metrics)."""
+
+    def queue_depth(self, rows: int) -> None: ...
+    def batch(self, rows: int, seconds: float, waited: Sequence[float]) -> None: ...
+    def dropped(self, reason: str, rows: int) -> None: ...
+
+
+@dataclass(eq=False)
+class Job(Generic[Row]):
+    """One row in the queue, and the future its handler awaits (set from the worker thread)."""
+
+    row: Row
+    key: Hashable
+    deadline: float  # time.monotonic() past which the row is not run
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    queued_at: float = field(default_factory=time.monotonic)
+    state: str = "queued"  # queued -> running -> done, or -> cancelled / expired
+
+    def settle(self, value: Any = None, error: BaseException | None = None) -> None:
+        """Resolve the handler's future from any thread (a no-op if the handler already gave up)."""
+
+        def resolve() -> None:
+            if self.future.done():
+                return
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(value)
+
+        try:
+            self.loop.call_soon_threadsafe(resolve)
+        except RuntimeError:  # the handler's loop is closed: nobody is waiting
+            pass
+
+
+Runner = Callable[[list[Row]], Sequence[Any]]  # rows of one kind -> a result (or an Exception) per row
+
+
+class Batcher(Generic[Row]):
+    """The queue and its worker; `runner` is called only from the worker thread."""
+
+    def __init__(self, runner: Runner[Row], *, max_batch: int, max_wait_ms: float, max_queue: int,
+                 observer: Observer | None = None) -> None:
+        self._runner = runner
+        self.max_batch, self.max_wait, self.max_queue = max_batch, max_wait_ms / 1000.0, max_queue
+        self._observer = observer
+        self._queue: list[Job[Row]] = []
+        self._cond = threading.Condition()
+        self._closing = False
+        self.admitted = self.settled = 0  # rows taken into the queue, and rows answered (run, dropped or failed)
+        self._thread = threading.Thread(target=self._work, name="seer-serve-worker", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def accepting(self) -> bool:
+        return not self._closing and self.alive
+
+    def submit(self, rows: Sequence[tuple[Row, Hashable]], deadline: float) -> list[Job[Row]]:
+        """Queue rows (all or none) on the calling event loop; QueueFull or Closed refuses them."""
+        loop = asyncio.get_running_loop()
+        jobs = [Job(row, key, deadline, loop, loop.create_future()) for row, key in rows]
+        with self._cond:
+            if not self.accepting:
+                raise Closed("the server is shutting down")
+            if len(self._queue) + len(jobs) > self.max_queue:
+                self._report("dropped", "queue_full", len(jobs))
+                raise QueueFull(f"the queue is full ({len(self._queue)} of {self.max_queue} rows waiting)")
+            self._queue.extend(jobs)
+            self.admitted += len(jobs)
+            self._report("queue_depth", len(self._queue))
+            self._cond.notify_all()
+        return jobs
+
+    def cancel(self, jobs: Sequence[Job[Row]], reason: str = "cancelled") -> int:
+        """Take queued rows out (their client went away, or their deadline passed); rows already running finish
+        and their results are dropped. Returns how many rows left the queue."""
+        with self._cond:
+            taken = [j for j in jobs if j.state == "queued"]
+            for job in taken:
+                job.state = reason
+                self._queue.remove(job)
+            self.settled += len(taken)
+            if taken:
+                self._report("dropped", reason, len(taken))
+                self._report("queue_depth", len(self._queue))
+        return len(taken)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop taking rows, run the ones already queued, and stop the worker."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def _report(self, what: str, *args: Any) -> None:
+        if self._observer is not None:
+            getattr(self._observer, what)(*args)
+
+    def _next_batch(self) -> list[Job[Row]] | None:
+        """The next rows to run (waiting for them as the rules say); None when closed and drained."""
+        with self._cond:
+            while True:
+                if not self._queue:
+                    if self._closing:
+                        return None
+                    self._cond.wait()
+                    continue
+                first = self._queue[0]
+                fill_by = first.queued_at + self.max_wait
+                same = sum(1 for j in self._queue if j.key == first.key)
+                now = time.monotonic()
+                if same < self.max_batch and now < fill_by and not self._closing:
+                    self._cond.wait(fill_by - now)
+                    continue
+                expired = [j for j in self._queue if j.deadline <= now]
+                for job in expired:
+                    job.state = "expired"
+                    self._queue.remove(job)
+                    job.settle(error=DeadlineExceeded("the request waited past its deadline"))
+                if expired:
+                    self.settled += len(expired)
+                    self._report("dropped", "deadline", len(expired))
+                if not self._queue:
+                    continue
+                key = self._queue[0].key
+                batch = [j for j in self._queue if j.key == key][: self.max_batch]
+                for job in batch:
+                    job.state = "running"
+                    self._queue.remove(job)
+                self._report("queue_depth", len(self._queue))
+                return batch
+
+    def _work(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            start = time.monotonic()
+            try:
+                results: Sequence[Any] = self._runner([j.row for j in batch])
+                if len(results) != len(batch):
+                    raise RuntimeError(f"the engine answered {len(results)} of {len(batch)} rows")
+            except Exception as exc:  # noqa: BLE001  # a bug or a broken engine: each row of the batch is told
+                results = [exc] * len(batch)
+            seconds = time.monotonic() - start
+            for job, result in zip(batch, results, strict=True):
+                job.state = "done"
+                if isinstance(result, BaseException):
+                    job.settle(error=result)
+                else:
+                    job.settle(result)
+            with self._cond:
+                self.settled += len(batch)
+            self._report("batch", len(batch), seconds, [start - j.queued_at for j in batch])

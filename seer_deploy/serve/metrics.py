@@ -1,0 +1,74 @@
+"""The server's Prometheus metrics, in a registry of its own (one per app: two apps in a process never share or
+collide, and nothing global is touched)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from seer_deploy.serve.engine import Result
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+LENGTH_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+class Metrics:
+    """Queue depth, batch sizes, Seer's kept lengths and tokens against full length, latencies, refusals."""
+
+    def __init__(self, replica: str | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("seer_serve_requests", "HTTP requests answered, by route and status",
+                                ["route", "status"], registry=r)
+        self.latency = Histogram("seer_serve_request_seconds", "Request latency, arrival to last byte", ["route"],
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Gauge("seer_serve_queue_depth", "Rows waiting for the worker", registry=r)
+        self.inflight = Gauge("seer_serve_inflight_requests", "Requests being handled", registry=r)
+        self.batch_rows = Histogram("seer_serve_batch_size", "Rows per Service.generate call", buckets=SIZE_BUCKETS,
+                                    registry=r)
+        self.batch_seconds = Histogram("seer_serve_batch_seconds", "Time of one Service.generate call",
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram("seer_serve_queue_wait_seconds", "Time a row waited before its batch ran",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.rows = Counter("seer_serve_rows", "Rows answered", registry=r)
+        self.dropped_rows = Counter("seer_serve_rows_dropped", "Rows refused or dropped, by reason (queue_full, "
+                                    "deadline, cancelled)", ["reason"], registry=r)
+        self.kept = Histogram("seer_serve_kept_length", "Response slots Seer kept per row", buckets=LENGTH_BUCKETS,
+                              registry=r)
+        self.tokens = Counter("seer_serve_tokens_processed", "Tokens run through the model", registry=r)
+        self.full_tokens = Counter("seer_serve_full_length_tokens", "Tokens the same rows cost at full length",
+                                   registry=r)
+        self.passes = Counter("seer_serve_passes", "Forward passes, summed over rows", registry=r)
+        if replica is not None:
+            Gauge("seer_serve_replica", "This replica (Ray Serve)", ["replica"], registry=r).labels(replica).set(1)
+
+    # The batcher's Observer
+    def queue_depth(self, rows: int) -> None:
+        self.queue.set(rows)
+
+    def batch(self, rows: int, seconds: float, waited: Sequence[float]) -> None:
+        self.batch_rows.observe(rows)
+        self.batch_seconds.observe(seconds)
+        for w in waited:
+            self.queue_wait.observe(w)
+
+    def dropped(self, reason: str, rows: int) -> None:
+        self.dropped_rows.labels(reason).inc(rows)
+
+    def answered(self, result: Result) -> None:
+        """A row's Seer report: its kept length and its tokens against full length's."""
+        self.rows.inc()
+        self.passes.inc(result.passes)
+        if result.seer is not None:
+            self.kept.observe(result.seer["kept"])
+            self.tokens.inc(result.seer["tokens_processed"])
+            self.full_tokens.inc(result.seer["full_tokens_processed"])
+        else:  # full length: every pass over prompt + gen_length
+            tokens = result.passes * (result.prompt_tokens + result.gen_length)
+            self.tokens.inc(tokens)
+            self.full_tokens.inc(tokens)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

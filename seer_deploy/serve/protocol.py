@@ -1,0 +1,189 @@
+"""OpenAI's request and response shapes for /v1/completions and /v1/chat/completions, with Seer's extras.
+
+Bodies are parsed strictly: an unknown field is refused (a typo such as `tail_contxt` would otherwise be silently
+ignored), except the OpenAI sampling fields that have no meaning for this model (top_p, penalties, ...), which
+clients send by default and which are accepted and ignored. A chat request holds one user message (the model's
+prompt template has one user turn); its image_url parts become `<image>` placeholders where they stand, unless its
+text already places them (as `seer-deploy generate --prompt '<image> ...'` does).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.models.multimodal import IMAGE_TOKEN
+from seer_deploy.models.requests import Request
+from seer_deploy.models.tokenizer import check_prompt
+from seer_deploy.serve.engine import Result
+from seer_deploy.serve.images import decode_data_url
+
+
+class Body(BaseModel):
+    """Fields both endpoints share."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    stream: bool = False
+    stop: str | list[str] | None = None
+    n: int = 1
+    # Seer's extras
+    seer: bool | None = None
+    tail_context: int | Literal["all"] | None = None
+    steps: int | None = Field(default=None, ge=1)
+    block_length: int | None = Field(default=None, ge=1)
+    # OpenAI fields with no meaning here: accepted, ignored
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    stream_options: dict[str, Any] | None = None
+
+    def stops(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return tuple(s for s in stops if s)
+
+
+class CompletionBody(Body):
+    prompt: str | list[str]
+    echo: bool = False
+    logprobs: int | None = None
+
+    def requests(self, max_prompts: int) -> list[Request]:
+        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+        if not prompts:
+            raise ConfigError("prompt is an empty list; give a prompt or a list of prompts")
+        if len(prompts) > max_prompts:
+            raise ConfigError(f"prompt holds {len(prompts)} prompts, above this server's {max_prompts}; split the "
+                              "request")
+        if self.echo or self.logprobs:
+            raise ConfigError("echo and logprobs are not supported (the model's graphs return only the chosen "
+                              "tokens); drop them")
+        where = "prompt" if len(prompts) == 1 else "prompt[{}]"
+        return [Request(check_prompt(p, where.format(i)), where=where.format(i)) for i, p in enumerate(prompts)]
+
+
+class ImageURL(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    url: str
+
+
+class Part(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "image_url"]
+    text: str | None = None
+    image_url: ImageURL | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[Part]
+
+
+class ChatBody(Body):
+    messages: list[Message]
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+
+    def request(self) -> Request:
+        """The one user message as a prompt and its pictures."""
+        if len(self.messages) != 1 or self.messages[0].role != "user":
+            roles = ", ".join(m.role for m in self.messages) or "none"
+            raise ConfigError(f"messages are [{roles}]; this model's prompt template has one user turn: send one "
+                              "message with role 'user'")
+        if self.logprobs:
+            raise ConfigError("logprobs is not supported (the model's graphs return only the chosen tokens); drop it")
+        content = self.messages[0].content
+        if isinstance(content, str):
+            return Request(check_prompt(content, "messages[0].content"), where="messages[0].content")
+        texts: list[str] = []
+        images = []
+        for i, part in enumerate(content):
+            where = f"messages[0].content[{i}]"
+            if part.type == "text":
+                if part.text is None:
+                    raise ConfigError(f"{where} is a text part without 'text'; add the text")
+                texts.append(part.text)
+            else:
+                if part.image_url is None:
+                    raise ConfigError(f"{where} is an image_url part without 'image_url'; add {{\"url\": ...}}")
+                images.append(decode_data_url(part.image_url.url, where))
+                texts.append(IMAGE_TOKEN)
+        placed = sum(t.count(IMAGE_TOKEN) for t in texts if t != IMAGE_TOKEN)
+        if placed:  # the text places its pictures itself: image parts only supply them, in order
+            texts = [t for t in texts if t != IMAGE_TOKEN]
+        prompt = " ".join(t.strip() for t in texts if t.strip())
+        return Request(check_prompt(prompt, "messages[0].content"), tuple(images), "messages[0].content")
+
+
+def parse(model: type[Body], raw: bytes) -> Any:
+    """The body as `model`, or ConfigError naming the first bad field."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"]) or "the body"
+        if error["type"] == "json_invalid":
+            raise ConfigError(f"the body is not valid JSON ({error['msg']}); send a JSON object") from exc
+        if error["type"] == "extra_forbidden":
+            raise ConfigError(f"unknown field '{where}'; see docs/serving.md for the fields this server takes") from exc
+        raise ConfigError(f"{where}: {error['msg']}") from exc
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def completion(rid: str, model: str, results: list[Result]) -> dict[str, Any]:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": i, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None}
+                        for i, r in enumerate(results)],
+            "usage": usage(results)}
+
+
+def chat_completion(rid: str, model: str, result: Result) -> dict[str, Any]:
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                         "finish_reason": result.finish_reason, "logprobs": None}],
+            "usage": usage([result])}
+
+
+def usage(results: list[Result]) -> dict[str, Any]:
+    """OpenAI's token counts summed over the choices, and per choice what Seer did."""
+    rows = [r.usage() for r in results]
+    total: dict[str, Any] = {k: sum(u[k] for u in rows) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    if len(rows) == 1:
+        total.update({k: v for k, v in rows[0].items() if k not in total})
+    else:
+        total["choices"] = [{k: v for k, v in u.items() if k not in total} for u in rows]
+    return total
+
+
+def chunk(rid: str, model: str, created: int, chat: bool, index: int, *, role: bool = False, text: str | None = None,
+          finish: str | None = None, usage_: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One server-sent event's data for a streamed answer."""
+    choice: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": None}
+    if chat:
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice["delta"] = delta
+    else:
+        choice["text"] = text or ""
+    out: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                           "created": created, "model": model, "choices": [choice]}
+    if usage_ is not None:
+        out["usage"] = usage_
+    return out
