@@ -378,6 +378,59 @@ def targets(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def render_markdown(data: dict[str, Any]) -> str:
+    """The check's JSON as the tables BENCHMARKS.md shows (scripts/render_benchmarks.py includes the file)."""
+    sections = data["sections"]
+    env = sections.get("environment", {})
+    lines = [f"Command: `{data.get('command', '')}` ({data.get('total_seconds', 0):.0f} s)", "",
+             (f"Machine: {env.get('gpu') or 'no GPU'} ({env.get('device')}), torch {env.get('torch')}, onnxruntime "
+             f"{env.get('onnxruntime')}, providers {', '.join(env.get('providers') or [])}, {env.get('cpu_count')} CPUs."),
+             ""]
+    failed = [f"{name}: {s['error']}" for name, s in sections.items() if not s.get("ok")]
+    lines += [f"- section failed: {f}" for f in failed] + ([""] if failed else [])
+    parity = sections.get("parity", {})
+    lines += ["| parity (same tokens as the CPU) | Seer | paper's cut | full length |", "|---|---|---|---|"]
+    for variant in ("io_binding", "cuda_graph"):
+        row = parity.get(variant, {})
+        if "error" in row:
+            lines.append(f"| ONNX Runtime, {variant} | {row['error'][:80]} | | |")
+        elif row:
+            lines.append(f"| ONNX Runtime, {variant} | " + " | ".join(
+                f"{row[m]['same_tokens']:.3f} of {row[m]['prompts']}" for m in ("seer", "paper_cut", "full")) + " |")
+    if "torch" in parity:
+        lines.append(f"| torch (gen_length {parity['torch']['gen_length']}) | | | "
+                     f"{parity['torch']['same_tokens']:.3f} of {parity['torch']['prompts']} |")
+    lines += ["", "| demo, per forward pass | wall ms | engine ms | host loop ms |", "|---|---|---|---|"]
+    for name, row in sections.get("demo_pass", {}).items():
+        if isinstance(row, dict) and "wall_ms_per_pass" in row:
+            lines.append(f"| {name} | {row['wall_ms_per_pass']:.3f} | {row['engine_ms_per_pass']:.3f} | "
+                         f"{row['host_ms_per_pass']:.3f} |")
+    lines += ["", "| path | prompts | full s | Seer s | oracle s | Seer speed-up | oracle / Seer time | Seer = full |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name, row in sections.get("seer_speed", {}).items():
+        if isinstance(row, dict) and "seer_s" in row:
+            lines.append(f"| {name} | {row['prompts']} | {row['full_s']} | {row['seer_s']} | {row['oracle_s']} | "
+                         f"{row['seer_speedup']}x | {row['seer_vs_oracle']} | {row['same_as_full']:.3f} |")
+    large = sections.get("large_model", {})
+    if "model" in large:
+        m = large["model"]
+        lines += ["", (f"Large model: d_model {m['d_model']}, {m['layers']} layers, vocab {m['vocab']}: "
+                  f"{m['parameters'] / 1e9:.2f}B parameters, {m['fp16_gb']} GB in fp16; copy bandwidth "
+                  f"{large.get('bandwidth_gbs')} GB/s, weight-read bound {large.get('weight_read_bound_ms')} ms; the "
+                  f"demo in fp16 gives the fp32 tokens on {large.get('demo_fp16_same_tokens_as_fp32')} of the prompts."),
+                  "", "| kept length | " + " | ".join(k for k in ("io_binding", "cuda_graph") if isinstance(
+                      large.get(k), list)) + " |", "|---|---|---|"]
+        series = {k: {p["kept"]: p for p in large[k]} for k in ("io_binding", "cuda_graph")
+                  if isinstance(large.get(k), list)}
+        for kept in sorted({k for points in series.values() for k in points}):
+            cells = [(f"{points[kept]['ms']} ms" + (f" ({points[kept]['x_bound']}x bound)"
+                                                    if points[kept]['x_bound'] is not None else ""))
+                     if kept in points else "" for points in series.values()]
+            lines.append(f"| {kept} | " + " | ".join(cells) + " |")
+    lines += ["", "Targets (reported, not asserted): " + json.dumps(data.get("targets", {})), ""]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"), help="the JSON file to write")
@@ -414,6 +467,7 @@ def main() -> None:
                 check.run(name, body)
         check.data["targets"] = targets(check.data)
         check.save()
+    args.out.with_suffix(".md").write_text(render_markdown(check.data))
     print(json.dumps(check.data["targets"], indent=1))
 
 

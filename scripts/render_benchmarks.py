@@ -8,6 +8,7 @@
     python benchmarks/bench_step_latency.py --threads 2 > benchmarks/results/step_latency.md
     python benchmarks/bench_hybrid.py --threads 2 > benchmarks/results/hybrid.md
     python benchmarks/compare_runs.py BEFORE/bench.json AFTER/bench.json > benchmarks/results/redesign_check.md
+    PYTHONPATH=. python scripts/gpu_check.py --out benchmarks/results-gpu/gpu_check.json   # on a GPU machine
     python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
 
 The first part is the run with the fast rows (parallel decoding, the KV cache: benchmarks/results-fast, with its
@@ -28,6 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 RESULTS_VL = ROOT / "benchmarks" / "results-vl"
 RESULTS_FAST = ROOT / "benchmarks" / "results-fast"
+RESULTS_GPU = ROOT / "benchmarks" / "results-gpu"  # scripts/gpu_check.py: gpu_check.md (from a GPU run), notes.md
+RESULTS_SERVE = ROOT / "benchmarks" / "results-serve"  # benchmarks/load_generator.py: notes.md
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
      "python benchmarks/bench_loopcore.py"),
@@ -58,6 +61,15 @@ def main() -> None:
     vl = RESULTS_VL / "bench.json"
     parts += [render_markdown(json.loads(vl.read_text()), "benchmarks/results-vl/bench.png") if vl.is_file()
               else "# seer-deploy bench: demo-vl\n\n(not measured: benchmarks/results-vl/bench.json is missing)", ""]
+    parts += ["# GPU: scripts/gpu_check.py", ""]
+    for name in ("notes.md", "gpu_check.md"):
+        path = RESULTS_GPU / name
+        parts += [path.read_text().strip() if path.is_file() else f"(no GPU run recorded: benchmarks/results-gpu/{name} "
+                  "is missing)", ""]
+    serve = RESULTS_SERVE / "notes.md"
+    parts += ["# Serving: seer-deploy serve under load", "",
+              serve.read_text().strip() if serve.is_file() else "(not measured: benchmarks/results-serve/notes.md is "
+              "missing)", ""]
     parts += ["# Component benchmarks", "",
               "Run on the same machine as the bench above, one at a time (the notes above say which were rerun with it).",
               ""]

@@ -37,5 +37,7 @@ def test_gpu_check_runs_every_section_on_a_cpu(tmp_path: Path) -> None:
     large = sections["large_model"]
     assert large["demo_fp16_same_tokens_as_fp32"] == 1.0
     assert [p["kept"] for p in large["io_binding"]] == [16, 32]
+    markdown = out.with_suffix(".md").read_text()  # what BENCHMARKS.md includes from a GPU run
+    assert "| ONNX Runtime, io_binding | 1.000 of" in markdown and "| kept length |" in markdown
     assert set(data["targets"]) == {"demo_pass_ms_under_0.5", "large_step_within_2x_of_bound",
                                     "seer_faster_than_full_everywhere", "seer_vs_oracle_at_least_0.7"}
