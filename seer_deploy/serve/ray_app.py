@@ -8,7 +8,6 @@ flight. Ray is optional (`pip install -e ".[ray]"`): nothing here imports it unt
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import signal
 import sys
@@ -72,7 +71,10 @@ def deployment(target: str, service_options: ServiceOptions, serve_options: Serv
     scaling: dict[str, Any] = {"num_replicas": replicas} if max_replicas is None else {"autoscaling_config": {
         "min_replicas": replicas, "max_replicas": max_replicas, "target_ongoing_requests": serve_options.max_batch}}
     shipped = dataclasses.replace(serve_options, access_log=None)  # a stream does not travel; each replica opens its own
-    builder = functools.partial(build_app, target, service_options, shipped, access_log)
+
+    def builder() -> FastAPI:  # a plain function: Ray calls it in each replica (a partial would pass for an app)
+        return build_app(target, service_options, shipped, access_log)
+
 
     @serve.deployment(name="seer-deploy", max_ongoing_requests=serve_options.max_queue,
                       ray_actor_options={"num_cpus": num_cpus}, **scaling)
