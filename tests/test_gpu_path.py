@@ -30,6 +30,7 @@ from seer_deploy.models.demo_tasks import write_tokenizer
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.targets import parse_device
+from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.service import Request, Service, ServiceOptions
 from seer_deploy.spec.graphs import STEP, STEP0, WINDOW_STEP
@@ -81,6 +82,27 @@ def test_io_binding_gives_the_tokens_of_session_run(exported: tuple[MaskPredicto
     assert sum(backends[1].bound_shapes.values()) > 0
     # Padded shapes: every sequence of these calls rounds to 16 or 32 columns, at most two batch sizes.
     assert all(n <= 6 for n in backends[2].bound_shapes.values()), backends[2].bound_shapes
+
+
+@pytest.mark.parametrize("truncation", ["full", "mixed-kept"])
+def test_device_resident_kv_cache_gives_the_host_cache_tokens(exported: tuple[MaskPredictor, Path],
+                                                               truncation: str) -> None:
+    """The KV cache kept as torch tensors where the engine runs (a GPU there; the CPU here): the runtime gathers and
+    updates its rows without a host copy, and the tokens are the host cache's, on torch and on ONNX Runtime."""
+    model, out = exported
+    cfg = model.cfg
+    config = GenerationConfig(24, 24, block_length=8, kv_cache=True, decode="threshold", threshold=0.3)
+    kept = [5, 24, 11] if truncation == "mixed-kept" else None
+    device = OrtSessionOptions(providers=(CPU,), io_binding=True, device_cache=True)
+    backends = [OrtBackend(out, PLAIN), OrtBackend(out, device), TorchBackend(model, device_cache=False),
+                TorchBackend(model, device_cache=True)]
+    ids = np.array([PROMPTS[0] + [cfg.mask_id] * 8])
+    kinds = [type(b.refresh(StepInput(ids)).kv) for b in backends]
+    assert kinds == [np.ndarray, torch.Tensor, np.ndarray, torch.Tensor]
+    runs = [run_generation(b, PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id, eos_id=cfg.eos_id,
+                           kept_lengths=kept) for b in backends]
+    for other in runs[1:]:
+        assert np.array_equal(runs[0].tokens, other.tokens)
 
 
 def test_padding_keeps_step_zero_outputs(exported: tuple[MaskPredictor, Path]) -> None:

@@ -88,7 +88,7 @@ def test_batch_size_splits_the_requests_into_step_zeros(kind: str, targets: dict
 @pytest.mark.parametrize("kind", KINDS)
 def test_provider_is_honoured_on_onnx_runtime_and_refused_on_torch(kind: str, targets: dict[str, Path]) -> None:
     if kind in TORCH_KINDS:
-        with pytest.raises(ConfigError, match="--provider chooses ONNX Runtime providers.*runs on torch"):
+        with pytest.raises(ConfigError, match="--provider sets ONNX Runtime sessions.*runs on torch"):
             Service(targets[kind], ServiceOptions(generation=CONFIG, providers=CPU))
         return
     service, _, _, _ = run(kind, targets, providers=CPU)

@@ -223,7 +223,7 @@ def test_export_build_then_generate_on_any_target(artifacts: dict[str, Path], tm
     code, stdout, err = cli(["generate", str(out), "--backend", "tensorrt", "-p", "reverse 1"], capsys)
     assert code == 2 and "build a TensorRT engine from it first" in err
     code, stdout, err = cli(["generate", str(artifacts["ckpt"]), *args, *ort], capsys)
-    assert code == 2 and "--provider chooses ONNX Runtime providers" in err and "runs on torch" in err
+    assert code == 2 and "--provider sets ONNX Runtime sessions" in err and "runs on torch" in err
 
 
 def test_doctor_reports_the_core_and_the_backends(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,12 +7,27 @@ rather than B x S x V logits. Step zero also returns the EOS probability and See
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import SparsityRow
+
+# The block-wise KV cache, float32 [n_layers, 2, B, n_kv_heads, S, head_dim]: a numpy array, or a device tensor (a
+# torch tensor on the engine's GPU) that never crosses to the host. The runtime only allocates it, reads rows and
+# writes rows (`kv_zeros`, and `[:, :, rows]` indexing, which numpy arrays and torch tensors share).
+KVCache = Any
+
+
+def is_device_array(value: object) -> bool:
+    """Whether a KV cache is a device tensor (torch) rather than a numpy array."""
+    return not isinstance(value, np.ndarray) and hasattr(value, "new_zeros")
+
+
+def kv_zeros(like: KVCache, shape: tuple[int, ...]) -> KVCache:
+    """Zeros of `shape` of the same kind as `like`: on its device for a device tensor, a float32 array otherwise."""
+    return like.new_zeros(shape) if is_device_array(like) else np.zeros(shape, dtype=np.float32)
 
 
 class StepInput(NamedTuple):
@@ -76,14 +91,15 @@ class WindowInput(NamedTuple):
     window_ids: np.ndarray  # int64 [B, W]: the tokens of columns [window_start[b], window_start[b] + W)
     attention_mask: np.ndarray  # int64 [B, S]: the whole sequence's, 1 = real
     window_start: np.ndarray  # int64 [B]
-    kv: np.ndarray  # float32 [n_layers, 2, B, n_kv_heads, S, head_dim]: `RefreshOutput.kv` of these rows
+    kv: KVCache  # float32 [n_layers, 2, B, n_kv_heads, S, head_dim]: `RefreshOutput.kv` of these rows
     temperature: float | np.ndarray = 0.0
     seed: int | None = None
 
     def checked(self) -> WindowInput:
         """The input as engines want it, or ConfigError naming what does not fit."""
         ids, mask = np.asarray(self.window_ids), np.asarray(self.attention_mask)
-        start, kv = np.asarray(self.window_start), np.asarray(self.kv)
+        start = np.asarray(self.window_start)
+        kv: KVCache = self.kv if is_device_array(self.kv) else np.asarray(self.kv)
         if ids.ndim != 2 or mask.ndim != 2 or ids.shape[0] != mask.shape[0] or ids.shape[1] > mask.shape[1]:
             raise ConfigError(f"window_ids {ids.shape} must be [batch, W] with W <= the sequence of attention_mask "
                               f"{mask.shape}")
@@ -93,16 +109,22 @@ class WindowInput(NamedTuple):
         if kv.ndim != 6 or kv.shape[1] != 2 or kv.shape[2] != ids.shape[0] or kv.shape[4] != mask.shape[1]:
             raise ConfigError(f"kv {kv.shape} must be [layers, 2, batch {ids.shape[0]}, kv_heads, seq {mask.shape[1]}, "
                               "head_dim], what a refresh of the same rows returned")
+        if is_device_array(kv):
+            if str(kv.dtype) != "torch.float32":
+                raise ConfigError(f"kv on the device must be float32, got {kv.dtype}")
+            kv = kv.contiguous()
+        else:
+            kv = np.ascontiguousarray(kv, np.float32)
         return self._replace(
             window_ids=np.ascontiguousarray(ids, np.int64), attention_mask=np.ascontiguousarray(mask, np.int64),
-            window_start=np.ascontiguousarray(start, np.int64), kv=np.ascontiguousarray(kv, np.float32),
+            window_start=np.ascontiguousarray(start, np.int64), kv=kv,
         )
 
 
 class RefreshOutput(NamedTuple):
     token_ids: np.ndarray  # int64 [B, S]
     confidence: np.ndarray  # float32 [B, S]
-    kv: np.ndarray  # float32 [n_layers, 2, B, n_kv_heads, S, head_dim]: every layer's keys and values
+    kv: KVCache  # float32 [n_layers, 2, B, n_kv_heads, S, head_dim]: every layer's keys and values
 
 
 class Backend(Protocol):

@@ -18,11 +18,18 @@ from typing import Any, Literal
 import numpy as np
 import onnxruntime as ort
 
-from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
+from seer_deploy.core.backend import (
+    RefreshOutput,
+    Step0Output,
+    StepInput,
+    StepOutput,
+    WindowInput,
+    is_device_array,
+)
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, file_sha256, os_error_fix
 from seer_deploy.engines.fixed_shapes import DEFAULT_SEQ_MULTIPLE, FixedShapes
-from seer_deploy.engines.ort_binding import BoundSession
+from seer_deploy.engines.ort_binding import BoundSession, run_with_device_tensors
 from seer_deploy.spec.export_manifest import ExportManifest
 from seer_deploy.spec.graph_calls import (
     graph_feed,
@@ -32,7 +39,7 @@ from seer_deploy.spec.graph_calls import (
     window_feed,
     window_output,
 )
-from seer_deploy.spec.graphs import STEP, WINDOW_STEP, GraphIO, cache_graphs, step_graphs
+from seer_deploy.spec.graphs import KV, STEP, WINDOW_STEP, GraphIO, cache_graphs, step_graphs
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 GraphOptimization = Literal["disable", "basic", "extended", "all"]
@@ -136,6 +143,9 @@ class OrtSessionOptions:
     # CUDA only: one captured CUDA graph per call shape (implies io_binding, and seq_multiple 32 unless set).
     cuda_graph: bool = False
     device_id: int = 0  # the CUDA device of the CUDA provider
+    # The KV cache (export --kv-cache) kept on the session's device as torch tensors, never copied to the host.
+    # None: on with IO binding on CUDA. On a CPU it changes nothing but the array type (what the tests exercise).
+    device_cache: bool | None = None
 
     def resolved_providers(self) -> list[str]:
         available = ort.get_available_providers()
@@ -242,6 +252,10 @@ class OrtBackend:
         self._bound = {io.name: self.options.bound(self._sessions[io.name], io, self.max_seq_len,
                                                    cuda_graph=io.name in EVERY_STEP)
                        for io in graphs}
+        on_cuda = active[0] == CUDA
+        wanted = self.options.device_cache
+        self.device_cache = (self.options.io_binding and on_cuda) if wanted is None else wanted
+        self._device = ("cuda" if on_cuda else "cpu", self.options.device_id if on_cuda else 0)
         self.sparsity_rows: list[tuple[int, str]] = list(self.manifest.seer.sparsity_rows)
 
     def _check_files(self) -> None:
@@ -343,14 +357,35 @@ class OrtBackend:
         return step_output(self._run(self._step_io, inputs))
 
     def refresh(self, inputs: StepInput) -> RefreshOutput:
-        """A step that also returns every layer's keys and values (export --kv-cache)."""
+        """A step that also returns every layer's keys and values (export --kv-cache); with `device_cache` they
+        stay on the session's device, as a torch tensor."""
         self._need_cache()
-        return refresh_output(self._run(self._refresh_io, inputs))
+        if not self.device_cache:
+            return refresh_output(self._run(self._refresh_io, inputs))
+        import torch
+
+        checked = inputs.checked(self.max_seq_len)
+        batch, seq = checked.input_ids.shape
+        cfg = self.manifest.model_config()
+        kind, index = self._device
+        kv = torch.empty((cfg.n_layers, 2, batch, cfg.n_kv_heads, seq, cfg.head_dim), dtype=torch.float32,
+                         device=torch.device(kind, index))
+        io = self._refresh_io
+        values = run_with_device_tensors(self._sessions[io.name], io, graph_feed(io, checked, self._image_table(checked)),
+                                         device=kind, device_id=index, device_outputs={KV.name: kv})
+        picked = step_output(values)
+        return RefreshOutput(picked.token_ids, picked.confidence, kv)
 
     def window_step(self, inputs: WindowInput) -> StepOutput:
         """A step over the window's columns only, against a refresh's keys and values (export --kv-cache)."""
         self._need_cache()
-        return window_output(self._call(self._window_io, window_feed(self._window_io, inputs.checked())))
+        checked = inputs.checked()
+        io = self._window_io
+        if is_device_array(checked.kv):  # a device-resident cache: bound where it lies
+            kind, index = self._device
+            return window_output(run_with_device_tensors(self._sessions[io.name], io, window_feed(io, checked),
+                                                         device=kind, device_id=index, device_outputs={}))
+        return window_output(self._call(io, window_feed(io, checked)))
 
     def _need_cache(self) -> None:
         if not self.supports_cache and self.manifest.has_cache:

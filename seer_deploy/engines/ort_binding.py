@@ -10,6 +10,10 @@ it (`gpu_graph_id` = the shape's index); a captured graph needs fixed shapes and
 the batch and sequence axes up (padding rows repeat row 0, padding columns are masked out of attention and their
 outputs dropped), which bounds the graphs to one per (batch size, length bucket).
 
+With `device_cache` the block-wise KV cache stays on the device too: a refresh writes its keys and values into a
+torch tensor there and a window step reads them from it (`run_with_device_tensors`); the runtime keeps, gathers and
+updates the cache rows as torch tensors, never on the host.
+
 On CPU the same code runs with host buffers: the tests check it against `session.run` token for token, padding
 included. The CUDA-graph path itself runs only on a GPU (scripts/gpu_check.py); here it is type-checked and its
 switch tested.
@@ -19,10 +23,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
+from seer_deploy.core.backend import is_device_array
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.engines.fixed_shapes import FixedShapes, pad_feed, unpad_outputs
 from seer_deploy.spec.graphs import ATTENTION_MASK, GraphIO
@@ -110,3 +116,31 @@ class BoundSession:
         if not self.cuda_graph and len(self._buffers) > MAX_BOUND_SHAPES:
             self._buffers.popitem(last=False)
         return buffers
+
+
+_ELEMENT_TYPES = {"torch.float32": np.float32, "torch.float16": np.float16, "torch.int64": np.int64}
+
+
+def run_with_device_tensors(session: ort.InferenceSession, graph: GraphIO, feed: Mapping[str, Any], *,
+                            device: str, device_id: int, device_outputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """One call through a fresh IO binding for graphs whose big tensor stays on the device (the KV cache): torch
+    tensors in `feed` are bound where they lie, the outputs named in `device_outputs` are written into those
+    (preallocated, contiguous) torch tensors, and only the other outputs come back to the host."""
+    binding = session.io_binding()
+    for name, value in feed.items():
+        if is_device_array(value):
+            binding.bind_input(name, device, device_id, _ELEMENT_TYPES[str(value.dtype)], tuple(value.shape),
+                               value.data_ptr())
+        else:
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+    for name in graph.host_outputs:
+        target = device_outputs.get(name)
+        if target is None:
+            binding.bind_output(name, "cpu")
+        else:
+            binding.bind_output(name, device, device_id, _ELEMENT_TYPES[str(target.dtype)], tuple(target.shape),
+                                target.data_ptr())
+    session.run_with_iobinding(binding)
+    values = binding.get_outputs()
+    return {name: value.numpy() for name, value in zip(graph.host_outputs, values, strict=True)
+            if name not in device_outputs}

@@ -28,11 +28,13 @@ import numpy as np
 from seer_deploy.core.backend import (
     Backend,
     CacheBackend,
+    KVCache,
     RefreshOutput,
     Step0Output,
     StepInput,
     StepOutput,
     WindowInput,
+    kv_zeros,
 )
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, left_pad
@@ -135,7 +137,7 @@ class Rows:
     plans: Sequence[TruncationPlan]
     first_schedule: np.ndarray | None = None  # int64 [B, s]: the rest of block 0's schedule when it was fixed
     # before step zero (full length); None splits the masks left in each block as a row enters it
-    kv: np.ndarray | None = None  # float32 [layers, 2, B, kv_heads, S, head_dim]: step zero's keys and values, when
+    kv: KVCache | None = None  # float32 [layers, 2, B, kv_heads, S, head_dim]: step zero's keys and values, when
     # it was a refresh over the columns the rows run in (full length); None: each row refreshes first
 
     def take(self, rows: Sequence[int]) -> Rows:
@@ -219,7 +221,7 @@ class _Cache:
     """The group's block-wise KV cache: every row's keys and values from its last refresh, and the block they are
     for (-1: none yet)."""
 
-    kv: np.ndarray | None  # float32 [layers, 2, n, kv_heads, columns, head_dim]
+    kv: KVCache | None  # float32 [layers, 2, n, kv_heads, columns, head_dim], on the host or the engine's device
     block_lo: np.ndarray  # int64 [n]
 
 
@@ -293,7 +295,7 @@ class _Group:
         if self.cache.kv is None:
             shape = list(out.kv.shape)
             shape[2] = self.n
-            self.cache.kv = np.zeros(shape, dtype=np.float32)
+            self.cache.kv = kv_zeros(out.kv, tuple(shape))  # where the backend keeps it: the host or its device
         self.cache.kv[:, :, rows] = out.kv
         self.cache.block_lo[rows] = lo[rows]
         self.passes[rows] += 1

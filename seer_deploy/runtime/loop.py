@@ -24,6 +24,7 @@ import numpy as np
 from seer_deploy.core.backend import (
     Backend,
     CacheBackend,
+    KVCache,
     RefreshOutput,
     Step0Output,
     StepInput,
@@ -238,7 +239,7 @@ def step_zero(
     tally: Tally,
     real: np.ndarray,
     truncating: bool,
-) -> tuple[Step0Output | None, np.ndarray | None]:
+) -> tuple[Step0Output | None, KVCache | None]:
     """The first denoising step, at full length: commits k[b] masks (or, with parallel decoding, those the rule
     accepts) before `hi` in x; returns what Seer reads and, when it was a refresh, the keys and values.
 

@@ -32,7 +32,8 @@ class TorchBackend:
     supports_guidance = True
     supports_cache = True
 
-    def __init__(self, model: MaskPredictor, stats: StatsSpec | None = None) -> None:
+    def __init__(self, model: MaskPredictor, stats: StatsSpec | None = None, *, device_cache: bool | None = None
+                 ) -> None:
         cfg = model.cfg
         self.stats = stats if stats is not None else StatsSpec(layers=tuple(range(cfg.n_layers)))
         bad = [layer for layer in self.stats.layers if not 0 <= layer < cfg.n_layers]
@@ -47,6 +48,8 @@ class TorchBackend:
         self.mask_id = cfg.mask_id
         self.sparsity_rows: list[SparsityRow] = self.stats.sparsity_rows
         self._device = next(model.parameters()).device
+        # The KV cache as a tensor on the model's device (it never crosses to the host); None: on a GPU, not on a CPU.
+        self.device_cache = self._device.type != "cpu" if device_cache is None else device_cache
 
     def _forward(self, inputs: StepInput, stats: StatsSpec | None) -> tuple[Tensor, Tensor | None]:
         """Logits (guided when inputs.guidance > 0) and, with `stats`, the statistics of the conditional pass."""
@@ -92,7 +95,8 @@ class TorchBackend:
                          torch.from_numpy(checked.attention_mask).to(self._device), return_kv=True)
         assert out.kv is not None
         picked = _pick(out.logits, checked.temperature, checked.seed)
-        return RefreshOutput(picked.token_ids, picked.confidence, _numpy(out.kv, np.float32))
+        kv = out.kv.float() if self.device_cache else _numpy(out.kv, np.float32)
+        return RefreshOutput(picked.token_ids, picked.confidence, kv)
 
     @torch.inference_mode()
     def window_step(self, inputs: WindowInput) -> StepOutput:
@@ -101,7 +105,7 @@ class TorchBackend:
         device = self._device
         logits = self.model.forward_window(
             torch.from_numpy(checked.window_ids).to(device), torch.from_numpy(checked.attention_mask).to(device),
-            torch.from_numpy(checked.window_start).to(device), torch.from_numpy(checked.kv).to(device),
+            torch.from_numpy(checked.window_start).to(device), _tensor(checked.kv, device),
         )
         return _pick(logits, checked.temperature, checked.seed)
 
@@ -122,6 +126,11 @@ def _pick(logits: Tensor, temperature: float | np.ndarray, seed: int | None) -> 
     token = gumbel_argmax(logits, value, generator)
     confidence = token_log_prob(logits, token)
     return StepOutput(token_ids=_numpy(token, np.int64), confidence=_numpy(confidence, np.float32))
+
+
+def _tensor(kv: np.ndarray | Tensor, device: torch.device) -> Tensor:
+    """A KV cache on `device`: a host array is copied there, a device tensor is used as it is."""
+    return kv.to(device) if isinstance(kv, Tensor) else torch.from_numpy(kv).to(device)
 
 
 def _numpy(t: Tensor, dtype: type[np.generic]) -> np.ndarray:
