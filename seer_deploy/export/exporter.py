@@ -34,13 +34,15 @@ from seer_deploy.core.atomic import (
     remove_stale_temporaries,
     staging_dir,
 )
+from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ConfigError, SeerDeployError
 from seer_deploy.core.files import file_sha256, read_json
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
-from seer_deploy.export.graphs import RefreshGraph, Step0Graph, StepGraph, WindowStepGraph
+from seer_deploy.export.graphs import WindowStepGraph, step_modules
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.trace import io_specs, trace_graph
 from seer_deploy.export.validate import (
+    GraphSessions,
     check_graph_files,
     check_interface,
     compare_with_torch,
@@ -70,18 +72,17 @@ from seer_deploy.spec.graphs import (
     CACHE_GRAPH_NAMES,
     INPUT_IDS,
     KV,
-    REFRESH,
+    PROMPT_WIDTH,
     SAMPLE_UNIFORM,
-    STEP,
-    STEP0,
     STEP_GRAPH_NAMES,
     TEMPERATURE,
     WINDOW_IDS,
     WINDOW_START,
-    WINDOW_STEP,
     Axis,
     GraphIO,
     Size,
+    cache_graphs,
+    step_graphs,
 )
 
 STAGES: tuple[str, ...] = (
@@ -149,6 +150,7 @@ def step_examples(cfg: ModelConfig, max_seq_len: int) -> dict[str, Tensor]:
         WINDOW_IDS.name: ids[:, S - W :],
         WINDOW_START.name: torch.tensor([S - W, 0]),
         KV.name: torch.zeros(cfg.n_layers, 2, 2, cfg.n_kv_heads, S, cfg.head_dim),
+        PROMPT_WIDTH.name: torch.tensor([S - W, S - W]),
     }
 
 
@@ -252,6 +254,10 @@ class ExportRun:
         if max_seq_len < shortest[0]:
             raise ConfigError(f"--max-seq-len {max_seq_len} is too short: {shortest[1]}")
         stats = options.seer.spec(config.n_layers)
+        if options.kv_cache and config.shift_logits:
+            raise ConfigError(f"--kv-cache is not supported for {config.family} (shifted logits: a window's first token "
+                              "is read from the column before the window, which the block-wise cache does not "
+                              "recompute); export without --kv-cache")
         dest = Path(out).expanduser().absolute()
         fingerprint = destination_fingerprint(dest, checkpoint, options.force)
         return cls(options, dest, checkpoint, source, config, max_seq_len, stats, fingerprint, load)
@@ -343,13 +349,21 @@ def _load_text(run: ExportRun, report: Progress) -> Loaded:
     if dtype == "fp16":
         model = model.to(torch.float16)
 
+    step0, step = step_graphs(prefix_dlm=cfg.prefix_dlm)
+    refresh, window = cache_graphs(prefix_dlm=cfg.prefix_dlm)
+
     def validate(staged: Path) -> dict[str, float]:
-        backend = OrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
+        if cfg.prefix_dlm:  # the engines do not declare prompt_width yet: run the graphs by their declarations
+            graphs = {io.name: io for io in (step0, step, *((refresh, window) if run.options.kv_cache else ()))}
+            backend: Backend = GraphSessions(staged, graphs)
+        else:
+            backend = OrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
         return compare_with_torch(backend, refs, cfg, dtype)
 
-    cache = ((REFRESH, RefreshGraph(model)), (WINDOW_STEP, WindowStepGraph(model))) if run.options.kv_cache else ()
+    step0_module, step_module, refresh_module = step_modules(model, stats)
+    cache = ((refresh, refresh_module), (window, WindowStepGraph(model))) if run.options.kv_cache else ()
     plan = GraphPlan(
-        modules=((STEP0, Step0Graph(model, stats)), (STEP, StepGraph(model)), *cache),
+        modules=((step0, step0_module), (step, step_module), *cache),
         examples=step_examples(cfg, run.max_seq_len),
         sizes={Size.STAT_ROWS: len(stats.sparsity_rows), **cache_sizes(cfg)},
         validate=validate,

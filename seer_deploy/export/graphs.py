@@ -15,6 +15,10 @@ The cache graphs (export --kv-cache): `refresh` is the step graph that also retu
 `window_step` runs a window of columns (a denoising block) against them (Fast-dLLM's dual cache, refreshed by the
 loop at each block's first step).
 
+A prefix-DLM model's step graphs (ModelConfig.prefix_dlm, LaViDa: `Prefix*Graph`) take `prompt_width` [B] last: the
+column where each row's response starts (spec.graphs.PROMPT_WIDTH). The multimodal graphs' embedding adapter passes
+prompt_width through, for multimodal prefix variants.
+
 The multimodal step graphs take one more input, the image table: prompt ids at and above the LM's embedding rows
 select a row of it in-graph (models.image_prompts.embed_with_images). The vision graph folds in the SigLIP tower, the
 selected layer, the projector and LLaVA's image_newline, and outputs float32 whatever the export dtype.
@@ -44,7 +48,11 @@ class Step0Graph(nn.Module):
         self.eos_id = model.cfg.eos_id
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        out = self.model(input_ids, attention_mask, stats=self.spec)
+        return self.outputs(input_ids, attention_mask, None)
+
+    def outputs(self, input_ids: Tensor, attention_mask: Tensor,
+                prompt_width: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        out = self.model(input_ids, attention_mask, stats=self.spec, prompt_width=prompt_width)
         assert out.stats is not None
         token_ids, confidence, top, log_total = greedy_head(out.logits)
         eos_prob = torch.exp(out.logits[..., self.eos_id].float() - top - log_total)
@@ -81,7 +89,12 @@ class StepGraph(nn.Module):
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor
     ) -> tuple[Tensor, Tensor]:
-        return pick_tokens(self.model(input_ids, attention_mask).logits, temperature, sample_uniform)
+        return self.outputs(input_ids, attention_mask, temperature, sample_uniform, None)
+
+    def outputs(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor,
+                prompt_width: Tensor | None) -> tuple[Tensor, Tensor]:
+        logits = self.model(input_ids, attention_mask, prompt_width=prompt_width).logits
+        return pick_tokens(logits, temperature, sample_uniform)
 
 
 class RefreshGraph(nn.Module):
@@ -94,7 +107,11 @@ class RefreshGraph(nn.Module):
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
-        out = self.model(input_ids, attention_mask, return_kv=True)
+        return self.outputs(input_ids, attention_mask, temperature, sample_uniform, None)
+
+    def outputs(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor,
+                prompt_width: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        out = self.model(input_ids, attention_mask, return_kv=True, prompt_width=prompt_width)
         assert out.kv is not None
         return (*pick_tokens(out.logits, temperature, sample_uniform), out.kv)
 
@@ -114,6 +131,37 @@ class WindowStepGraph(nn.Module):
         return pick_tokens(logits, temperature, sample_uniform)
 
 
+class PrefixStep0Graph(Step0Graph):
+    """Step0Graph of a prefix-DLM model (ModelConfig.prefix_dlm): prompt_width [B] last (spec.graphs.PROMPT_WIDTH)."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor,  # type: ignore[override]
+                prompt_width: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return self.outputs(input_ids, attention_mask, prompt_width)
+
+
+class PrefixStepGraph(StepGraph):
+    """StepGraph of a prefix-DLM model: prompt_width [B] last."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
+                sample_uniform: Tensor, prompt_width: Tensor) -> tuple[Tensor, Tensor]:
+        return self.outputs(input_ids, attention_mask, temperature, sample_uniform, prompt_width)
+
+
+class PrefixRefreshGraph(RefreshGraph):
+    """RefreshGraph of a prefix-DLM model: prompt_width [B] last (the prompt's keys and values ignore the response)."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
+                sample_uniform: Tensor, prompt_width: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return self.outputs(input_ids, attention_mask, temperature, sample_uniform, prompt_width)
+
+
+def step_modules(model: MaskPredictor, spec: StatsSpec) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """The step0, step and refresh modules of a text export: the prefix-DLM variants for a prefix-DLM model."""
+    if model.cfg.prefix_dlm:
+        return PrefixStep0Graph(model, spec), PrefixStepGraph(model), PrefixRefreshGraph(model)
+    return Step0Graph(model, spec), StepGraph(model), RefreshGraph(model)
+
+
 class _EmbedsModel(nn.Module):
     """Step0Graph / StepGraph call model(ids, mask, stats=...); this adapter receives embeddings in the ids' place."""
 
@@ -123,9 +171,9 @@ class _EmbedsModel(nn.Module):
         self.cfg = lm.cfg
 
     def forward(self, embeds: Tensor, attention_mask: Tensor | None = None, *, stats: StatsSpec | None = None,
-                return_kv: bool = False) -> ModelOutput:
+                return_kv: bool = False, prompt_width: Tensor | None = None) -> ModelOutput:
         return self.lm(None, attention_mask, inputs_embeds=embeds, stats=stats,  # type: ignore[no-any-return]
-                       return_kv=return_kv)
+                       return_kv=return_kv, prompt_width=prompt_width)
 
 
 class MultimodalStep0Graph(nn.Module):

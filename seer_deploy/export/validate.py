@@ -21,12 +21,29 @@ import numpy as np
 import onnx
 import torch
 
-from seer_deploy.core.backend import Backend, CacheBackend, StepInput, StepOutput, WindowInput, supports_cache
+from seer_deploy.core.backend import (
+    Backend,
+    CacheBackend,
+    RefreshOutput,
+    Step0Output,
+    StepInput,
+    StepOutput,
+    WindowInput,
+    supports_cache,
+)
 from seer_deploy.core.errors import ArtifactError
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.spec.export_manifest import GraphRecord
+from seer_deploy.spec.export_manifest import ExportManifest, GraphRecord
+from seer_deploy.spec.graph_calls import (
+    graph_feed,
+    refresh_output,
+    step0_output,
+    step_output,
+    window_feed,
+    window_output,
+)
 from seer_deploy.spec.graphs import GraphIO, RecordedShape, Size
 from seer_deploy.spec.sampling import draw_uniform
 
@@ -56,6 +73,7 @@ class Probe:
     attention_mask: np.ndarray  # int64 [B, S], left padding
     temperature: np.ndarray  # float32 [B]: rows with 0 check greedy, others check sampling
     seed: int
+    prompt_width: int = 0  # columns [0, prompt_width) are the prompt (what prefix-DLM attention keeps apart)
 
 
 @dataclass(frozen=True)
@@ -81,7 +99,8 @@ def make_probes(cfg: ModelConfig, max_seq_len: int, seed: int = 0) -> list[Probe
             ids[b, S - n :] = rng.integers(0, cfg.vocab_size, n)
             ids[b, S - response :] = cfg.mask_id
             mask[b, S - n :] = 1
-        probes.append(Probe(ids, mask, np.asarray(temps, dtype=np.float32), seed=int(rng.integers(1 << 31))))
+        probes.append(Probe(ids, mask, np.asarray(temps, dtype=np.float32), seed=int(rng.integers(1 << 31)),
+                            prompt_width=S - response))
     return probes
 
 
@@ -89,7 +108,9 @@ def make_probes(cfg: ModelConfig, max_seq_len: int, seed: int = 0) -> list[Probe
 def torch_references(model: MaskPredictor, spec: StatsSpec, probes: list[Probe]) -> list[ProbeReference]:
     refs = []
     for p in probes:
-        out = model(torch.from_numpy(p.input_ids), torch.from_numpy(p.attention_mask), stats=spec, return_kv=True)
+        width = torch.full((p.input_ids.shape[0],), p.prompt_width, dtype=torch.long)
+        out = model(torch.from_numpy(p.input_ids), torch.from_numpy(p.attention_mask), stats=spec, return_kv=True,
+                    prompt_width=width)
         assert out.stats is not None and out.kv is not None
         B, L, F, S = out.stats.shape
         refs.append(ProbeReference(p, out.logits.double().numpy(), out.stats.reshape(B, L * F, S).float().numpy(),
@@ -183,7 +204,8 @@ def _step_at_row_temperatures(backend: Backend, p: Probe) -> StepOutput:
     token_ids = np.zeros(p.input_ids.shape, dtype=np.int64)
     confidence = np.zeros(p.input_ids.shape, dtype=np.float32)
     for temperature in np.unique(p.temperature):
-        out = backend.step(StepInput(p.input_ids, p.attention_mask, temperature=float(temperature), seed=p.seed))
+        out = backend.step(StepInput(p.input_ids, p.attention_mask, temperature=float(temperature), seed=p.seed,
+                                     prompt_width=p.prompt_width))
         rows = p.temperature == temperature
         token_ids[rows], confidence[rows] = out.token_ids[rows], out.confidence[rows]
     return StepOutput(token_ids, confidence)
@@ -194,7 +216,7 @@ def _compare_cache(backend: CacheBackend, ref: ProbeReference, probs: np.ndarray
     """The cache graphs: refresh's tokens and keys/values, and a window step over the probe's response columns
     against refresh's cache (with a fresh cache it computes what a full step computes there)."""
     p, tol = ref.probe, report.tol
-    refreshed = backend.refresh(StepInput(p.input_ids, p.attention_mask))
+    refreshed = backend.refresh(StepInput(p.input_ids, p.attention_mask, prompt_width=p.prompt_width))
     report.tokens("refresh token_ids", _pick(probs, refreshed.token_ids) >= best - tol.prob_atol, "not a near-tie")
     report.close("refresh confidence", np.exp(refreshed.confidence), _pick(probs, refreshed.token_ids), tol.prob_atol)
     scale = float(np.abs(ref.kv).max(initial=1.0))
@@ -217,7 +239,7 @@ def compare_with_torch(backend: Backend, refs: list[ProbeReference], cfg: ModelC
         p = ref.probe
         probs = _softmax(ref.logits)
         best = probs.max(-1)
-        s0 = backend.step0(StepInput(p.input_ids, p.attention_mask))
+        s0 = backend.step0(StepInput(p.input_ids, p.attention_mask, prompt_width=p.prompt_width))
         report.tokens("step0 token_ids", _pick(probs, s0.token_ids) >= best - tol.prob_atol, "not a near-tie")
         report.close("step0 confidence", np.exp(s0.confidence), _pick(probs, s0.token_ids), tol.prob_atol)
         report.close("step0 eos_prob", s0.eos_prob, probs[..., cfg.eos_id], tol.prob_atol)
@@ -244,3 +266,38 @@ def compare_with_torch(backend: Backend, refs: list[ProbeReference], cfg: ModelC
             "ONNX Runtime disagrees with torch; nothing was written. " + "; ".join(report.problems)
         )
     return report.max_diff
+
+
+class GraphSessions:
+    """An export's graphs run with ONNX Runtime (CPU) by their declarations (spec.graphs), feeds and outputs as the
+    engines make them (spec.graph_calls): the export's own check for graphs the engines do not open yet (prefix-DLM
+    graphs, which take `prompt_width`)."""
+
+    name = "onnxruntime-graphs"
+
+    def __init__(self, export_dir: Path, graphs: Mapping[str, GraphIO]) -> None:
+        import onnxruntime as ort
+
+        manifest = ExportManifest.load(export_dir)
+        self.graphs, self.max_seq_len = dict(graphs), manifest.max_seq_len
+        self.sparsity_rows: list[tuple[int, str]] = list(manifest.seer.sparsity_rows)
+        self.supports_cache = "refresh" in graphs
+        self.sessions = {name: ort.InferenceSession(str(export_dir / io.file), providers=["CPUExecutionProvider"])
+                         for name, io in graphs.items()}
+
+    def _run(self, name: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        io = self.graphs[name]
+        return dict(zip(io.host_outputs, self.sessions[name].run(io.host_outputs, feed), strict=True))
+
+    def step0(self, inputs: StepInput) -> Step0Output:
+        return step0_output(self._run("step0", graph_feed(self.graphs["step0"], inputs.checked(self.max_seq_len))))
+
+    def step(self, inputs: StepInput) -> StepOutput:
+        return step_output(self._run("step", graph_feed(self.graphs["step"], inputs.checked(self.max_seq_len))))
+
+    def refresh(self, inputs: StepInput) -> RefreshOutput:
+        return refresh_output(self._run("refresh", graph_feed(self.graphs["refresh"],
+                                                                inputs.checked(self.max_seq_len))))
+
+    def window_step(self, inputs: WindowInput) -> StepOutput:
+        return window_output(self._run("window_step", window_feed(self.graphs["window_step"], inputs.checked())))

@@ -22,6 +22,8 @@ from seer_deploy.core.atomic import honour_umask, install_dir, staging_dir
 from seer_deploy.core.errors import CheckpointError
 from seer_deploy.core.files import confined, read_json, safetensors_header, update_from_file
 from seer_deploy.models.config import ModelConfig, config_from_dict
+from seer_deploy.models.families import DIMPLE_VISION_PREFIXES
+from seer_deploy.models.family_configs import family_config_dict
 from seer_deploy.models.llada import MaskPredictor
 
 Layout = Literal["llada", "llama"]
@@ -74,8 +76,26 @@ def weight_name_map(cfg: ModelConfig, layout: Layout) -> dict[str, str]:
     """Internal parameter name -> checkpoint weight name, for every weight the checkpoint must hold."""
     names = {k: v for k, v in _TOP_NAMES[layout].items() if not (cfg.tie_embeddings and k == "lm_head.weight")}
     for i in range(cfg.n_layers):
-        for internal, external in _LAYER_NAMES[layout].items():
+        for internal, external in _layer_names(cfg, layout).items():
             names[f"layers.{i}.{internal}"] = external.format(i=i)
+    return names
+
+
+def _layer_names(cfg: ModelConfig, layout: Layout) -> dict[str, str]:
+    """One layer's names, with the family options' weights: q/k/v biases (Qwen2), q/k norms and MoE experts
+    (OLMoE-style, as LLaDA-MoE names them)."""
+    names = dict(_LAYER_NAMES[layout])
+    attn = names["attn.q.weight"].removesuffix("q_proj.weight")  # "model.layers.{i}.self_attn." or the block's
+    if cfg.qkv_bias:
+        names.update({f"attn.{p}.bias": f"{attn}{p}_proj.bias" for p in "qkv"})
+    if cfg.qk_norm:
+        names.update({f"attn.{p}_norm.weight": f"{attn}{p}_norm.weight" for p in "qk"})
+    if cfg.num_experts:
+        mlp = names.pop("mlp.gate.weight").removesuffix("gate_proj.weight").removesuffix("ff_proj.weight")
+        del names["mlp.up.weight"], names["mlp.down.weight"]
+        names["mlp.router.weight"] = f"{mlp}gate.weight"
+        for e in range(cfg.num_experts):
+            names.update({f"mlp.experts.{e}.{p}.weight": f"{mlp}experts.{e}.{p}_proj.weight" for p in ("gate", "up", "down")})
     return names
 
 
@@ -177,6 +197,8 @@ def load_checkpoint(
     special = special_ids_from_tokenizer_file(path / "tokenizer.json")
     cfg = config_from_dict(raw, special)
     files = weight_files(path)
+    if cfg.family == "dimple":  # text only: Dimple's Qwen2.5-VL tower and projector are not implemented
+        ignore_prefixes = (*ignore_prefixes, *DIMPLE_VISION_PREFIXES)
     names = [n for n in files if not n.startswith(ignore_prefixes)]
     layout = detect_layout(names)
     expected = weight_name_map(cfg, layout)
@@ -186,9 +208,11 @@ def load_checkpoint(
     if cfg.tie_embeddings and _TOP_NAMES[layout]["lm_head.weight"] in unexpected:
         unexpected.remove(_TOP_NAMES[layout]["lm_head.weight"])  # some tied checkpoints still store the head
     if missing:
-        raise CheckpointError(f"{path}: missing weights for a {layout}-layout checkpoint: {_list(missing)}")
+        raise CheckpointError(f"{path}: missing weights for a {cfg.family} checkpoint ({layout} layout): "
+                              f"{_list(missing)}")
     if unexpected:
-        raise CheckpointError(f"{path}: unexpected weights (not part of a {layout}-layout LLaDA model): {_list(unexpected)}")
+        raise CheckpointError(f"{path}: unexpected weights (not part of a {cfg.family} model in the {layout} "
+                              f"layout): {_list(unexpected)}")
 
     with torch.device("meta"):
         model = MaskPredictor(cfg)
@@ -242,8 +266,11 @@ def save_checkpoint(
     max_shard_bytes: int | None = None,
     tokenizer_file: str | os.PathLike[str] | None = None,
     extra_files: dict[str, str] | None = None,
+    extra_tensors: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write a checkpoint directory in `layout`; sharded with an index when `max_shard_bytes` is set.
+    """Write a checkpoint directory in `layout`; sharded with an index when `max_shard_bytes` is set. A model of
+    another family (ModelConfig.family) gets that family's public config.json (models.families); `extra_tensors` are
+    stored beside the model's weights (e.g. a vision tower the language model ignores).
 
     The directory is written next to its destination and renamed into place, so a failure leaves nothing behind.
     """
@@ -255,7 +282,11 @@ def save_checkpoint(
             external: params[internal].detach().to(dtype or params[internal].dtype).contiguous().cpu()
             for internal, external in weight_name_map(cfg, layout).items()
         }
-        config = cfg.to_llada_dict() if layout == "llada" else cfg.to_llama_dict()
+        tensors.update({name: t.contiguous() for name, t in (extra_tensors or {}).items()})
+        if cfg.family != "llada":
+            config = family_config_dict(cfg)
+        else:
+            config = cfg.to_llada_dict() if layout == "llada" else cfg.to_llama_dict()
         config["torch_dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if max_shard_bytes is None:

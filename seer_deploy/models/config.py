@@ -1,4 +1,5 @@
-"""Model configuration, read from LLaDA's original `config.json` fields or from Llama-style fields.
+"""Model configuration, read from LLaDA's original `config.json` fields or from Llama-style fields; the other public
+families (Dream, Dimple, MMaDA, LLaDA-MoE: models.families) set the options below from their own fields.
 
 Every value is checked in one place (`check_model_fields`) before anything is built from it: integers are integers,
 numbers finite and in range, heads divide the width, special-token ids lie below the vocabulary, and sizes are
@@ -14,6 +15,7 @@ from typing import Any
 
 from seer_deploy.core.checks import int_in, number_in
 from seer_deploy.core.errors import CheckpointError
+from seer_deploy.models.families import check_family, detect_family, family_keys, family_options
 
 # Inclusive ranges. Generous for real models (LLaDA-8B: d_model 4096, 32 layers, 126464 tokens, 4096 positions).
 INT_RANGES: dict[str, tuple[int, int]] = {
@@ -25,7 +27,11 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "n_kv_heads": (1, 1 << 12),
     "mlp_hidden": (1, 1 << 20),
     "max_seq_len": (2, 1 << 22),
+    "num_experts": (0, 1 << 12),
+    "experts_per_token": (0, 1 << 12),
+    "image_codes": (0, 1 << 20),
 }
+OPTION_INTS: tuple[str, ...] = ("num_experts", "experts_per_token", "image_codes")  # absent = 0
 FLOAT_RANGES: dict[str, tuple[float, float]] = {"rope_theta": (0.0, 1e12), "rms_eps": (0.0, 1.0)}  # exclusive low
 REQUIRED_IDS: tuple[str, ...] = ("mask_id", "eos_id")
 OPTIONAL_IDS: tuple[str, ...] = ("pad_id", "bos_id", "eot_id")
@@ -51,6 +57,18 @@ class ModelConfig:
     pad_id: int | None = None
     bos_id: int | None = None
     eot_id: int | None = None
+    # Family options (models.families); the defaults are LLaDA's.
+    family: str = "llada"  # which public model family the checkpoint belongs to
+    qkv_bias: bool = False  # Qwen2 (Dream, Dimple): the q/k/v projections carry biases
+    qk_norm: bool = False  # OLMoE (LLaDA-MoE): RMSNorm over each head's queries and keys
+    rotary_dim: int | None = None  # partial rotary embedding: the first rotary_dim dims of a head rotate; None = all
+    shift_logits: bool = False  # Dream, Dimple: token i is read from position i - 1
+    prefix_dlm: bool = False  # LaViDa: prompt positions do not attend to response positions
+    num_experts: int = 0  # > 0: an MoE MLP of this many experts, each of mlp_hidden units (models.moe)
+    experts_per_token: int = 0  # top-k experts per position
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
+    image_codes: int = 0  # MMaDA: VQ image codes, ids image_code_base .. image_code_base + image_codes - 1
+    image_code_base: int | None = None
 
     def __post_init__(self) -> None:
         check_model_fields(dataclasses.asdict(self))
@@ -62,6 +80,16 @@ class ModelConfig:
     @property
     def n_embed_rows(self) -> int:
         return self.embedding_size or self.vocab_size
+
+    @property
+    def image_code_range(self) -> tuple[int, int] | None:
+        """(first id, count) of MMaDA's VQ image codes (what Tokenizer's image_codes takes), None without codes."""
+        return (self.image_code_base, self.image_codes) if self.image_codes and self.image_code_base is not None else None
+
+    @property
+    def rotary(self) -> int:
+        """The dims of each head that rotary embeddings turn (all of them unless partial)."""
+        return self.rotary_dim or self.head_dim
 
     def to_llada_dict(self) -> dict[str, Any]:
         """LLaDA's original config.json field names (what `modeling_llada.py` reads)."""
@@ -138,7 +166,7 @@ def check_model_fields(values: Mapping[str, Any], keys: Mapping[str, str] | None
 
     for field, (lo, hi) in INT_RANGES.items():
         value = values.get(field)
-        if value is None and field == "embedding_size":
+        if value is None and field in ("embedding_size", *OPTION_INTS):
             continue
         if not int_in(value, lo, hi):
             raise bad(field, f"an integer from {lo} to {hi}")
@@ -156,12 +184,33 @@ def check_model_fields(values: Mapping[str, Any], keys: Mapping[str, str] | None
         raise bad("n_kv_heads", f"a divisor of the {heads} attention heads")
     if (width // heads) % 2:
         raise bad("n_heads", f"such that the head size (width {width} / heads) is even, for rotary embeddings")
+    _check_options(values, bad)
     for field in REQUIRED_IDS + OPTIONAL_IDS:
         value = values.get(field)
         if value is None and field in OPTIONAL_IDS:
             continue
         if not int_in(value, 0, vocab - 1):
             raise bad(field, f"a token id from 0 to {vocab - 1} (below the vocabulary size {vocab})")
+
+
+def _check_options(values: Mapping[str, Any], bad: Any) -> None:
+    """The family options (all optional; absent means LLaDA's choice)."""
+    for flag in ("qkv_bias", "qk_norm", "shift_logits", "prefix_dlm", "norm_topk_prob"):
+        if not isinstance(values.get(flag, False), bool):
+            raise bad(flag, "true or false")
+    if not isinstance(values.get("family", "llada"), str):
+        raise bad("family", "a family name")
+    head_dim = values["d_model"] // values["n_heads"]
+    rotary = values.get("rotary_dim")
+    if rotary is not None and not (int_in(rotary, 2, head_dim) and rotary % 2 == 0):
+        raise bad("rotary_dim", f"an even number of dims from 2 to the head size {head_dim}")
+    experts, top_k = values.get("num_experts", 0) or 0, values.get("experts_per_token", 0) or 0
+    if experts and not 1 <= top_k <= experts:
+        raise bad("experts_per_token", f"from 1 to the {experts} experts")
+    codes, base = values.get("image_codes", 0) or 0, values.get("image_code_base")
+    if codes and not (int_in(base, 0, values["vocab_size"] - codes)):
+        raise bad("image_code_base", f"an id such that its {codes} image codes lie inside the vocabulary "
+                                     f"({values['vocab_size']})")
 
 
 def _require(raw: dict[str, Any], key: str, source: str) -> Any:
@@ -217,6 +266,11 @@ STYLE_KEYS: dict[str, dict[str, str]] = {
     },
 }
 REQUIRED_FIELDS: tuple[str, ...] = ("d_model", "n_layers", "n_heads", "mlp_hidden", "vocab_size", "max_seq_len")
+# The config.json fields family options come from, for error messages.
+OPTION_KEYS: dict[str, str] = {
+    "rotary_dim": "partial_rotary_factor", "experts_per_token": "num_experts_per_tok", "num_experts": "num_experts",
+    "image_codes": "codebook_size", "image_code_base": "llm_vocab_size",
+}
 ID_KEYS: dict[str, str] = {
     "mask_id": "mask_token_id", "eos_id": "eos_token_id", "pad_id": "pad_token_id", "bos_id": "bos_token_id",
     "eot_id": "eot_token_id",
@@ -244,7 +298,9 @@ def _check_architecture(raw: dict[str, Any], style: str) -> None:
 
 
 def config_from_dict(raw: dict[str, Any], special_ids: dict[str, int] | None = None) -> ModelConfig:
-    """Build a ModelConfig from either field style; `special_ids` (from the tokenizer) fills ids the config lacks."""
+    """Build a ModelConfig from either field style and any family (models.families); `special_ids` (from the
+    tokenizer) fills ids the config lacks."""
+    family = detect_family(raw)
     for nested in ("text_config", "llm_config", "language_config"):
         if "d_model" not in raw and "hidden_size" not in raw and isinstance(raw.get(nested), dict):
             merged = dict(raw[nested])
@@ -254,11 +310,12 @@ def config_from_dict(raw: dict[str, Any], special_ids: dict[str, int] | None = N
             break
     style = config_style(raw)
     _check_architecture(raw, style)
-    keys = dict(STYLE_KEYS[style])
+    check_family(family, raw)
+    keys = {**STYLE_KEYS[style], **family_keys(family)}
     if style == "llama" and raw.get("text_vocab_size") is not None:
         keys["vocab_size"] = "text_vocab_size"  # LLaDA-V: the text vocabulary inside a larger embedding table
     for field in REQUIRED_FIELDS:
-        _require(raw, STYLE_KEYS[style][field], style)
+        _require(raw, keys[field], style)
     fields: dict[str, Any] = {field: raw.get(key) for field, key in keys.items()}
     defaults = {"n_kv_heads": fields["n_heads"], "embedding_size": fields["vocab_size"], "rope_theta": 10000.0,
                 "rms_eps": _optional(raw, "layer_norm_eps", 1e-5), "tie_embeddings": False}
@@ -278,4 +335,6 @@ def config_from_dict(raw: dict[str, Any], special_ids: dict[str, int] | None = N
     if fields["eos_id"] is None:
         raise CheckpointError("the EOS token id is unknown: set 'eos_token_id' in config.json or in tokenizer.json")
     check_model_fields(fields, keys, source="config.json")
+    fields.update(family_options(family, raw, fields["d_model"] // fields["n_heads"], fields["vocab_size"]))
+    check_model_fields(fields, {**keys, **OPTION_KEYS}, source="config.json")
     return ModelConfig(**fields)

@@ -4,6 +4,12 @@ RMSNorm, rotary embeddings (rotate-half), grouped-query attention without a caus
 `down(silu(gate(x)) * up(x))`, no biases. `forward` can also return Seer's per-position MLP activation
 statistics, computed inside forward (torch.export rejects hooks), so the exported step-zero graph carries them.
 
+The other families are options of the same network (ModelConfig, models.families), each a small branch here:
+`qkv_bias` (Dream), `qk_norm` and `rotary_dim` (LLaDA-MoE), an MoE MLP (`num_experts`: models.moe), `prefix_dlm`
+(LaViDa: prompt positions do not attend to response positions; forward then needs `prompt_width`), and
+`shift_logits` (Dream: token i is read from position i - 1). The shift is applied to the logits and to the
+statistics alike, so statistic i belongs to the token it predicts and Seer's boundary indexes tokens as before.
+
 Block-wise KV cache (Fast-dLLM's dual cache): `forward(..., return_kv=True)` also returns every layer's keys and
 values (after rotary, before the grouped-query repeat); `forward_window` runs only a window of the sequence, its
 queries attending to the window's fresh keys and values and to the cached ones of every other real position.
@@ -20,6 +26,8 @@ from torch import Tensor, nn
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.config import ModelConfig
+from seer_deploy.models.mlp_stats import mlp_statistics
+from seer_deploy.models.moe import MoEMLP
 
 
 class ModelOutput(NamedTuple):
@@ -43,7 +51,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos/sin tables [B, 1, S, head_dim] for integer positions [B, S], in float32 (LLaDA's full-precision rope)."""
+    """cos/sin tables [B, 1, S, head_dim] for integer positions [B, S], in float32 (LLaDA's full-precision rope);
+    head_dim here is the rotated dims (ModelConfig.rotary)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
     angles = positions.float()[..., None] * inv_freq  # [B, S, head_dim/2]
     angles = torch.cat([angles, angles], dim=-1)[:, None]
@@ -51,6 +60,10 @@ def rope_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor,
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the first cos.shape[-1] dims of each head (all of them unless the rotary embedding is partial)."""
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
     x1, x2 = x.float().chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
     return (x.float() * cos + rotated * sin).to(x.dtype)
@@ -60,10 +73,13 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
-        self.k = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.v = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.k = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.v = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        if cfg.qk_norm:  # per head, before the rotary embedding (LLaDA-MoE)
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
 
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor | None, cached: KVPair | None = None
@@ -74,6 +90,8 @@ class Attention(nn.Module):
         q = self.q(x).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k(x).view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v(x).view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         own = (k, v)
         if cached is not None:
@@ -82,7 +100,8 @@ class Attention(nn.Module):
         if self.n_kv_heads != self.n_heads:
             k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
-        # Bidirectional: no causal mask; padding keys (left-padded batches) are masked out.
+        # Bidirectional: no causal mask; padding keys (left-padded batches) are masked out, and with prefix-DLM the
+        # response keys for prompt queries (key_mask [B, 1, S or 1, S_keys]).
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
         return self.o(y.transpose(1, 2).reshape(B, S, self.n_heads * self.head_dim)), own
 
@@ -101,23 +120,13 @@ class MLP(nn.Module):
         return self.down(h), stats
 
 
-def mlp_statistics(h: Tensor, a: Tensor, spec: StatsSpec) -> Tensor:
-    """Per-position sparsity statistics [B, len(STAT_NAMES), S] of the MLP hidden h and activated gate a."""
-    abs_h, abs_a = h.float().abs(), a.float().abs()
-    row_max = abs_h.amax(dim=-1, keepdim=True)
-    frac_h = (abs_h < spec.abs_threshold).float().mean(-1)
-    frac_a = (abs_a < spec.abs_threshold).float().mean(-1)
-    frac_rel = (abs_h < spec.rel_threshold * row_max).float().mean(-1)
-    return torch.stack([frac_h, frac_a, frac_rel, abs_h.mean(-1)], dim=1)
-
-
 class TransformerLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.rms_eps)
         self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps)
-        self.mlp = MLP(cfg)
+        self.mlp: MLP | MoEMLP = MoEMLP(cfg) if cfg.num_experts else MLP(cfg)
 
     def forward(
         self,
@@ -155,9 +164,11 @@ class MaskPredictor(nn.Module):
         inputs_embeds: Tensor | None = None,
         stats: StatsSpec | None = None,
         return_kv: bool = False,
+        prompt_width: Tensor | None = None,
     ) -> ModelOutput:
         """input_ids [B, S] (or inputs_embeds [B, S, D]); attention_mask [B, S] is 1 for real tokens, 0 for padding.
-        return_kv: also return every layer's keys and values (what `forward_window` takes as its cache)."""
+        return_kv: also return every layer's keys and values (what `forward_window` takes as its cache).
+        prompt_width [B] (int64; prefix-DLM models only): columns [0, prompt_width) hold the (left-padded) prompt."""
         x = self.embed_inputs(input_ids) if inputs_embeds is None else inputs_embeds
         B, S, _ = x.shape
         if attention_mask is None:
@@ -167,7 +178,9 @@ class MaskPredictor(nn.Module):
             # Left padding: real tokens get positions 0..n-1, exactly as in a solo run.
             positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
             key_mask = attention_mask.bool()[:, None, None, :]
-        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        if self.cfg.prefix_dlm:
+            key_mask = self.prefix_mask(key_mask, prompt_width, B, S, x.device)
+        cos, sin = rope_tables(positions, self.cfg.rotary, self.cfg.rope_theta)
         wanted = set(stats.layers) if stats is not None else set()
         collected: list[Tensor] = []
         keys_values: list[Tensor] = []
@@ -177,22 +190,46 @@ class MaskPredictor(nn.Module):
                 collected.append(layer_stats)
             if return_kv:
                 keys_values.append(torch.stack(kv).float())
-        logits = self.lm_head(self.final_norm(x))
+        logits = self.shifted(self.lm_head(self.final_norm(x)), dim=1)
         cache = torch.stack(keys_values) if return_kv else None
         if stats is None:
             return ModelOutput(logits, None, cache)
         by_layer = dict(zip(sorted(wanted), collected, strict=True))
-        return ModelOutput(logits, torch.stack([by_layer[i] for i in stats.layers], dim=1), cache)
+        return ModelOutput(logits, self.shifted(torch.stack([by_layer[i] for i in stats.layers], dim=1), dim=-1), cache)
+
+    def shifted(self, values: Tensor, dim: int) -> Tensor:
+        """With shift_logits (Dream), position i's values are those computed at position i - 1 (position 0 keeps its
+        own): the logits and the statistics of the token at i both come from the hidden state that predicts it."""
+        if not self.cfg.shift_logits:
+            return values
+        n = values.shape[dim]
+        return torch.cat([values.narrow(dim, 0, 1), values.narrow(dim, 0, n - 1)], dim=dim)
+
+    @staticmethod
+    def prefix_mask(key_mask: Tensor | None, prompt_width: Tensor | None, B: int, S: int,
+                    device: torch.device) -> Tensor:
+        """Prefix-DLM attention [B, 1, S, S]: prompt queries see no response keys; response queries see every key."""
+        if prompt_width is None:
+            raise ConfigError("this model uses prefix-DLM attention (LaViDa): pass prompt_width, the column where the "
+                              "response starts")
+        col = torch.arange(S, device=device)[None, :]
+        is_prompt = col < prompt_width.to(device)[:, None]  # [B, S]
+        allowed = ~(is_prompt[:, :, None] & ~is_prompt[:, None, :])  # [B, query, key]
+        return allowed[:, None] if key_mask is None else allowed[:, None] & key_mask
 
     def forward_window(self, window_ids: Tensor, attention_mask: Tensor, window_start: Tensor, kv: Tensor) -> Tensor:
         """Logits [B, W, V] of the window columns [window_start[b], window_start[b] + W) of a sequence whose keys and
         values `kv` [n_layers, 2, B, n_kv_heads, S, head_dim] a full pass computed (attention_mask [B, S] is the whole
         sequence's). The window's keys and values are computed fresh; the cached ones of the window are not used."""
+        if self.cfg.shift_logits:
+            raise ConfigError("the block-wise KV cache does not run models with shifted logits (Dream, Dimple): a "
+                              "window's first token is read from the column before it, outside the window; run "
+                              "without --kv-cache")
         x = self.embed_inputs(window_ids)
         W, S = x.shape[1], attention_mask.shape[1]
         columns = window_start[:, None] + torch.arange(W, device=x.device)[None, :]
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0).gather(1, columns)
-        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rope_tables(positions, self.cfg.rotary, self.cfg.rope_theta)
         seq = torch.arange(S, device=x.device)[None, :]
         in_window = (seq >= window_start[:, None]) & (seq < window_start[:, None] + W)
         real = attention_mask.bool()

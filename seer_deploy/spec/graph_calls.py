@@ -17,6 +17,7 @@ from seer_deploy.spec.graphs import (
     IMAGE_TABLE,
     INPUT_IDS,
     KV,
+    PROMPT_WIDTH,
     SPARSITY,
     TEMPERATURE,
     TOKEN_IDS,
@@ -32,7 +33,8 @@ from seer_deploy.spec.sampling import step_feed
 
 def graph_feed(graph: GraphIO, checked: StepInput, image_table: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """`graph`'s inputs for one call, named and ordered as declared: the ids and mask of a checked StepInput, the
-    step graph's sampling inputs (drawn from its temperature and seed) and, for the multimodal graphs, the table."""
+    step graph's sampling inputs (drawn from its temperature and seed), for the multimodal graphs the table and for
+    the prefix-DLM graphs the prompt width (StepInput.prompt_width, the same for every row)."""
     assert checked.attention_mask is not None, "pass StepInput.checked(), which always has a mask"
     values = {INPUT_IDS.name: checked.input_ids, ATTENTION_MASK.name: checked.attention_mask}
     if graph.takes(TEMPERATURE):
@@ -40,6 +42,8 @@ def graph_feed(graph: GraphIO, checked: StepInput, image_table: np.ndarray | Non
         values.update(step_feed(batch, seq, checked.temperature, checked.seed))
     if image_table is not None:
         values[IMAGE_TABLE.name] = image_table
+    if graph.takes(PROMPT_WIDTH):
+        values[PROMPT_WIDTH.name] = np.full(checked.input_ids.shape[0], checked.prompt_width, dtype=np.int64)
     missing = [name for name in graph.input_names if name not in values]
     if missing:
         raise ConfigError(f"the {graph.name} graph needs {', '.join(missing)}, which this call does not give")

@@ -127,6 +127,7 @@ ATTENTION_MASK = TensorIO("attention_mask", "int64", _BS)  # 1 = a real token
 TEMPERATURE = TensorIO("temperature", "float32", (Axis.BATCH,))  # spec.sampling: 0 = greedy, > 0 = sample
 SAMPLE_UNIFORM = TensorIO("sample_uniform", "float32", _BS)  # spec.sampling: one uniform per position
 IMAGE_TABLE = TensorIO("image_table", "float32", (Axis.IMAGE_TOKENS, Size.D_MODEL))  # ids >= image_id_base pick a row
+PROMPT_WIDTH = TensorIO("prompt_width", "int64", (Axis.BATCH,))  # prefix-DLM graphs: where each row's response starts
 PIXEL_VALUES = TensorIO("pixel_values", "float32", (Axis.IMAGES, 3, Size.IMAGE_SIZE, Size.IMAGE_SIZE))
 
 TOKEN_IDS = TensorIO("token_ids", "int64", _BS)  # x0: the argmax (or a sample) per position
@@ -162,11 +163,15 @@ MULTIMODAL_REFRESH = REFRESH.with_inputs(IMAGE_TABLE)
 CACHE_GRAPH_NAMES: tuple[str, ...] = (REFRESH.name, WINDOW_STEP.name)
 
 
-def step_graphs(multimodal: bool = False) -> tuple[GraphIO, GraphIO]:
-    """(step0, step) of a text export, or of a multimodal one (which also take the image table)."""
-    return (MULTIMODAL_STEP0, MULTIMODAL_STEP) if multimodal else (STEP0, STEP)
+def step_graphs(multimodal: bool = False, prefix_dlm: bool = False) -> tuple[GraphIO, GraphIO]:
+    """(step0, step) of a text export, or of a multimodal one (which also take the image table); a prefix-DLM
+    model's (ModelConfig.prefix_dlm, LaViDa) take `prompt_width` last."""
+    graphs = (MULTIMODAL_STEP0, MULTIMODAL_STEP) if multimodal else (STEP0, STEP)
+    return (graphs[0].with_inputs(PROMPT_WIDTH), graphs[1].with_inputs(PROMPT_WIDTH)) if prefix_dlm else graphs
 
 
-def cache_graphs(multimodal: bool = False) -> tuple[GraphIO, GraphIO]:
-    """(refresh, window_step) of a text export, or of a multimodal one (whose refresh also takes the image table)."""
-    return (MULTIMODAL_REFRESH if multimodal else REFRESH), WINDOW_STEP
+def cache_graphs(multimodal: bool = False, prefix_dlm: bool = False) -> tuple[GraphIO, GraphIO]:
+    """(refresh, window_step) of a text export, or of a multimodal one (whose refresh also takes the image table); a
+    prefix-DLM model's refresh takes `prompt_width` last (a window is response columns: it attends to everything)."""
+    refresh = MULTIMODAL_REFRESH if multimodal else REFRESH
+    return (refresh.with_inputs(PROMPT_WIDTH) if prefix_dlm else refresh), WINDOW_STEP
