@@ -23,6 +23,7 @@ from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.validate import GraphSessions
+from seer_deploy.models import families
 from seer_deploy.models.checkpoint import load_checkpoint, save_checkpoint
 from seer_deploy.models.config import ModelConfig, config_from_dict
 from seer_deploy.models.families import check_images_supported
@@ -225,6 +226,16 @@ def prefix(tmp_path_factory: pytest.TempPathFactory) -> tuple[MaskPredictor, Pat
     (ckpt / "config.json").write_text(json.dumps({**cfg, "prefix_lm": True}))
     assert load_checkpoint(ckpt).config.prefix_dlm
     return model, export_checkpoint(ckpt, root / "export", ExportOptions(kv_cache=True)).out
+
+
+def test_prefix_dlm_is_on_for_lavida_and_wherever_config_json_asks() -> None:
+    llada = {k: v for k, v in LLADA_8B_CONFIG.items() if k != "auto_map"}
+    assert not config_from_dict(llada).prefix_dlm
+    assert config_from_dict({**llada, "prefix_lm": True}).prefix_dlm
+    lavida = {**llada, "model_type": "llava_llada", "architectures": ["LlavaLladaForMaskedDiffusion"]}
+    assert config_from_dict(lavida).prefix_dlm == families.LAVIDA_PREFIX_DEFAULT  # LaViDa's config has no key
+    assert config_from_dict({**lavida, "prefix_dlm": True}).prefix_dlm  # an explicit setting wins
+    assert not config_from_dict({**lavida, "prefix_dlm": False}).prefix_dlm
 
 
 def test_prefix_dlm_keeps_the_prompt_blind_to_the_response(prefix: tuple[MaskPredictor, Path]) -> None:

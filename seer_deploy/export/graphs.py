@@ -216,6 +216,41 @@ class MultimodalRefreshGraph(nn.Module):
         return self.head(embeds, attention_mask, temperature, sample_uniform)  # type: ignore[no-any-return]
 
 
+class MultimodalPrefixStep0Graph(MultimodalStep0Graph):
+    """MultimodalStep0Graph of a prefix-DLM model (LaViDa): prompt_width [B] after the image table."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, image_table: Tensor,  # type: ignore[override]
+                prompt_width: Tensor) -> tuple[Tensor, ...]:
+        embeds = embed_with_images(cast(_EmbedsModel, self.head.model).lm.embed, input_ids, image_table)
+        return self.head.outputs(embeds, attention_mask, prompt_width)
+
+
+class MultimodalPrefixStepGraph(MultimodalStepGraph):
+    """MultimodalStepGraph of a prefix-DLM model: prompt_width [B] after the image table."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
+                sample_uniform: Tensor, image_table: Tensor, prompt_width: Tensor) -> tuple[Tensor, ...]:
+        embeds = embed_with_images(cast(_EmbedsModel, self.head.model).lm.embed, input_ids, image_table)
+        return self.head.outputs(embeds, attention_mask, temperature, sample_uniform, prompt_width)
+
+
+class MultimodalPrefixRefreshGraph(MultimodalRefreshGraph):
+    """MultimodalRefreshGraph of a prefix-DLM model: prompt_width [B] after the image table."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
+                sample_uniform: Tensor, image_table: Tensor, prompt_width: Tensor) -> tuple[Tensor, ...]:
+        embeds = embed_with_images(cast(_EmbedsModel, self.head.model).lm.embed, input_ids, image_table)
+        return self.head.outputs(embeds, attention_mask, temperature, sample_uniform, prompt_width)
+
+
+def multimodal_step_modules(lm: MaskPredictor, spec: StatsSpec) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """The step0, step and refresh modules of a multimodal export (declared by spec.graphs.step_graphs /
+    cache_graphs(multimodal=True, prefix_dlm=lm.cfg.prefix_dlm)): the prefix-DLM variants for a prefix-DLM LM."""
+    if lm.cfg.prefix_dlm:
+        return MultimodalPrefixStep0Graph(lm, spec), MultimodalPrefixStepGraph(lm), MultimodalPrefixRefreshGraph(lm)
+    return MultimodalStep0Graph(lm, spec), MultimodalStepGraph(lm), MultimodalRefreshGraph(lm)
+
+
 class VisionGraph(nn.Module):
     """pixel_values [N, 3, H, W] (float32) -> image_embeds [N, tokens_per_image, D] (float32)."""
 

@@ -15,7 +15,13 @@ from typing import Any
 
 from seer_deploy.core.checks import int_in, number_in
 from seer_deploy.core.errors import CheckpointError
-from seer_deploy.models.families import check_family, detect_family, family_keys, family_options
+from seer_deploy.models.families import (
+    check_family,
+    detect_family,
+    family_keys,
+    family_options,
+    prefix_dlm_setting,
+)
 
 # Inclusive ranges. Generous for real models (LLaDA-8B: d_model 4096, 32 layers, 126464 tokens, 4096 positions).
 INT_RANGES: dict[str, tuple[int, int]] = {
@@ -300,7 +306,7 @@ def _check_architecture(raw: dict[str, Any], style: str) -> None:
 def config_from_dict(raw: dict[str, Any], special_ids: dict[str, int] | None = None) -> ModelConfig:
     """Build a ModelConfig from either field style and any family (models.families); `special_ids` (from the
     tokenizer) fills ids the config lacks."""
-    family = detect_family(raw)
+    family, prefix_dlm = detect_family(raw), prefix_dlm_setting(raw)
     for nested in ("text_config", "llm_config", "language_config"):
         if "d_model" not in raw and "hidden_size" not in raw and isinstance(raw.get(nested), dict):
             merged = dict(raw[nested])
@@ -335,6 +341,7 @@ def config_from_dict(raw: dict[str, Any], special_ids: dict[str, int] | None = N
     if fields["eos_id"] is None:
         raise CheckpointError("the EOS token id is unknown: set 'eos_token_id' in config.json or in tokenizer.json")
     check_model_fields(fields, keys, source="config.json")
-    fields.update(family_options(family, raw, fields["d_model"] // fields["n_heads"], fields["vocab_size"]))
+    fields.update(family_options(family, raw, fields["d_model"] // fields["n_heads"], fields["vocab_size"]),
+                  prefix_dlm=prefix_dlm)
     check_model_fields(fields, {**keys, **OPTION_KEYS}, source="config.json")
     return ModelConfig(**fields)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from seer_deploy.core.errors import CheckpointError, ConfigError
+from seer_deploy.models.lavida import lavida_variant
 
 # config.json model_type -> family. LLaVA-style wrappers (LLaDA-V, LaViDa) name the family of their language model.
 MODEL_TYPES: dict[str, str] = {
@@ -41,6 +42,9 @@ ARCHITECTURES: tuple[tuple[str, str], ...] = (
 FAMILIES: tuple[str, ...] = ("llada", "mmada", "dream", "dimple", "llada_moe")
 SHIFTED_FAMILIES: tuple[str, ...] = ("dream", "dimple")  # Qwen2-based: token i read from position i - 1
 MMADA_CODEBOOK = 8192  # MAGVIT-v2 codes MMaDA-8B adds to LLaDA's vocabulary
+# LaViDa generates with prefix-DLM attention; on by default once the multimodal export, the engines and the torch
+# backend pass prompt_width (a prefix-DLM model refuses a forward without it). Until then: explicit config keys only.
+LAVIDA_PREFIX_DEFAULT = False
 DIMPLE_VISION_PREFIXES = ("visual.", "img_projector.", "model.visual.", "model.img_projector.")
 
 
@@ -86,8 +90,6 @@ def check_family(family: str, raw: dict[str, Any]) -> None:
 def family_options(family: str, raw: dict[str, Any], head_dim: int, vocab_size: int) -> dict[str, Any]:
     """The ModelConfig options of `family` from its config.json fields (checked by `check_family`)."""
     options: dict[str, Any] = {"family": family}
-    if raw.get("prefix_lm") is True:  # LaViDa's name for prefix-DLM attention (its loader sets it for LaViDa)
-        options["prefix_dlm"] = True
     if family in ("dream", "dimple"):
         options.update(qkv_bias=True, shift_logits=True)
     elif family == "mmada":
@@ -101,6 +103,16 @@ def family_options(family: str, raw: dict[str, Any], head_dim: int, vocab_size: 
                        qk_norm=bool(raw.get("qk_layernorm", True)),
                        rotary_dim=None if factor == 1 else int(head_dim * factor))
     return options
+
+
+def prefix_dlm_setting(raw: dict[str, Any]) -> bool:
+    """Whether a (top-level) config.json asks for prefix-DLM attention: an explicit boolean "prefix_dlm" (or LaViDa's
+    generate() name "prefix_lm") wins; otherwise LAVIDA_PREFIX_DEFAULT for LaViDa checkpoints, which generate with
+    prefix_lm=True (LaViDa's config.json has no such key), off for every other model."""
+    for key in ("prefix_dlm", "prefix_lm"):
+        if isinstance(raw.get(key), bool):
+            return bool(raw[key])
+    return LAVIDA_PREFIX_DEFAULT and lavida_variant(raw) is not None
 
 
 def _check_moe(raw: dict[str, Any]) -> None:
