@@ -383,7 +383,7 @@ def test_mmada_export_runs_on_onnx_runtime_as_torch(mmada: tuple[MaskPredictor, 
 def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[MaskPredictor, Path, Path]:
     root = tmp_path_factory.mktemp("moe")
     model, ckpt = family_checkpoint(root, "llada_moe")
-    return model, ckpt, export_checkpoint(ckpt, root / "export").out
+    return model, ckpt, export_checkpoint(ckpt, root / "export", ExportOptions(kv_cache=True)).out
 
 
 def test_llada_moe_checkpoint_is_in_its_public_layout_and_loads(moe: tuple[MaskPredictor, Path, Path]) -> None:
@@ -428,6 +428,8 @@ def test_moe_layer_routes_each_position_to_its_top_k_experts(moe: tuple[MaskPred
 def test_llada_moe_export_runs_on_onnx_runtime_as_torch(moe: tuple[MaskPredictor, Path, Path]) -> None:
     model, _, export = moe
     ort_equals_torch(model, export)
+    # The block-wise KV cache (q/k norms and the partial rotary embedding in the window graph too).
+    ort_equals_torch(model, export, GenerationConfig(gen_length=16, steps=16, block_length=8, kv_cache=True))
     ids = np.random.default_rng(1).integers(0, model.cfg.vocab_size, (2, 10))
     got = OrtBackend(export, CPU).step0(StepInput(ids))
     want = TorchBackend(model).step0(StepInput(ids))

@@ -16,6 +16,7 @@ from typing import Any
 from seer_deploy.core.checks import int_in, number_in
 from seer_deploy.core.errors import CheckpointError
 from seer_deploy.models.families import (
+    FAMILIES,
     check_family,
     detect_family,
     family_keys,
@@ -204,8 +205,8 @@ def _check_options(values: Mapping[str, Any], bad: Any) -> None:
     for flag in ("qkv_bias", "qk_norm", "shift_logits", "prefix_dlm", "norm_topk_prob"):
         if not isinstance(values.get(flag, False), bool):
             raise bad(flag, "true or false")
-    if not isinstance(values.get("family", "llada"), str):
-        raise bad("family", "a family name")
+    if values.get("family", "llada") not in FAMILIES:
+        raise bad("family", f"one of {', '.join(FAMILIES)}")
     head_dim = values["d_model"] // values["n_heads"]
     rotary = values.get("rotary_dim")
     if rotary is not None and not (int_in(rotary, 2, head_dim) and rotary % 2 == 0):
