@@ -63,6 +63,10 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
 @click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True,
               help="Per-request deadline in seconds, queueing included (504 past it).")
 @click.option("--max-body-bytes", type=int, default=8 << 20, show_default=True, help="Larger bodies get 413.")
+@click.option("--max-prompts", type=int, default=32, show_default=True,
+              help="Prompts one /v1/completions request may list.")
+@click.option("--retry-after", "retry_after_s", type=int, default=1, show_default=True,
+              help="Seconds a 429 tells the client to wait (Retry-After).")
 @click.option("--api-key", default=None, envvar=API_KEY_ENV, show_envvar=True,
               help="Require 'Authorization: Bearer KEY' on /v1/* and /metrics.")
 @click.option("--model-name", default=None, help="The model id clients send [default: the target's name].")
@@ -77,7 +81,7 @@ def command(target: str, host: str, port: int, gen_length: int, steps: int | Non
             factor: float, kv_cache: bool, gen_lengths: str | None, backend_name: BackendChoice | None,
             use_seer: bool | None, seer_config: Path | None, tail_context: str | None, providers: tuple[str, ...],
             threads: int | None, max_batch: int, max_wait_ms: float, max_queue: int, timeout_s: float,
-            max_body_bytes: int, api_key: str | None, model_name: str | None, access_log: bool, use_ray: bool,
+            max_body_bytes: int, max_prompts: int, retry_after_s: int, api_key: str | None, model_name: str | None, access_log: bool, use_ray: bool,
             replicas: int, max_replicas: int | None) -> None:
     """Serve TARGET (a checkpoint, 'demo', 'demo-vl', an export or engine directory) over HTTP with OpenAI's
     /v1/completions and /v1/chat/completions, dynamic batching through the generation service, /health, /ready
@@ -86,7 +90,8 @@ def command(target: str, host: str, port: int, gen_length: int, steps: int | Non
 
     name = model_name or Path(target.rstrip("/")).name or target
     serve_options = ServeOptions(model_name=name, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
-                                 timeout_s=timeout_s, max_body_bytes=max_body_bytes,
+                                 timeout_s=timeout_s, max_body_bytes=max_body_bytes, max_prompts=max_prompts,
+                                 retry_after_s=retry_after_s,
                                  gen_lengths=parse_sizes(gen_lengths), api_key=api_key,
                                  access_log=sys.stderr if access_log else None)
     serve_options.check()
