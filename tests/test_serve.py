@@ -29,11 +29,13 @@ import openai
 import pytest
 
 from seer_deploy.cli import main
+from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
+from seer_deploy.serve.sizes import gen_length_for, request_generation, supported_sizes
 from seer_deploy.service import Request, Run, Service, ServiceOptions
 
 GEN = GenerationConfig(gen_length=64, steps=64)
@@ -266,8 +268,26 @@ def main_exit(argv: list[str]) -> int:
     return int(exc.value.code or 0)
 
 
+def test_max_tokens_rounds_up_to_a_supported_size_and_steps_keep_the_servers_ratio() -> None:
+    assert supported_sizes((), 64, 96) == (16, 32, 64)  # demo-vl: 96 positions
+    assert supported_sizes((), 48, 320) == (16, 32, 48, 64, 128, 256)  # --gen-length is always a size
+    assert supported_sizes((32, 128), 64, 320) == (32, 64, 128)
+    sizes = (16, 32, 64, 128, 256)
+    assert [gen_length_for(m, sizes, 64) for m in (None, 1, 16, 17, 64, 65, 256)] == [64, 16, 16, 32, 64, 128, 256]
+    with pytest.raises(ConfigError, match="above the largest response size"):
+        gen_length_for(257, sizes, 64)
+    base = GenerationConfig(gen_length=64, steps=16, block_length=32)  # 4 tokens a step, blocks of 32
+    assert request_generation(base, 128, None, None, None) == replace(base, gen_length=128, steps=32)
+    assert request_generation(base, 16, None, None, 0.5) == replace(base, gen_length=16, steps=4, block_length=None,
+                                                                    temperature=0.5)
+    assert request_generation(base, 64, 8, 16, None) == replace(base, steps=8, block_length=16)
+    with pytest.raises(ConfigError, match="cannot be split evenly"):
+        request_generation(base, 64, 6, 16, None)
+
+
 def test_bad_serve_flags_are_one_line_before_anything_loads(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, fragment in ((["--max-batch", "0"], "--max-batch is 0"), (["--replicas", "2"], "need --ray"),
+                           (["--ray", "--port", "0"], "--ray needs a fixed --port"),
                            (["--timeout", "0"], "--timeout is 0"), (["--gen-lengths", "a,b"], "--gen-lengths")):
         assert main_exit(["serve", "no-such-target", *argv]) == 2
         err = capsys.readouterr().err

@@ -107,6 +107,9 @@ def command(target: str, host: str, port: int, gen_length: int, steps: int | Non
         click.echo(f"warning: serving on {host} without --api-key: anyone who reaches this address can use the "
                    f"model (set --api-key or {API_KEY_ENV})", err=True)
     if use_ray:
+        if port == 0:
+            raise ConfigError("--ray needs a fixed --port (Ray's proxy does not report a port it picked); give one, "
+                              "e.g. --port 8000")
         from seer_deploy.serve import ray_app
 
         ray_app.run(target, service_options, serve_options, host=host, port=port, replicas=replicas,
