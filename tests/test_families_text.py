@@ -455,4 +455,6 @@ def test_dimple_loads_its_language_model_and_generates_text(tmp_path: Path) -> N
     np.testing.assert_array_equal(run.tokens, ref.tokens)
     with pytest.raises(ConfigError, match="Qwen2.5-VL"):
         check_images_supported(raw)
+    with pytest.raises(CheckpointError, match="use_sliding_window"):
+        config_from_dict({**raw, "use_sliding_window": True})
     assert check_images_supported(LLADA_8B_CONFIG) is None
