@@ -40,7 +40,6 @@ ARCHITECTURES: tuple[tuple[str, str], ...] = (
     ("LLaDAMoE", "llada_moe"), ("MMada", "mmada"), ("Dimple", "dimple"), ("Dream", "dream"),
 )
 FAMILIES: tuple[str, ...] = ("llada", "mmada", "dream", "dimple", "llada_moe")
-SHIFTED_FAMILIES: tuple[str, ...] = ("dream", "dimple")  # Qwen2-based: token i read from position i - 1
 MMADA_CODEBOOK = 8192  # MAGVIT-v2 codes MMaDA-8B adds to LLaDA's vocabulary
 # LaViDa generates with prefix-DLM attention; on by default once the multimodal export, the engines and the torch
 # backend pass prompt_width (a prefix-DLM model refuses a forward without it). Until then: explicit config keys only.
