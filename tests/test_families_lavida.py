@@ -11,6 +11,7 @@ The pictures are real photographs (matplotlib's sample data, a declared dependen
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from safetensors import safe_open
 
 from seer_deploy.core.errors import CheckpointError, ConfigError
 from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.demo_vl_tasks import VOCAB, write_tokenizer
@@ -31,7 +33,9 @@ from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.multimodal import load_multimodal, save_multimodal_checkpoint, vision_config_from_dict
 from seer_deploy.models.requests import assign_images
 from seer_deploy.models.vision import VisionConfig, VisionEncoder
+from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
+from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.service import Run, ServiceOptions
 from seer_deploy.service import generate as serve
@@ -41,21 +45,23 @@ CONFIG = GenerationConfig(gen_length=16, steps=16)
 PROMPTS = ["<image> describe", "<image> colors"]
 
 
-def tiny_lavida_models(seed: int = 0) -> tuple[MaskPredictor, VisionEncoder]:
-    """A 2-layer LLaDA LM over the demo-vl words and a 3-layer SigLIP tower pooled 2x2 bilinear, as LaViDa does."""
+def tiny_lavida_models(seed: int = 0, variant: str = "llada") -> tuple[MaskPredictor, VisionEncoder]:
+    """A 2-layer LM over the demo-vl words (LLaDA's, or Dream's: q/k/v biases, grouped-query attention, rope theta
+    1e6, shifted logits) and a 3-layer SigLIP tower pooled 2x2 bilinear, as LaViDa does."""
     ids = {t: i for i, t in enumerate(VOCAB)}
-    lm_cfg = ModelConfig(
-        vocab_size=len(VOCAB), d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden=64, max_seq_len=96,
-        mask_id=ids["<|mdm_mask|>"], eos_id=ids["<|endoftext|>"], pad_id=ids["<|endoftext|>"],
-        bos_id=ids["<|startoftext|>"],
-    )
+    fields: dict[str, object] = {
+        "vocab_size": len(VOCAB), "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden": 64,
+        "max_seq_len": 96, "mask_id": ids["<|mdm_mask|>"], "eos_id": ids["<|endoftext|>"],
+        "pad_id": ids["<|endoftext|>"], "bos_id": ids["<|startoftext|>"]}
+    if variant == "dream":
+        fields.update(family="dream", n_kv_heads=2, rope_theta=1e6, rms_eps=1e-6, qkv_bias=True, shift_logits=True)
     siglip = {"hidden_size": 24, "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 2,
               "num_channels": 3, "image_size": IMAGE, "patch_size": PATCH, "hidden_act": "gelu_pytorch_tanh",
               "layer_norm_eps": 1e-6}
     vcfg = VisionConfig(siglip=siglip, lm_hidden_size=32, mm_hidden_size=24, image=ImageConfig(IMAGE, aspect="pad"),
                         projector_type="mlp2x_gelu", patch_merge_type="spatial_unpad", pool_stride=2)
     torch.manual_seed(seed)
-    lm, vision = MaskPredictor(lm_cfg), VisionEncoder(vcfg)
+    lm, vision = MaskPredictor(ModelConfig(**fields)), VisionEncoder(vcfg)  # type: ignore[arg-type]
     with torch.no_grad():  # larger than default init so the answer depends on the picture
         for p in [*lm.parameters(), *vision.parameters()]:
             if p.dim() > 1:
@@ -65,11 +71,18 @@ def tiny_lavida_models(seed: int = 0) -> tuple[MaskPredictor, VisionEncoder]:
     return lm.eval(), vision.eval()
 
 
-def write_lavida_llada(path: Path, seed: int = 0) -> Path:
-    lm, vision = tiny_lavida_models(seed)
+def write_lavida(path: Path, seed: int = 0, variant: str = "llada", **config: object) -> Path:
+    """A tiny LaViDa checkpoint of `variant` ('llada' or 'dream'), with `config` keys edited into its config.json."""
+    lm, vision = tiny_lavida_models(seed, variant)
     tok = path.parent / f"{path.name}-tokenizer.json"
     write_tokenizer(tok)
-    return save_multimodal_checkpoint(lm, vision, path, tokenizer_file=tok, lavida="llada")
+    save_multimodal_checkpoint(lm, vision, path, tokenizer_file=tok, lavida=variant)
+    edit_config(path, **config)
+    return path
+
+
+def write_lavida_llada(path: Path, seed: int = 0) -> Path:
+    return write_lavida(path, seed)
 
 
 def photos() -> list[str]:
@@ -79,6 +92,9 @@ def photos() -> list[str]:
 
 
 def edit_config(path: Path, **changes: object) -> None:
+    """Set (None: remove) keys of a checkpoint's config.json."""
+    if not changes:
+        return
     raw = json.loads((path / "config.json").read_text())
     for key, value in changes.items():
         if value is None:
@@ -88,9 +104,10 @@ def edit_config(path: Path, **changes: object) -> None:
     (path / "config.json").write_text(json.dumps(raw))
 
 
-def run(target: Path | str, seer: SeerConfig | None, texts: list[str] = PROMPTS) -> Run:
+def run(target: Path | str, seer: SeerConfig | None, texts: list[str] = PROMPTS, config: GenerationConfig = CONFIG
+        ) -> Run:
     """The service, as `seer-deploy generate TARGET --image ...` calls it (Seer off, or on with `seer`)."""
-    options = ServiceOptions(generation=CONFIG, seer=seer is not None, seer_config=seer)
+    options = ServiceOptions(generation=config, seer=seer is not None, seer_config=seer)
     return serve(assign_images(texts, photos()[: len(texts)]), str(target), options)
 
 
@@ -106,6 +123,7 @@ def lavida(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 # 16), so Seer cuts, the rows get different kept lengths and the answers before the cut are not all one token.
 SEED = 30
 SEER = SeerConfig(detector="eos", eos_floor=0.0, margin=0)
+SEER_ANY = SeerConfig(detector="eos", eos_floor=0.0, margin=0, eos_tolerance=CONFIG.gen_length)  # first EOS win cuts
 
 
 # ------------------------------------------------------------------------------------------------ layout and loading
@@ -229,6 +247,87 @@ def test_onnx_runtime_equals_torch_token_for_token(lavida, seer: SeerConfig | No
     kept = [r.kept if r else None for r in ort.reports]
     assert kept == [r.kept if r else None for r in ref.reports]
     assert kept == ([None, None] if seer is None else [14, 15])  # Seer off: full length; on: both rows cut
+
+
+# ------------------------------------------------------------------------------------------------ LaViDa-Dream, prefix-DLM
+
+
+def test_lavida_dream_is_in_its_layout_loads_and_answers_like_the_reference_loop(tmp_path: Path) -> None:
+    """Dream's Qwen2 names (q/k/v biases, lm_head) with LLaVA's vision keys; the loader takes Dream's options from
+    llava_dream; the service answers a photo as the reference loop does, Seer off and on."""
+    ckpt = write_lavida(tmp_path / "lavida-dream", seed=1, variant="dream")
+    with safe_open(ckpt / "model.safetensors", framework="pt") as f:
+        names = set(f.keys())
+    assert {"model.layers.1.self_attn.q_proj.bias", "model.layers.1.self_attn.v_proj.bias", "model.embed_tokens.weight",
+            "model.norm.weight", "lm_head.weight", "model.mm_projector.2.weight", "model.image_newline"} <= names
+    assert "model.layers.1.self_attn.o_proj.bias" not in names
+    raw = json.loads((ckpt / "config.json").read_text())
+    assert (raw["model_type"], raw["architectures"]) == ("llava_dream", ["LlavaDreamForMaskedDiffusion"])
+    assert lavida_variant(raw) == "dream" and "hidden_size" in raw and "d_model" not in raw
+    loaded = load_multimodal(ckpt)
+    cfg = loaded.config
+    assert (cfg.family, cfg.qkv_bias, cfg.shift_logits, cfg.n_kv_heads) == ("dream", True, True, 2)
+    assert loaded.vision_config.tokens_per_image == 17
+    full = run(ckpt, None)
+    assert [a.tokens for a in full.answers] == reference_tokens(ckpt, PROMPTS)
+    cut = run(ckpt, SEER_ANY)
+    kept = [r.kept for r in cut.reports if r is not None]
+    assert len(kept) == 2 and min(kept) < CONFIG.gen_length  # Seer did cut
+    assert [a.tokens for a in cut.answers] == reference_tokens(ckpt, PROMPTS, kept)
+
+
+class PrefixWidth(ImageConditionedModel):
+    """The torch side for a prefix-DLM model: passes the batch's prompt width (every row's response starts there),
+    which the runtime's torch loops do not pass yet."""
+
+    def __init__(self, lm: MaskPredictor, table: torch.Tensor, width: int) -> None:
+        super().__init__(lm, table)
+        self.width = width
+
+    def forward(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+        ids = args[0] if args else kwargs["input_ids"]
+        assert isinstance(ids, torch.Tensor)
+        kwargs.setdefault("prompt_width", torch.full((ids.shape[0],), self.width, dtype=torch.long))
+        return super().forward(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_prefix_dlm_lavida_dream_exports_and_onnx_runtime_equals_torch(tmp_path: Path) -> None:
+    """LaViDa's prefix-DLM attention ("prefix_lm": true): the step graphs take prompt_width after the image table;
+    ONNX Runtime = torch token for token, Seer off and on; the prompt's logits do not depend on the answer."""
+    ckpt = write_lavida(tmp_path / "lavida-dream-prefix", seed=1, variant="dream", prefix_lm=True)
+    loaded = load_multimodal(ckpt)
+    cfg, vcfg = loaded.config, loaded.vision_config
+    assert cfg.prefix_dlm
+    out = export_multimodal(ckpt, tmp_path / "export").out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert list(manifest["graphs"]["step"]["inputs"])[-2:] == ["image_table", "prompt_width"]
+    tok = MultimodalTokenizer.for_checkpoint(loaded)
+    ids = expand_placeholders([tok.encode_prompt(t) for t in PROMPTS], [1, 1], vcfg.tokens_per_image,
+                              vcfg.image_token_index, cfg.n_embed_rows)
+    assert len({len(i) for i in ids}) == 1  # one prompt width for the batch
+    px = pixel_batch([load_image(p) for p in photos()], vcfg.image)
+    backend = MultimodalOrtBackend(out)
+    embeds = backend.encode_images(px)
+    backend.set_image_table([embeds])
+    model = PrefixWidth(loaded.lm.model, torch.from_numpy(embeds.reshape(-1, cfg.d_model)), len(ids[0]))
+    x = torch.cat([torch.tensor(ids[:1]), torch.full((1, CONFIG.gen_length), cfg.mask_id)], dim=1)
+    y = x.clone()
+    y[0, -CONFIG.gen_length:] = cfg.eos_id
+    plain = ImageConditionedModel(loaded.lm.model, model.image_table)
+    plain.cfg = replace(cfg, prefix_dlm=False)
+    with torch.no_grad():  # the prompt columns' logits (shifted: computed at columns -1..P-2, all prompt)
+        prefix = [model(t).logits[0, : len(ids[0])] for t in (x, y)]  # type: ignore[attr-defined]
+        full = [plain(t).logits[0, : len(ids[0])] for t in (x, y)]
+    assert torch.equal(prefix[0], prefix[1]) and not torch.allclose(full[0], full[1])
+    common = {"mask_id": cfg.mask_id, "pad_id": cfg.pad_id, "eos_id": cfg.eos_id}
+    for seer in (None, SEER_ANY):
+        ort = run_generation(backend, ids, CONFIG, seer=seer, **common)  # type: ignore[arg-type]
+        ref = run_generation(TorchBackend(model), ids, CONFIG, seer=seer, **common)  # type: ignore[arg-type]
+        assert np.array_equal(ort.tokens, ref.tokens)
+        if seer is not None:
+            assert ort.seer is not None and ref.seer is not None
+            assert [r.kept for r in ort.seer] == [r.kept for r in ref.seer]
+            assert min(r.kept for r in ort.seer) < CONFIG.gen_length  # Seer did cut
 
 
 # ------------------------------------------------------------------------------------------------ loader errors

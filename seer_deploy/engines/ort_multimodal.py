@@ -53,7 +53,7 @@ class MultimodalOrtBackend(OrtBackend):
                 f"{self.export_dir} is a text-only export (no vision graph in its manifest); export a multimodal "
                 "checkpoint, or run it without images"
             )
-        return step_graphs(multimodal=True)
+        return step_graphs(multimodal=True, prefix_dlm=self.manifest.model_config().prefix_dlm)
 
     def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
         """float32 [N, 3, H, W] -> float32 [N, tokens_per_image, D] (N = 0 gives an empty array)."""

@@ -7,6 +7,9 @@ runtime loop, Seer's truncation and regrouped batches work on plain ids, and the
 those of a text-only export. The vision graph outputs float32 whatever the export dtype, so the table's type never
 depends on it.
 
+A prefix-DLM model (LaViDa with prefix-DLM attention: ModelConfig.prefix_dlm) gets the prefix variants of the step
+graphs, which take `prompt_width` [B] after the image table (spec.graphs.step_graphs(prefix_dlm=True)).
+
 The export directory and manifest are the text export's (written by seer_deploy.export.exporter.ExportRun) with
 the vision graph and the image settings under `extra["multimodal"]`; the weights of all three graphs share one
 weights.bin.
@@ -21,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seer_deploy.core.errors import ConfigError
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.exporter import (
@@ -33,13 +37,7 @@ from seer_deploy.export.exporter import (
     checkpoint_config,
     step_examples,
 )
-from seer_deploy.export.graphs import (
-    MultimodalRefreshGraph,
-    MultimodalStep0Graph,
-    MultimodalStepGraph,
-    VisionGraph,
-    WindowStepGraph,
-)
+from seer_deploy.export.graphs import VisionGraph, WindowStepGraph, multimodal_step_modules
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.validate import ExportValidationError, Probe, compare_with_torch, make_probes, torch_references
 from seer_deploy.models.checkpoint import read_config
@@ -51,13 +49,11 @@ from seer_deploy.spec.export_manifest import GraphRecord
 from seer_deploy.spec.graphs import (
     IMAGE_TABLE,
     INPUT_IDS,
-    MULTIMODAL_REFRESH,
-    MULTIMODAL_STEP,
-    MULTIMODAL_STEP0,
     PIXEL_VALUES,
     VISION,
-    WINDOW_STEP,
     Size,
+    cache_graphs,
+    step_graphs,
 )
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
@@ -84,7 +80,7 @@ def image_probes(cfg: ModelConfig, max_seq_len: int, n_table: int, seed: int = 1
             real = np.flatnonzero(p.attention_mask[b])
             span = real[: max(1, len(real) // 3)]
             ids[b, span] = cfg.n_embed_rows + rng.integers(0, n_table, len(span))
-        probes.append(Probe(ids, p.attention_mask, p.temperature, p.seed))
+        probes.append(Probe(ids, p.attention_mask, p.temperature, p.seed, p.prompt_width))
     return probes
 
 
@@ -98,7 +94,13 @@ def prepare_multimodal(checkpoint: str | os.PathLike[str], out: str | os.PathLik
     tokens = vision_config_from_dict(read_config(path), path).tokens_per_image
     source = DEMO_VL_NAME if str(checkpoint) == DEMO_VL_NAME else str(path.absolute())
     why = f"it cannot hold one image ({tokens} tokens) and a response; raise it"
-    return ExportRun.check(path, source, checkpoint_config(path), out, options, _load_multimodal, (tokens + 1, why))
+    config = checkpoint_config(path)
+    if options.kv_cache and config.prefix_dlm:
+        raise ConfigError(
+            "--kv-cache is not supported yet for a prefix-DLM multimodal model (LaViDa with prefix_lm): the ONNX "
+            "Runtime engine does not declare prompt_width on the refresh graph; export without --kv-cache"
+        )
+    return ExportRun.check(path, source, config, out, options, _load_multimodal, (tokens + 1, why))
 
 
 def export_multimodal(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
@@ -146,13 +148,15 @@ def _load_multimodal(run: ExportRun, report: Progress) -> Loaded:
             }
         }
 
+    step0_io, step_io = step_graphs(multimodal=True, prefix_dlm=cfg.prefix_dlm)  # prefix-DLM: + prompt_width
+    refresh_io, window_io = cache_graphs(multimodal=True, prefix_dlm=cfg.prefix_dlm)
+    step0_graph, step_graph, refresh_graph = multimodal_step_modules(lm, stats)
     plan = GraphPlan(
         modules=(
             (VISION, VisionGraph(vision)),
-            (MULTIMODAL_STEP0, MultimodalStep0Graph(lm, stats)),
-            (MULTIMODAL_STEP, MultimodalStepGraph(lm)),
-            *(((MULTIMODAL_REFRESH, MultimodalRefreshGraph(lm)), (WINDOW_STEP, WindowStepGraph(lm)))
-              if run.options.kv_cache else ()),
+            (step0_io, step0_graph),
+            (step_io, step_graph),
+            *(((refresh_io, refresh_graph), (window_io, WindowStepGraph(lm))) if run.options.kv_cache else ()),
         ),
         examples=_examples(cfg, vcfg, max_seq_len),
         sizes={

@@ -40,6 +40,7 @@ from seer_deploy.models.checkpoint import (
     weight_name_map,
 )
 from seer_deploy.models.config import ModelConfig, config_from_dict
+from seer_deploy.models.family_configs import family_config_dict
 from seer_deploy.models.image import SIGLIP_MEAN, SIGLIP_STD, ImageConfig
 from seer_deploy.models.lavida import LLADA, VARIANT_NAMES, lavida_config_keys, lavida_variant, lavida_vision_fields
 from seer_deploy.models.llada import MaskPredictor
@@ -286,17 +287,21 @@ def _short(names: list[str], limit: int = 6) -> str:
 
 def multimodal_config_dict(lm_cfg: ModelConfig, vcfg: VisionConfig, tower_name: str = "local-siglip",
                            lavida: str | None = None) -> dict[str, Any]:
-    """config.json of a LLaDA-V-layout checkpoint (Llama-style LM fields), or with `lavida` 'llada' a LaViDa-LLaDA one
-    (LLaDA's fields and LaViDa's keys), plus LLaVA's mm_* keys and vision_config."""
+    """config.json of a LLaDA-V-layout checkpoint (Llama-style LM fields), or with `lavida` 'llada' / 'dream' a
+    LaViDa one (its LM's public fields and LaViDa's keys), plus LLaVA's mm_* keys and vision_config."""
     if lavida is None:
         d = lm_cfg.to_llama_dict()
         d["model_type"] = "llava_llada"
         d["architectures"] = ["LlavaLLaDAModelLM"]
-    elif lavida == LLADA:
-        d = lm_cfg.to_llada_dict()
+    elif lavida in VARIANT_NAMES:
+        if lm_cfg.family != lavida:  # the variants are named after their LM's family
+            raise ConfigError(f"a {VARIANT_NAMES[lavida]} checkpoint needs a {lavida} language model, not "
+                              f"{lm_cfg.family}")
+        d = family_config_dict(lm_cfg)  # the LM's own public fields (LLaDA's d_model..., Dream's Qwen2 ones)
+        d.pop("auto_map", None)  # LaViDa's classes are registered by its code, not by auto_map
         d.update(lavida_config_keys(lavida, vcfg.pool_stride, vcfg.pool_mode))
     else:
-        raise ConfigError(f"writing a {VARIANT_NAMES.get(lavida, lavida)} checkpoint is not supported")
+        raise ConfigError(f"LaViDa variant {lavida!r} is unknown; use one of {', '.join(VARIANT_NAMES)}")
     d.update(
         {
             "mm_vision_tower": tower_name,
@@ -326,7 +331,8 @@ def save_multimodal_checkpoint(
     lavida: str | None = None,
 ) -> Path:
     """Write a LLaDA-V-layout checkpoint (one model.safetensors, config.json, preprocessor_config.json); with
-    `lavida` 'llada' a LaViDa-LLaDA one (LLaDA's weight names and config fields, LaViDa's model_type and keys).
+    `lavida` 'llada' a LaViDa-LLaDA one (LLaDA's weight names and config fields, LaViDa's model_type and keys), with
+    'dream' a LaViDa-Dream one (Dream's Qwen2 names and fields: `lm` must be a Dream-family model).
 
     The tower is stored as LLaVA-OneVision stores it: the layers that run and the (unused) post-layernorm.
     unused_layers=True adds layers past the selected one (copies of the last layer that runs, never read), as a
@@ -341,7 +347,7 @@ def save_multimodal_checkpoint(
     try:
         lm_params = dict(lm.named_parameters())
         config = multimodal_config_dict(lm.cfg, vcfg, lavida=lavida)  # refuses a variant it cannot write
-        layout: Layout = "llama" if lavida is None else "llada"
+        layout: Layout = "llada" if lavida == LLADA else "llama"  # LLaDA-V and LaViDa-Dream: model.layers.N...
         tensors: dict[str, Tensor] = {ext: lm_params[internal] for internal, ext in weight_name_map(lm.cfg, layout).items()}
         v_params = dict(vision.named_parameters())
         tensors.update({ext: v_params[internal] for internal, ext in vision_weight_names(vision).items()})
