@@ -151,11 +151,17 @@ class Service:
 
     def generate(self, requests: Sequence[Request], progress: Callable[[int], None] = lambda done: None, *,
                  full_length: bool = False, seer: SeerConfig | None = None,
-                 generation: GenerationConfig | None = None) -> Run:
+                 generation: GenerationConfig | None = None, seed: int | None = None) -> Run:
         """Answer `requests` in batches, with the service's Seer config (`seer` instead, fitted to the engine;
-        none with `full_length`) and generation settings (`generation` instead); progress(n) after each batch of n."""
+        none with `full_length`), generation settings (`generation` instead) and seed (`seed` instead: batch n
+        samples with seed + n); progress(n) after each batch of n.
+
+        Only this method (and `prompt_ids`) runs the engine; `token_ids` reads nothing that a run changes, so a
+        server may check prompts with it from other threads while one thread generates."""
         if not requests:
             raise ConfigError("no prompt given; pass --prompt TEXT or --prompts FILE.jsonl")
+        if seed is not None and seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {seed}")
         if generation is None:
             generation = self.options.generation
         else:
@@ -172,7 +178,8 @@ class Service:
             batch = slice(lo, lo + self.batch_size)
             prompts = self._with_images(ids[batch], requests[batch], pictures[batch])
             out = run_generation(self.backend, prompts, generation, mask_id=self.info.mask_id,
-                                 pad_id=self.info.pad_id, eos_id=self.info.eos_id, seed=self.options.seed + n,
+                                 pad_id=self.info.pad_id, eos_id=self.info.eos_id,
+                                 seed=(self.options.seed if seed is None else seed) + n,
                                  seer=seer)
             reports: list[SeerReport | None] = list(out.seer) if out.seer else [None] * len(prompts)
             for request, row, report, steps in zip(requests[batch], out.tokens.tolist(), reports, out.row_steps,

@@ -79,6 +79,22 @@ def client(url: str, key: str = "unused") -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
 
 
+def test_a_sampled_request_is_its_seeded_solo_run(server: BackgroundServer, reference: Service) -> None:
+    """temperature > 0 with a seed: the answer of `generate --temperature T --seed S` (the row runs alone), so two
+    seeds give (here) different answers and one seed the same answer twice."""
+    oa = client(server.url)
+    sampled = replace(GEN, temperature=6.0)  # the demo is so sure of itself that milder ones sample one answer
+    answers = {}
+    for seed in (3, 4):
+        want = reference.generate([Request(PROMPTS[5])], generation=sampled, seed=seed).answers[0].tokens
+        got = [oa.completions.create(model="demo", prompt=PROMPTS[5], temperature=6.0, seed=seed)
+               for _ in range(2)]
+        assert got[0].choices[0].text == got[1].choices[0].text
+        answers[seed] = got[0].choices[0].text
+        assert got[0].choices[0].text == reference.tokenizer.decode_answer(want)
+    assert answers[3] != answers[4]
+
+
 def test_the_openai_client_gets_the_solo_answers_streaming_and_not(server: BackgroundServer,
                                                                    reference: Service) -> None:
     oa = client(server.url)

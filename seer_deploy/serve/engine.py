@@ -18,8 +18,6 @@ from seer_deploy.models.requests import Request, check_request_images
 from seer_deploy.seer.config import SeerConfig, TailContext
 from seer_deploy.service import Answer, Service
 
-_solo = itertools.count()  # keys that make a row run alone (sampling with its own seed)
-
 
 @dataclass(frozen=True)
 class SeerChoice:
@@ -44,8 +42,8 @@ class Row:
 
     @property
     def key(self) -> Hashable:
-        """Rows with equal keys run in one Service.generate call."""
-        return self.generation, self.seer, self.seed if self.solo is not None else None, self.solo
+        """Rows with equal keys run in one Service.generate call (a sampled row's key is its own)."""
+        return self.generation, self.seer, self.seed, self.solo
 
 
 @dataclass(frozen=True)
@@ -72,6 +70,7 @@ class Engine:
 
     def __init__(self, service: Service) -> None:
         self.service = service
+        self._solo = itertools.count()  # keys that make a sampled row run alone (its seed alone decides it)
 
     @property
     def multimodal(self) -> bool:
@@ -91,7 +90,7 @@ class Engine:
         per_image = self.service.info.images.tokens_per_image - 1 if self.service.info.images is not None else 0
         sampled = generation.temperature > 0
         return Row(request, generation, seer, len(ids) + per_image * len(request.images), max_tokens, stop,
-                   seed if sampled else None, next(_solo) if sampled else None)
+                   seed if sampled else None, next(self._solo) if sampled else None)
 
     def seer_for(self, choice: SeerChoice) -> tuple[bool, SeerConfig | None]:
         """(full_length, the Seer config to run instead of the service's) for a request's choice."""
@@ -120,15 +119,9 @@ class Engine:
     def _generate(self, rows: Sequence[Row]) -> list[Result]:
         first = rows[0]
         full_length, seer = self.seer_for(first.seer)
-        service = self.service
-        options = service.options
-        if first.seed is not None:  # a sampled row runs alone, with its seed as the service's (batch 0: seed + 0)
-            service.options = dataclasses.replace(options, seed=first.seed)
-        try:
-            run = service.generate([r.request for r in rows], generation=first.generation, full_length=full_length,
-                                   seer=seer)
-        finally:
-            service.options = options
+        # A sampled row runs alone, with its own seed (batch 0: seed + 0, as `generate --seed`).
+        run = self.service.generate([r.request for r in rows], generation=first.generation, full_length=full_length,
+                                    seer=seer, seed=first.seed)
         return [self._result(row, answer) for row, answer in zip(rows, run.answers, strict=True)]
 
     def _result(self, row: Row, answer: Answer) -> Result:
