@@ -18,17 +18,32 @@ import numpy as np
 import pytest
 import torch
 from matplotlib import cbook
+from PIL import Image
 from safetensors import safe_open
 
 from seer_deploy.core.errors import CheckpointError, ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
+from seer_deploy.models.anyres import (
+    AnyresConfig,
+    anyres_tokens,
+    anyres_views,
+    grid_shape,
+    merge_views,
+    select_best_resolution,
+    unpadded_grid,
+)
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.demo_vl_tasks import VOCAB, write_tokenizer
 from seer_deploy.models.image import ImageConfig, load_image, pixel_batch
-from seer_deploy.models.image_prompts import ImageConditionedModel, MultimodalTokenizer, expand_placeholders
-from seer_deploy.models.lavida import lavida_variant
+from seer_deploy.models.image_prompts import (
+    ImageConditionedModel,
+    MultimodalTokenizer,
+    encode_pictures,
+    expand_placeholders,
+)
+from seer_deploy.models.lavida import GRID_PINPOINTS, lavida_anyres, lavida_variant
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.multimodal import load_multimodal, save_multimodal_checkpoint, vision_config_from_dict
 from seer_deploy.models.requests import assign_images
@@ -51,7 +66,7 @@ def tiny_lavida_models(seed: int = 0, variant: str = "llada") -> tuple[MaskPredi
     ids = {t: i for i, t in enumerate(VOCAB)}
     fields: dict[str, object] = {
         "vocab_size": len(VOCAB), "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden": 64,
-        "max_seq_len": 96, "mask_id": ids["<|mdm_mask|>"], "eos_id": ids["<|endoftext|>"],
+        "max_seq_len": 128, "mask_id": ids["<|mdm_mask|>"], "eos_id": ids["<|endoftext|>"],
         "pad_id": ids["<|endoftext|>"], "bos_id": ids["<|startoftext|>"]}
     if variant == "dream":
         fields.update(family="dream", n_kv_heads=2, rope_theta=1e6, rms_eps=1e-6, qkv_bias=True, shift_logits=True)
@@ -119,8 +134,8 @@ def lavida(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return ckpt, export_multimodal(ckpt, root / "export").out
 
 
-# Step zero's EOS predictions place the cut; with this seed's weights both rows end in EOS wins (kept 14 and 15 of
-# 16), so Seer cuts, the rows get different kept lengths and the answers before the cut are not all one token.
+# Step zero's EOS predictions place the cut; with this seed's weights a row ends in EOS wins (kept 14 of 16), so Seer
+# cuts, the rows get different kept lengths and the answers before the cut are not all one token.
 SEED = 30
 SEER = SeerConfig(detector="eos", eos_floor=0.0, margin=0)
 SEER_ANY = SeerConfig(detector="eos", eos_floor=0.0, margin=0, eos_tolerance=CONFIG.gen_length)  # first EOS win cuts
@@ -246,7 +261,10 @@ def test_onnx_runtime_equals_torch_token_for_token(lavida, seer: SeerConfig | No
     assert [a.tokens for a in ort.answers] == [a.tokens for a in ref.answers]
     kept = [r.kept if r else None for r in ort.reports]
     assert kept == [r.kept if r else None for r in ref.reports]
-    assert kept == ([None, None] if seer is None else [14, 15])  # Seer off: full length; on: both rows cut
+    if seer is None:
+        assert kept == [None, None]
+    else:
+        assert min(k for k in kept if k is not None) < CONFIG.gen_length  # Seer did cut
 
 
 # ------------------------------------------------------------------------------------------------ LaViDa-Dream, prefix-DLM
@@ -328,6 +346,94 @@ def test_prefix_dlm_lavida_dream_exports_and_onnx_runtime_equals_torch(tmp_path:
             assert ort.seer is not None and ref.seer is not None
             assert [r.kept for r in ort.seer] == [r.kept for r in ref.seer]
             assert min(r.kept for r in ort.seer) < CONFIG.gen_length  # Seer did cut
+
+
+# ------------------------------------------------------------------------------------------------ anyres
+
+
+ANYRES = AnyresConfig(tuple((w * IMAGE // 384, h * IMAGE // 384) for w, h in GRID_PINPOINTS), IMAGE)  # LaViDa's, scaled
+
+
+def test_anyres_views_fit_the_picture_into_the_best_pinpoint() -> None:
+    """A 1:2 portrait goes to 2 x 1 crops (LaViDa's 384 x 768, scaled), a wide landscape to 1 x 3; the crops tile the
+    fitted picture, centred on black; the base view is the whole picture resized."""
+    portrait, landscape = Image.new("RGB", (300, 600), (200, 10, 10)), Image.new("RGB", (600, 260), (10, 200, 10))
+    assert grid_shape(portrait.size, ANYRES) == (2, 1) and grid_shape(landscape.size, ANYRES) == (1, 3)
+    assert select_best_resolution((100, 100), ANYRES.pinpoints) == (2 * IMAGE, 2 * IMAGE)  # most pixels kept
+    views = anyres_views(landscape, ANYRES)
+    assert len(views) == 4 and all(v.size == (IMAGE, IMAGE) for v in views)
+    canvas = np.concatenate([np.asarray(v) for v in views[1:]], axis=1)  # 28 x 84: the picture scaled to 65 x 28
+    assert (canvas[:, :9] == 0).all() and (canvas[:, -10:] == 0).all() and (canvas[:, 10:-11, 1] > 150).all()
+    assert (np.asarray(views[0])[..., 1] > 150).all()
+
+
+def test_anyres_merge_lays_out_base_then_unpadded_rows_closed_by_image_newline() -> None:
+    """Tokens that carry their origin (view, row, column): the base view's patches first, then the crops' patches as
+    one grid row by row, the rows that only covered padding cut, image_newline after every row."""
+    size, side = (600, 260), 4  # a wide landscape: 1 x 3 crops, padded left and right
+    rows, cols = grid_shape(size, ANYRES)
+    views = 1 + rows * cols
+    embeds = np.zeros((views, side * side + 1, 3), np.float32)
+    for v in range(views):
+        for r in range(side):
+            for c in range(side):
+                embeds[v, r * side + c] = (v, r, c)
+        embeds[v, -1] = (-1, -1, -1)  # image_newline
+    merged = merge_views(embeds, size, ANYRES)
+    assert len(merged) == anyres_tokens(size, ANYRES, side)
+    assert [tuple(t) for t in merged[: side * side]] == [(0, r, c) for r in range(side) for c in range(side)]
+    top, bottom, left, right = unpadded_grid(rows * side, cols * side, size)
+    assert (top, bottom, left, right) == (0, 4, 1, 11)  # 600 / 260 of 4 rows = 9.2 columns -> 9: 1 cut each side
+    grid = merged[side * side :].reshape(bottom - top, right - left + 1, 3)
+    assert (grid[:, -1] == -1).all()  # a newline closes every row
+    for i, row in enumerate(grid[:, :-1]):
+        r = top + i
+        assert [tuple(t) for t in row] == [(1 + c // side, r, c % side) for c in range(left, right)]
+
+
+def test_anyres_pictures_run_on_onnx_runtime_as_on_torch(lavida) -> None:
+    """The same vision graph encodes every view; merged per picture (different token counts), expanded with one count
+    per picture: ONNX Runtime = torch token for token, Seer off and on."""
+    ckpt, out = lavida
+    loaded = load_multimodal(ckpt)
+    cfg, vcfg = loaded.config, loaded.vision_config
+    square = replace(vcfg.image, aspect="square")
+    pictures = [load_image(p) for p in photos()]
+    backend = MultimodalOrtBackend(out)
+
+    def torch_encode(px: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return loaded.vision(torch.from_numpy(px)).numpy()
+
+    ort_embeds = encode_pictures(backend.encode_images, pictures, square, ANYRES)
+    torch_embeds = encode_pictures(torch_encode, pictures, square, ANYRES)
+    counts = [len(e) for e in torch_embeds]
+    assert counts == [anyres_tokens(p.size, ANYRES, vcfg.pooled_side) for p in pictures] and counts[0] != counts[1]
+    assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(ort_embeds, torch_embeds, strict=True))
+    tok = MultimodalTokenizer.for_checkpoint(loaded)
+    ids = expand_placeholders([tok.encode_prompt(t) for t in PROMPTS], [1, 1], counts, vcfg.image_token_index,
+                              cfg.n_embed_rows)
+    backend.set_image_table(ort_embeds)
+    model = ImageConditionedModel(loaded.lm.model, torch.from_numpy(np.concatenate(ort_embeds)))
+    common = {"mask_id": cfg.mask_id, "pad_id": cfg.pad_id, "eos_id": cfg.eos_id}
+    for seer in (None, SEER_ANY):
+        ort = run_generation(backend, ids, CONFIG, seer=seer, **common)  # type: ignore[arg-type]
+        ref = run_generation(TorchBackend(model), ids, CONFIG, seer=seer, **common)  # type: ignore[arg-type]
+        assert np.array_equal(ort.tokens, ref.tokens)
+    assert np.array_equal(ref.tokens, generate(model, ids, CONFIG, kept_lengths=[r.kept for r in ref.seer or []]
+                                               ).tokens.numpy())
+
+
+def test_anyres_settings_from_config() -> None:
+    raw = {"image_aspect_ratio": "anyres", "mm_patch_merge_type": "spatial_unpad"}
+    assert lavida_anyres(raw, 384) == AnyresConfig(tuple(map(tuple, GRID_PINPOINTS)), 384)  # type: ignore[arg-type]
+    assert lavida_anyres({**raw, "image_grid_pinpoints": "[(384, 768), (768, 384)]"}, 384) == AnyresConfig(
+        ((384, 768), (768, 384)), 384)
+    assert lavida_anyres({**raw, "image_aspect_ratio": "pad"}, 384) is None
+    with pytest.raises(ConfigError, match="'anyres_max_9'.*not LaViDa's tiling"):
+        lavida_anyres({**raw, "image_aspect_ratio": "anyres_max_9"}, 384)
+    with pytest.raises(CheckpointError, match=r"entry \[400, 768\] must be whole multiples of the tower's 384 px"):
+        lavida_anyres({**raw, "image_grid_pinpoints": [[400, 768]]}, 384)
 
 
 # ------------------------------------------------------------------------------------------------ loader errors

@@ -10,13 +10,16 @@ each row pointing at its own images; and the exported graphs do the same lookup 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor, nn
 
 from seer_deploy.core.errors import ConfigError
+from seer_deploy.models.anyres import AnyresConfig, anyres_pixels, merge_views
+from seer_deploy.models.image import ImageConfig, pixel_batch
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.multimodal import IMAGE_TOKEN, LoadedMultimodal
 from seer_deploy.models.tokenizer import Tokenizer
@@ -64,22 +67,38 @@ def check_image_counts(prompts: Sequence[Sequence[int]], n_images: Sequence[int]
 
 
 def expand_placeholders(
-    prompts: Sequence[Sequence[int]], n_images: Sequence[int], tokens_per_image: int, image_token_index: int, id_base: int
+    prompts: Sequence[Sequence[int]], n_images: Sequence[int], tokens_per_image: int | Sequence[int],
+    image_token_index: int, id_base: int
 ) -> list[list[int]]:
-    """Replace each placeholder by `tokens_per_image` image ids id_base + j (j counts the batch's image tokens)."""
+    """Replace each placeholder by its image's ids id_base + j (j counts the batch's image tokens): `tokens_per_image`
+    for every image, or one count per image of the batch, in order (anyres pictures differ in size)."""
     check_image_counts(prompts, n_images, image_token_index)
+    counts = [tokens_per_image] * sum(n_images) if isinstance(tokens_per_image, int) else list(tokens_per_image)
+    if len(counts) != sum(n_images):
+        raise ConfigError(f"{len(counts)} image token counts for {sum(n_images)} images; give one per image")
     out: list[list[int]] = []
-    j = 0
+    j, k = 0, 0
     for ids in prompts:
         row: list[int] = []
         for t in ids:
             if t == image_token_index:
-                row.extend(range(id_base + j, id_base + j + tokens_per_image))
-                j += tokens_per_image
+                row.extend(range(id_base + j, id_base + j + counts[k]))
+                j, k = j + counts[k], k + 1
             else:
                 row.append(int(t))
         out.append(row)
     return out
+
+
+def encode_pictures(encode: Callable[[np.ndarray], np.ndarray], pictures: Sequence[Image.Image], image: ImageConfig,
+                    anyres: AnyresConfig | None = None) -> list[np.ndarray]:
+    """Each picture's image embeddings [tokens, D] from a backend's `encode_images` (pixels [N, 3, S, S] -> [N, T, D]):
+    one view each in one call, or with `anyres` (LaViDa) its views in one call per picture, merged
+    (models.anyres.merge_views). The counts are what `expand_placeholders` takes."""
+    if anyres is None:
+        embeds = encode(pixel_batch(list(pictures), image)) if pictures else np.zeros((0, 1, 1), np.float32)
+        return [np.asarray(e) for e in embeds]
+    return [merge_views(np.asarray(encode(anyres_pixels(p, anyres, image))), p.size, anyres) for p in pictures]
 
 
 def image_table(embeds: Sequence[Tensor], width: int) -> Tensor:

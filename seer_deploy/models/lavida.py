@@ -15,8 +15,9 @@ What LaViDa's public code does beyond LLaDA-V (and what is read from config.json
   pooling with an environment variable (NOT_ALWASY_DO_2DPOOL, set for the low-resolution checkpoint), not with the
   config; here `mm_spatial_pool_stride` decides: null or absent -> 2 (the HD checkpoints), 1 -> no pooling.
 - `image_aspect_ratio` "anyres" with LaViDa's own `image_grid_pinpoints` ([384, 768], [768, 384], [768, 768],
-  [1152, 384], [384, 1152]): not supported yet (a view count that depends on each picture's size); each picture is
-  one base view, so such a checkpoint is refused until its config says "pad".
+  [1152, 384], [384, 1152]): the tiling and the merge are models.anyres (`lavida_anyres` reads them), but the
+  generation service expands every picture to one fixed token count, so the loader refuses anyres until the service
+  takes per-picture counts (image_prompts.encode_pictures); with "pad" each picture is one base view.
 - Generation uses prefix-DLM attention (`prefix_lm=True` in LaViDa's predict.py and its COCO scripts): the prompt
   (pictures included) does not attend to the answer, so its keys and values can be computed once.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from seer_deploy.core.errors import CheckpointError, ConfigError
+from seer_deploy.models.anyres import AnyresConfig, parse_pinpoints
 
 LLADA, DREAM = "llada", "dream"
 MODEL_TYPES: dict[str, str] = {"llava_llada": LLADA, "llava_dream": DREAM}  # what we write (llava_llada: also LLaDA-V)
@@ -62,8 +64,9 @@ def lavida_vision_fields(raw: dict[str, Any], variant: str) -> dict[str, Any]:
     if isinstance(aspect, str) and aspect.startswith("anyres"):
         raise ConfigError(
             f"{name}: image_aspect_ratio '{aspect}' (anyres tiling into base + grid views at the pinpoints "
-            f"{raw.get('image_grid_pinpoints', GRID_PINPOINTS)}) is not supported; set \"image_aspect_ratio\": "
-            "\"pad\" in config.json to encode each picture as one 384 px base view (196 pooled tokens)"
+            f"{raw.get('image_grid_pinpoints', GRID_PINPOINTS)}) is not supported by the generation service yet "
+            "(models.anyres does the tiling); set \"image_aspect_ratio\": \"pad\" in config.json to encode each "
+            "picture as one 384 px base view (196 pooled tokens)"
         )
     merge = raw.get("mm_patch_merge_type") or "flat"
     if not isinstance(merge, str) or not (merge == "flat" or merge.startswith("spatial")):
@@ -86,6 +89,20 @@ def lavida_vision_fields(raw: dict[str, Any], variant: str) -> dict[str, Any]:
         "pool_stride": DEFAULT_POOL_STRIDE if stride is None else stride,
         "pool_mode": mode or DEFAULT_POOL_MODE,
     }
+
+
+def lavida_anyres(raw: dict[str, Any], crop: int) -> AnyresConfig | None:
+    """LaViDa's anyres tiling from config.json (None unless image_aspect_ratio is "anyres"): the pinpoints, absent ->
+    LaViDa's own. Only plain "anyres" with spatial_unpad is LaViDa's (anyres_max_N is LLaVA-OneVision's)."""
+    aspect = raw.get("image_aspect_ratio")
+    if not (isinstance(aspect, str) and aspect.startswith("anyres")):
+        return None
+    merge = raw.get("mm_patch_merge_type") or "flat"
+    if aspect != "anyres" or not (isinstance(merge, str) and "unpad" in merge):
+        raise ConfigError(f"image_aspect_ratio '{aspect}' with mm_patch_merge_type '{merge}' is not LaViDa's tiling; "
+                          "LaViDa uses 'anyres' with 'spatial_unpad'")
+    pinpoints = raw.get("image_grid_pinpoints")
+    return parse_pinpoints(GRID_PINPOINTS if pinpoints is None else pinpoints, crop)
 
 
 def lavida_config_keys(variant: str, pool_stride: int, pool_mode: str) -> dict[str, Any]:
