@@ -222,7 +222,8 @@ def _build_tensorrt(export_dir: Path, export: ExportManifest, layout: ProfileLay
     progress(f"TensorRT {te.tensorrt_version()} on {gpu_name} (compute capability {capability})")
     trt_options = te.TensorRTBuildOptions(workspace_bytes=options.workspace_bytes, timing_cache=options.timing_cache)
     files = {}
-    for io in step_graphs() + (cache_graphs() if windows is not None else ()):
+    prefix = export.model_config().prefix_dlm  # a prefix-DLM model's graphs also take prompt_width [batch]
+    for io in step_graphs(prefix_dlm=prefix) + (cache_graphs(prefix_dlm=prefix) if windows is not None else ()):
         graph = export.graphs[io.name]
         profiles = tensorrt_profiles(io, graph, layout, windows)
         progress(f"building the {io.name} engine ({len(profiles)} profiles)")

@@ -241,7 +241,7 @@ class OrtBackend:
         self._shared: dict[tuple[int, int, int, tuple[int, ...]], ort.OrtValue] = {}  # outlives the sessions
         self._step0_io, self._step_io = self._declared_graphs()
         multimodal = MULTIMODAL_KEY in self.manifest.extra
-        self._refresh_io, self._window_io = cache_graphs(multimodal)
+        self._refresh_io, self._window_io = cache_graphs(multimodal, self.manifest.model_config().prefix_dlm)
         self.supports_cache = self.manifest.has_cache and kv_cache
         graphs = (self._step0_io, self._step_io) + ((self._refresh_io, self._window_io) if self.supports_cache else ())
         self._sessions = {io.name: self._session(io) for io in graphs}
@@ -279,8 +279,10 @@ class OrtBackend:
                 )
 
     def _declared_graphs(self) -> tuple[GraphIO, GraphIO]:
-        """The declarations of the export's step0 and step graphs: a multimodal export's also take the image table."""
-        return step_graphs(multimodal=MULTIMODAL_KEY in self.manifest.extra)
+        """The declarations of the export's step0 and step graphs: a multimodal export's also take the image table, a
+        prefix-DLM model's the prompt width."""
+        return step_graphs(multimodal=MULTIMODAL_KEY in self.manifest.extra,
+                           prefix_dlm=self.manifest.model_config().prefix_dlm)
 
     def _session(self, io: GraphIO) -> ort.InferenceSession:
         graph = self.manifest.graphs[io.name]

@@ -337,7 +337,7 @@ class TensorRTBackend:
     name = "tensorrt"
 
     def __init__(self, engine_dir: Path, manifest: EngineManifest, *, sparsity_rows: list[SparsityRow],
-                 max_seq_len: int, device: int = 0, cuda_graph: bool = False) -> None:
+                 max_seq_len: int, device: int = 0, cuda_graph: bool = False, prefix_dlm: bool = False) -> None:
         require_tensorrt()
         trt_facts = manifest.tensorrt
         if manifest.backend != "tensorrt" or trt_facts is None:
@@ -353,8 +353,9 @@ class TensorRTBackend:
         self.fixed_shapes = FixedShapes(max_batch=self.layout.max_batch) if cuda_graph else None
         self._logger = _logger()
         self._runtime = trt.Runtime(self._logger)  # kept: the runtime must outlive the engines it deserialized
-        self._step0_io, self._step_io = step_graphs()  # engines are built from text exports only (engines.build)
-        self._refresh_io, self._window_io = cache_graphs()
+        # Engines are built from text exports only (engines.build); a prefix-DLM model's take prompt_width too.
+        self._step0_io, self._step_io = step_graphs(prefix_dlm=prefix_dlm)
+        self._refresh_io, self._window_io = cache_graphs(prefix_dlm=prefix_dlm)
         self.windows: WindowLayout | None = manifest.window_layout
         self.supports_cache = self.windows is not None
         self.engine_dir = engine_dir
@@ -369,7 +370,8 @@ class TensorRTBackend:
 
     @classmethod
     def open(cls, engine_dir: Path, export_facts: RuntimeFacts, *, sparsity_rows: list[SparsityRow],
-             max_seq_len: int, device: int = 0, cuda_graph: bool = False) -> TensorRTBackend:
+             max_seq_len: int, device: int = 0, cuda_graph: bool = False, prefix_dlm: bool = False
+             ) -> TensorRTBackend:
         """Load an engine dir after checking it against the export (fingerprint, graph hashes) and this machine."""
         require_tensorrt()
         manifest = EngineManifest.load(engine_dir)
@@ -384,7 +386,7 @@ class TensorRTBackend:
         )
         check_engine_compatible(manifest, facts)
         return cls(engine_dir, manifest, sparsity_rows=sparsity_rows, max_seq_len=max_seq_len, device=device,
-                   cuda_graph=cuda_graph)
+                   cuda_graph=cuda_graph, prefix_dlm=prefix_dlm)
 
     def _run(self, graph: GraphIO, inputs: StepInput) -> dict[str, np.ndarray]:
         checked = inputs.checked(self.max_seq_len)

@@ -41,9 +41,9 @@ ARCHITECTURES: tuple[tuple[str, str], ...] = (
 )
 FAMILIES: tuple[str, ...] = ("llada", "mmada", "dream", "dimple", "llada_moe")
 MMADA_CODEBOOK = 8192  # MAGVIT-v2 codes MMaDA-8B adds to LLaDA's vocabulary
-# LaViDa generates with prefix-DLM attention; on by default once the multimodal export, the engines and the torch
-# backend pass prompt_width (a prefix-DLM model refuses a forward without it). Until then: explicit config keys only.
-LAVIDA_PREFIX_DEFAULT = False
+# LaViDa generates with prefix-DLM attention (its predict.py passes prefix_lm=True): on for LaViDa checkpoints, whose
+# config.json has no key for it; the torch loops, the exported graphs and every engine pass prompt_width.
+LAVIDA_PREFIX_DEFAULT = True
 DIMPLE_VISION_PREFIXES = ("visual.", "img_projector.", "model.visual.", "model.img_projector.")
 
 

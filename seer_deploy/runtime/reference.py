@@ -122,7 +122,8 @@ def _step(
     mask_id = model.cfg.mask_id
     x = batch.x
     is_masked = x == mask_id
-    logits, stats = guided_logits(model, x, batch.attention_mask, batch.is_prompt, config.cfg_scale, mask_id, spec)
+    logits, stats = guided_logits(model, x, batch.attention_mask, batch.is_prompt, config.cfg_scale, mask_id, spec,
+                                  batch.prompt_width)
     x0 = gumbel_argmax(logits, config.temperature, generator)
     if config.remasking == "low_confidence":
         score = token_log_prob(logits, x0)
@@ -312,6 +313,16 @@ def _flat_stats(stats: Tensor | None, shape: torch.Size) -> np.ndarray:
     return stats.reshape(B, L * Fn, S).float().cpu().numpy()
 
 
+def prefix_width(model: MaskPredictor, batch: int, prompt_width: int | None, device: torch.device
+                 ) -> dict[str, Tensor]:
+    """The `prompt_width` keyword a prefix-DLM model's forward takes (none for other models)."""
+    if not model.cfg.prefix_dlm:
+        return {}
+    if prompt_width is None:
+        raise ValueError("a prefix-DLM model's pass needs the prompt width")
+    return {"prompt_width": torch.full((batch,), prompt_width, dtype=torch.long, device=device)}
+
+
 def guided_logits(
     model: MaskPredictor,
     x: Tensor,
@@ -320,16 +331,19 @@ def guided_logits(
     cfg_scale: float,
     mask_id: int,
     spec: StatsSpec | None = None,
+    prompt_width: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Logits (with classifier-free guidance when cfg_scale > 0: a second copy with the prompt masked gives the
-    unconditional logits) and, with `spec`, the conditional pass's stats."""
+    unconditional logits) and, with `spec`, the conditional pass's stats. A prefix-DLM model (LaViDa) also gets
+    `prompt_width`, the columns holding the (left-padded) prompts, which do not attend to the response."""
     if cfg_scale == 0:
-        out = model(x, attention_mask, stats=spec)
+        out = model(x, attention_mask, stats=spec, **prefix_width(model, x.shape[0], prompt_width, x.device))
         return out.logits, out.stats
     # Classifier-free guidance: a second copy with the prompt masked gives the unconditional logits.
     uncond = torch.where(is_prompt, torch.full_like(x, mask_id), x)
     mask2 = None if attention_mask is None else torch.cat([attention_mask, attention_mask])
-    out = model(torch.cat([x, uncond]), mask2, stats=spec)
+    out = model(torch.cat([x, uncond]), mask2, stats=spec,
+                **prefix_width(model, 2 * x.shape[0], prompt_width, x.device))
     cond_logits, uncond_logits = out.logits.chunk(2)
     stats = None if out.stats is None else out.stats.chunk(2)[0]
     return uncond_logits + (cfg_scale + 1) * (cond_logits - uncond_logits), stats

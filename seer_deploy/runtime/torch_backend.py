@@ -18,7 +18,7 @@ from seer_deploy.models.confidence import greedy_head, token_log_prob
 from seer_deploy.models.image_prompts import ImageConditionedModel, image_table_np
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.multimodal import LoadedMultimodal
-from seer_deploy.runtime.reference import guided_logits, gumbel_argmax
+from seer_deploy.runtime.reference import guided_logits, gumbel_argmax, prefix_width
 
 
 class TorchBackend:
@@ -61,7 +61,8 @@ class TorchBackend:
         is_prompt[:, : checked.prompt_width] = True
         if mask is not None:
             is_prompt &= mask.bool()
-        return guided_logits(self.model, ids, mask, is_prompt, checked.guidance, self.mask_id, stats)
+        return guided_logits(self.model, ids, mask, is_prompt, checked.guidance, self.mask_id, stats,
+                             checked.prompt_width)
 
     @torch.inference_mode()
     def step0(self, inputs: StepInput) -> Step0Output:
@@ -91,8 +92,9 @@ class TorchBackend:
         if checked.guidance > 0:
             raise ConfigError("the KV cache does not run classifier-free guidance; set cfg_scale to 0 or drop the cache")
         assert checked.attention_mask is not None
-        out = self.model(torch.from_numpy(checked.input_ids).to(self._device),
-                         torch.from_numpy(checked.attention_mask).to(self._device), return_kv=True)
+        ids = torch.from_numpy(checked.input_ids).to(self._device)
+        out = self.model(ids, torch.from_numpy(checked.attention_mask).to(self._device), return_kv=True,
+                         **prefix_width(self.model, ids.shape[0], checked.prompt_width, self._device))
         assert out.kv is not None
         picked = _pick(out.logits, checked.temperature, checked.seed)
         kv = out.kv.float() if self.device_cache else _numpy(out.kv, np.float32)
