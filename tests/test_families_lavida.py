@@ -25,6 +25,7 @@ from seer_deploy.core.errors import CheckpointError, ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
+from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.anyres import (
     AnyresConfig,
     anyres_tokens,
@@ -34,7 +35,7 @@ from seer_deploy.models.anyres import (
     select_best_resolution,
     unpadded_grid,
 )
-from seer_deploy.models.config import ModelConfig
+from seer_deploy.models.config import ModelConfig, config_from_dict
 from seer_deploy.models.demo_vl_tasks import VOCAB, write_tokenizer
 from seer_deploy.models.image import ImageConfig, load_image, pixel_batch
 from seer_deploy.models.image_prompts import (
@@ -128,10 +129,11 @@ def run(target: Path | str, seer: SeerConfig | None, texts: list[str] = PROMPTS,
 
 @pytest.fixture(scope="module")
 def lavida(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A LaViDa-LLaDA checkpoint and its export (vision.onnx with the pooling, step0.onnx, step.onnx)."""
+    """A LaViDa-LLaDA checkpoint (prefix-DLM attention, LaViDa's default) and its export: vision.onnx with the pooling,
+    step0.onnx, step.onnx, and the KV cache graphs (LaViDa's own speed-up is a cached prompt)."""
     root = tmp_path_factory.mktemp("lavida")
     ckpt = write_lavida_llada(root / "lavida-llada", seed=SEED)
-    return ckpt, export_multimodal(ckpt, root / "export").out
+    return ckpt, export_multimodal(ckpt, root / "export", ExportOptions(kv_cache=True)).out
 
 
 # Step zero's EOS predictions place the cut; with this seed's weights a row ends in EOS wins (kept 14 of 16), so Seer
@@ -170,6 +172,7 @@ def test_loader_picks_lavida_and_pools_the_grid(lavida) -> None:
     loaded = load_multimodal(ckpt)
     vcfg = loaded.vision_config
     assert loaded.lm.layout == "llada" and (vcfg.pool_stride, vcfg.pool_mode) == (2, "bilinear")
+    assert loaded.config.prefix_dlm  # LaViDa generates with prefix-DLM attention (predict.py: prefix_lm=True)
     assert vcfg.layers_to_run == 2 and vcfg.tokens_per_image == 4 * 4 + 1
     px = torch.from_numpy(pixel_batch([load_image(p) for p in photos()], vcfg.image))
     with torch.no_grad():
@@ -267,6 +270,21 @@ def test_onnx_runtime_equals_torch_token_for_token(lavida, seer: SeerConfig | No
         assert min(k for k in kept if k is not None) < CONFIG.gen_length  # Seer did cut
 
 
+@pytest.mark.parametrize("seer", [None, SEER], ids=["seer-off", "seer-on"])
+def test_cached_parallel_decoding_on_onnx_runtime_equals_torch(lavida, seer: SeerConfig | None) -> None:
+    """Fast-dLLM's threshold decoding with the block-wise KV cache (the pictures' and the prompt's keys and values
+    cached, which prefix-DLM makes exact for the prompt): ORT's refresh (with prompt_width) and window_step graphs =
+    torch's cached loop."""
+    ckpt, out = lavida
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert list(manifest["graphs"]["refresh"]["inputs"])[-1] == "prompt_width"
+    cached = GenerationConfig(gen_length=16, steps=16, block_length=8, kv_cache=True, decode="threshold",
+                              threshold=0.5)
+    ort, ref = run(out, seer, config=cached), run(ckpt, seer, config=cached)
+    assert [a.tokens for a in ort.answers] == [a.tokens for a in ref.answers]
+    assert [r.kept if r else None for r in ort.reports] == [r.kept if r else None for r in ref.reports]
+
+
 # ------------------------------------------------------------------------------------------------ LaViDa-Dream, prefix-DLM
 
 
@@ -294,48 +312,36 @@ def test_lavida_dream_is_in_its_layout_loads_and_answers_like_the_reference_loop
     assert [a.tokens for a in cut.answers] == reference_tokens(ckpt, PROMPTS, kept)
 
 
-class PrefixWidth(ImageConditionedModel):
-    """The torch side for a prefix-DLM model: passes the batch's prompt width (every row's response starts there),
-    which the runtime's torch loops do not pass yet."""
-
-    def __init__(self, lm: MaskPredictor, table: torch.Tensor, width: int) -> None:
-        super().__init__(lm, table)
-        self.width = width
-
-    def forward(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
-        ids = args[0] if args else kwargs["input_ids"]
-        assert isinstance(ids, torch.Tensor)
-        kwargs.setdefault("prompt_width", torch.full((ids.shape[0],), self.width, dtype=torch.long))
-        return super().forward(*args, **kwargs)  # type: ignore[arg-type]
-
-
 def test_prefix_dlm_lavida_dream_exports_and_onnx_runtime_equals_torch(tmp_path: Path) -> None:
-    """LaViDa's prefix-DLM attention ("prefix_lm": true): the step graphs take prompt_width after the image table;
-    ONNX Runtime = torch token for token, Seer off and on; the prompt's logits do not depend on the answer."""
-    ckpt = write_lavida(tmp_path / "lavida-dream-prefix", seed=1, variant="dream", prefix_lm=True)
+    """LaViDa generates with prefix-DLM attention (on by default for LaViDa checkpoints): the step graphs take
+    prompt_width after the image table; the prompt's logits do not depend on the answer (they do with it off);
+    ONNX Runtime = torch token for token, Seer off and on."""
+    ckpt = write_lavida(tmp_path / "lavida-dream-prefix", seed=1, variant="dream")
     loaded = load_multimodal(ckpt)
     cfg, vcfg = loaded.config, loaded.vision_config
-    assert cfg.prefix_dlm
+    assert cfg.prefix_dlm and not config_from_dict({**json.loads((ckpt / "config.json").read_text()),
+                                                    "prefix_lm": False}).prefix_dlm
     out = export_multimodal(ckpt, tmp_path / "export").out
     manifest = json.loads((out / "manifest.json").read_text())
     assert list(manifest["graphs"]["step"]["inputs"])[-2:] == ["image_table", "prompt_width"]
     tok = MultimodalTokenizer.for_checkpoint(loaded)
     ids = expand_placeholders([tok.encode_prompt(t) for t in PROMPTS], [1, 1], vcfg.tokens_per_image,
                               vcfg.image_token_index, cfg.n_embed_rows)
-    assert len({len(i) for i in ids}) == 1  # one prompt width for the batch
+    width = len(ids[0])
+    assert {len(i) for i in ids} == {width}  # one prompt width for the batch
     px = pixel_batch([load_image(p) for p in photos()], vcfg.image)
     backend = MultimodalOrtBackend(out)
     embeds = backend.encode_images(px)
     backend.set_image_table([embeds])
-    model = PrefixWidth(loaded.lm.model, torch.from_numpy(embeds.reshape(-1, cfg.d_model)), len(ids[0]))
+    model = ImageConditionedModel(loaded.lm.model, torch.from_numpy(embeds.reshape(-1, cfg.d_model)))
+    plain = ImageConditionedModel(loaded.lm.model, model.image_table)
+    plain.cfg = replace(cfg, prefix_dlm=False)
     x = torch.cat([torch.tensor(ids[:1]), torch.full((1, CONFIG.gen_length), cfg.mask_id)], dim=1)
     y = x.clone()
     y[0, -CONFIG.gen_length:] = cfg.eos_id
-    plain = ImageConditionedModel(loaded.lm.model, model.image_table)
-    plain.cfg = replace(cfg, prefix_dlm=False)
     with torch.no_grad():  # the prompt columns' logits (shifted: computed at columns -1..P-2, all prompt)
-        prefix = [model(t).logits[0, : len(ids[0])] for t in (x, y)]  # type: ignore[attr-defined]
-        full = [plain(t).logits[0, : len(ids[0])] for t in (x, y)]
+        prefix = [model(t, prompt_width=torch.tensor([width])).logits[0, :width] for t in (x, y)]
+        full = [plain(t).logits[0, :width] for t in (x, y)]
     assert torch.equal(prefix[0], prefix[1]) and not torch.allclose(full[0], full[1])
     common = {"mask_id": cfg.mask_id, "pad_id": cfg.pad_id, "eos_id": cfg.eos_id}
     for seer in (None, SEER_ANY):

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from seer_deploy.core.errors import ConfigError
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.exporter import (
@@ -94,13 +93,7 @@ def prepare_multimodal(checkpoint: str | os.PathLike[str], out: str | os.PathLik
     tokens = vision_config_from_dict(read_config(path), path).tokens_per_image
     source = DEMO_VL_NAME if str(checkpoint) == DEMO_VL_NAME else str(path.absolute())
     why = f"it cannot hold one image ({tokens} tokens) and a response; raise it"
-    config = checkpoint_config(path)
-    if options.kv_cache and config.prefix_dlm:
-        raise ConfigError(
-            "--kv-cache is not supported yet for a prefix-DLM multimodal model (LaViDa with prefix_lm): the ONNX "
-            "Runtime engine does not declare prompt_width on the refresh graph; export without --kv-cache"
-        )
-    return ExportRun.check(path, source, config, out, options, _load_multimodal, (tokens + 1, why))
+    return ExportRun.check(path, source, checkpoint_config(path), out, options, _load_multimodal, (tokens + 1, why))
 
 
 def export_multimodal(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
