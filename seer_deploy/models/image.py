@@ -2,7 +2,8 @@
 
 LLaVA-family checkpoints preprocess as follows: convert to RGB; with `image_aspect_ratio` "pad", pad the image to a
 square with the mean colour, centred; resize to the tower's `image_size` (bicubic); scale to [0, 1]; normalise with
-the image processor's mean and std. "anyres" tiling is not implemented: it raises a ConfigError naming the option.
+the image processor's mean and std. LLaVA's "anyres" tiling is refused here with a ConfigError naming the option;
+LaViDa's own anyres tiling is models.anyres.
 """
 
 from __future__ import annotations
