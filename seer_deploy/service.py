@@ -21,6 +21,7 @@ from PIL import Image
 from seer_deploy.core.backend import Backend, ImageBackend
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.models.families import IMAGES_UNSUPPORTED
 from seer_deploy.models.image import pixel_batch
 from seer_deploy.models.image_prompts import expand_placeholders
 from seer_deploy.models.requests import Request, check_request_images, load_pictures
@@ -201,6 +202,9 @@ class Service:
         return self._with_images(ids, requests, pictures)
 
     def _pictures(self, requests: Sequence[Request]) -> list[list[Image.Image]]:
+        reason = IMAGES_UNSUPPORTED.get(self.info.config.family)
+        if reason is not None and any(r.images for r in requests):
+            raise ConfigError(reason)
         check_request_images(requests, self.info.target, self.info.images is not None)
         return load_pictures(requests)
 

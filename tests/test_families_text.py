@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from safetensors import safe_open
 from test_cli import run
 
@@ -466,3 +467,17 @@ def test_dimple_loads_its_language_model_and_generates_text(tmp_path: Path) -> N
     with pytest.raises(CheckpointError, match="use_sliding_window"):
         config_from_dict({**raw, "use_sliding_window": True})
     assert check_images_supported(LLADA_8B_CONFIG) is None
+
+
+def test_dimple_answers_text_through_the_cli_and_refuses_pictures(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`seer-deploy generate` on a Dimple checkpoint: a text model (its config's vision tower is not run), text
+    prompts answered, a picture refused in one line naming the missing tower."""
+    _, ckpt = family_checkpoint(tmp_path, "dimple", seed=3)
+    code, out, err = run(["generate", str(ckpt), "-p", "reverse 12", "--gen-length", "16", "--no-seer"], capsys)
+    assert code == 0 and out.startswith("reverse 12 -> "), err
+    picture = tmp_path / "p.png"
+    Image.new("RGB", (8, 8)).save(picture)
+    code, out, err = run(["generate", str(ckpt), "-p", "<image> colors", "--image", str(picture),
+                          "--gen-length", "16"], capsys)
+    assert code == 2 and out == "" and "Qwen2.5-VL" in err and len(err.strip().splitlines()) == 1

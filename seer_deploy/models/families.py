@@ -136,9 +136,17 @@ def _check_moe(raw: dict[str, Any]) -> None:
         raise CheckpointError(f"config.json partial_rotary_factor {factor!r} must be a number in (0, 1]")
 
 
+# Families whose vision tower seer-deploy does not implement: their checkpoints run text prompts, and a picture given
+# to one is refused with this reason (before anything loads).
+IMAGES_UNSUPPORTED: dict[str, str] = {
+    "dimple": "Dimple's vision tower is not implemented (Qwen2.5-VL: Conv3d patches, windowed attention, M-RoPE, patch "
+              "merger): seer-deploy runs Dimple on text prompts only; drop the images",
+}
+
+
 def check_images_supported(raw: dict[str, Any]) -> None:
     """ConfigError, one line, for a family whose vision tower seer-deploy does not implement (Dimple); None else.
-    The multimodal loader calls this before anything loads; the language model still runs text prompts."""
-    if detect_family(raw) == "dimple":
-        raise ConfigError("Dimple's vision tower is not implemented (Qwen2.5-VL: Conv3d patches, windowed attention, "
-                          "M-RoPE, patch merger): seer-deploy runs Dimple on text prompts only; drop the images")
+    The language model still runs text prompts."""
+    reason = IMAGES_UNSUPPORTED.get(detect_family(raw))
+    if reason is not None:
+        raise ConfigError(reason)

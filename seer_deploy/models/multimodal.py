@@ -40,6 +40,7 @@ from seer_deploy.models.checkpoint import (
     weight_name_map,
 )
 from seer_deploy.models.config import ModelConfig, config_from_dict
+from seer_deploy.models.families import IMAGES_UNSUPPORTED, detect_family
 from seer_deploy.models.family_configs import family_config_dict
 from seer_deploy.models.image import SIGLIP_MEAN, SIGLIP_STD, ImageConfig
 from seer_deploy.models.lavida import LLADA, VARIANT_NAMES, lavida_config_keys, lavida_variant, lavida_vision_fields
@@ -76,7 +77,11 @@ _SIGLIP_TYPES = ("siglip_vision_model", "siglip", "siglip2_vision_model")
 
 
 def is_multimodal(raw: dict[str, Any]) -> bool:
-    """True for LLaVA-style configs (a vision tower is named or described)."""
+    """True for LLaVA-style configs (a vision tower is named or described) whose tower seer-deploy runs: Dimple's
+    config describes its Qwen2.5-VL tower, which is not implemented, so a Dimple checkpoint is a text model here
+    (its pictures are refused with the reason, `families.IMAGES_UNSUPPORTED`)."""
+    if detect_family(raw) in IMAGES_UNSUPPORTED:
+        return False
     return bool(raw.get("mm_vision_tower") or raw.get("vision_tower") or isinstance(raw.get("vision_config"), dict))
 
 
