@@ -2,8 +2,9 @@
 the torch reference loop's, Seer on and off, batch 1 and batch 8 (rows of mixed kept lengths, hybrid scheduling
 with the default cost model and with every row merged).
 
-The reference is each prompt run alone through `reference.generate`, so batch 8 also checks that a row's tokens do
-not depend on the rows it shares a batch with. (tests/test_ort_backend.py checks whole batches of 50 without Seer.)
+The reference is `reference.generate` on left-padded batches of 25 prompts, itself checked against each of the first
+24 prompts run alone; ONNX Runtime runs them in 1s and 8s, so a row's tokens do not depend on the rows it shares a
+batch with. (tests/test_ort_backend.py checks whole batches of 50 without Seer.)
 """
 
 from __future__ import annotations
@@ -60,19 +61,38 @@ def seer(engine: tuple[Backend, TargetInfo]) -> SeerConfig:
     return (find_seer_config(engine[1].path) or SeerConfig()).with_(tail_context=0)
 
 
+REFERENCE_BATCH = 25  # the torch reference runs left-padded batches of this many prompts
+SOLO = 24  # prompts also run alone: their batched reference rows must equal them
+
+
 @pytest.fixture(scope="module")
 def reference(prompts: list[list[int]], seer: SeerConfig) -> dict[str, tuple[np.ndarray, list[int]]]:
-    """Each prompt alone through the torch reference loop: tokens [N, 64] and kept lengths, Seer off and on."""
+    """The torch reference loop's tokens [N, 64] and kept lengths, Seer off and on: left-padded batches of 25 (a
+    row's tokens do not depend on its batch mates: checked against solo runs of the first 24 prompts, and the
+    ORT runs below batch them in 1s and 8s, Seer's groups differently again)."""
     model = load_checkpoint("demo").model
     out = {}
     for name, config in (("off", None), ("on", seer)):
         rows, kept = [], []
-        for p in prompts:
-            result = generate(model, [p], CONFIG, seer=config)
-            rows.append(result.tokens[0].numpy())
-            kept.append(result.seer[0].kept if result.seer else CONFIG.gen_length)
-        out[name] = (np.stack(rows), kept)
+        for lo in range(0, len(prompts), REFERENCE_BATCH):
+            result = generate(model, prompts[lo : lo + REFERENCE_BATCH], CONFIG, seer=config)
+            rows.append(result.tokens.numpy())
+            n = result.tokens.shape[0]
+            kept.extend([r.kept for r in result.seer] if result.seer else [CONFIG.gen_length] * n)
+        out[name] = (np.concatenate(rows), kept)
     return out
+
+
+@pytest.mark.parametrize("use_seer", [False, True], ids=["seer-off", "seer-on"])
+def test_the_batched_reference_is_the_solo_reference(
+    prompts: list[list[int]], seer: SeerConfig, reference: dict[str, tuple[np.ndarray, list[int]]], use_seer: bool
+) -> None:
+    model = load_checkpoint("demo").model
+    want, want_kept = reference["on" if use_seer else "off"]
+    for i, p in enumerate(prompts[:SOLO]):
+        alone = generate(model, [p], CONFIG, seer=seer if use_seer else None)
+        assert np.array_equal(alone.tokens[0].numpy(), want[i]), i
+        assert (alone.seer[0].kept if alone.seer else CONFIG.gen_length) == want_kept[i]
 
 
 def run_all(backend: Backend, info: TargetInfo, prompts: list[list[int]], batch: int, seer: SeerConfig | None,
