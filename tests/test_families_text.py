@@ -24,7 +24,6 @@ from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.export.validate import GraphSessions
 from seer_deploy.models import families
 from seer_deploy.models.checkpoint import load_checkpoint, save_checkpoint
 from seer_deploy.models.config import ModelConfig, config_from_dict
@@ -35,7 +34,6 @@ from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.service import Request, ServiceOptions, generate
-from seer_deploy.spec.graphs import step_graphs
 
 CPU = OrtSessionOptions(providers=("CPUExecutionProvider",))
 WORDS = [str(d) for d in range(10)] + ["reverse", "sort", "system", "user", "assistant", "You", "are", "a", "helpful",
@@ -269,8 +267,7 @@ def test_prefix_dlm_graphs_on_onnx_runtime_equal_torch(prefix: tuple[MaskPredict
     model, export = prefix
     manifest = json.loads((export / "manifest.json").read_text())
     assert "prompt_width" in manifest["graphs"]["step"]["inputs"] and "prompt_width" in manifest["graphs"]["refresh"]["inputs"]
-    step0, step = step_graphs(prefix_dlm=True)
-    ort = GraphSessions(export, {"step0": step0, "step": step})
+    ort = OrtBackend(export, CPU)  # declares the prefix graphs (prompt_width) from the export's config
     ids = np.random.default_rng(0).integers(0, 19, (2, 14))
     mask = np.ones_like(ids)
     mask[1, :3] = 0

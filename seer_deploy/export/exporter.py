@@ -34,7 +34,6 @@ from seer_deploy.core.atomic import (
     remove_stale_temporaries,
     staging_dir,
 )
-from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ConfigError, SeerDeployError
 from seer_deploy.core.files import file_sha256, read_json
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
@@ -42,7 +41,6 @@ from seer_deploy.export.graphs import WindowStepGraph, step_modules
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.trace import io_specs, trace_graph
 from seer_deploy.export.validate import (
-    GraphSessions,
     check_graph_files,
     check_interface,
     compare_with_torch,
@@ -353,11 +351,7 @@ def _load_text(run: ExportRun, report: Progress) -> Loaded:
     refresh, window = cache_graphs(prefix_dlm=cfg.prefix_dlm)
 
     def validate(staged: Path) -> dict[str, float]:
-        if cfg.prefix_dlm:  # the engines do not declare prompt_width yet: run the graphs by their declarations
-            graphs = {io.name: io for io in (step0, step, *((refresh, window) if run.options.kv_cache else ()))}
-            backend: Backend = GraphSessions(staged, graphs)
-        else:
-            backend = OrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
+        backend = OrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
         return compare_with_torch(backend, refs, cfg, dtype)
 
     step0_module, step_module, refresh_module = step_modules(model, stats)

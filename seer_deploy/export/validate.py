@@ -24,8 +24,6 @@ import torch
 from seer_deploy.core.backend import (
     Backend,
     CacheBackend,
-    RefreshOutput,
-    Step0Output,
     StepInput,
     StepOutput,
     WindowInput,
@@ -35,15 +33,7 @@ from seer_deploy.core.errors import ArtifactError
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.spec.export_manifest import ExportManifest, GraphRecord
-from seer_deploy.spec.graph_calls import (
-    graph_feed,
-    refresh_output,
-    step0_output,
-    step_output,
-    window_feed,
-    window_output,
-)
+from seer_deploy.spec.export_manifest import GraphRecord
 from seer_deploy.spec.graphs import GraphIO, RecordedShape, Size
 from seer_deploy.spec.sampling import draw_uniform
 
@@ -266,38 +256,3 @@ def compare_with_torch(backend: Backend, refs: list[ProbeReference], cfg: ModelC
             "ONNX Runtime disagrees with torch; nothing was written. " + "; ".join(report.problems)
         )
     return report.max_diff
-
-
-class GraphSessions:
-    """An export's graphs run with ONNX Runtime (CPU) by their declarations (spec.graphs), feeds and outputs as the
-    engines make them (spec.graph_calls): the export's own check for graphs the engines do not open yet (prefix-DLM
-    graphs, which take `prompt_width`)."""
-
-    name = "onnxruntime-graphs"
-
-    def __init__(self, export_dir: Path, graphs: Mapping[str, GraphIO]) -> None:
-        import onnxruntime as ort
-
-        manifest = ExportManifest.load(export_dir)
-        self.graphs, self.max_seq_len = dict(graphs), manifest.max_seq_len
-        self.sparsity_rows: list[tuple[int, str]] = list(manifest.seer.sparsity_rows)
-        self.supports_cache = "refresh" in graphs
-        self.sessions = {name: ort.InferenceSession(str(export_dir / io.file), providers=["CPUExecutionProvider"])
-                         for name, io in graphs.items()}
-
-    def _run(self, name: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        io = self.graphs[name]
-        return dict(zip(io.host_outputs, self.sessions[name].run(io.host_outputs, feed), strict=True))
-
-    def step0(self, inputs: StepInput) -> Step0Output:
-        return step0_output(self._run("step0", graph_feed(self.graphs["step0"], inputs.checked(self.max_seq_len))))
-
-    def step(self, inputs: StepInput) -> StepOutput:
-        return step_output(self._run("step", graph_feed(self.graphs["step"], inputs.checked(self.max_seq_len))))
-
-    def refresh(self, inputs: StepInput) -> RefreshOutput:
-        return refresh_output(self._run("refresh", graph_feed(self.graphs["refresh"],
-                                                                inputs.checked(self.max_seq_len))))
-
-    def window_step(self, inputs: WindowInput) -> StepOutput:
-        return window_output(self._run("window_step", window_feed(self.graphs["window_step"], inputs.checked())))
