@@ -191,6 +191,16 @@ def test_cuda_graph_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert {STEP.name, WINDOW_STEP.name} == ort_engine.EVERY_STEP and STEP0.name not in ort_engine.EVERY_STEP
 
 
+def test_a_device_resident_cache_keeps_the_window_graph_out_of_capture(exported: tuple[MaskPredictor, Path]) -> None:
+    """The window steps of a device-resident cache bind fresh addresses each call, which a captured CUDA graph would
+    not follow: only the step graph is captured then."""
+    _, out = exported
+    kept = OrtBackend(out, OrtSessionOptions(providers=(CPU,), io_binding=True, device_cache=True))
+    host = OrtBackend(out, BOUND)
+    assert kept.captured_graphs == {STEP.name} and host.captured_graphs == ort_engine.EVERY_STEP
+    assert kept.device_cache and not host.device_cache  # on a CPU the cache stays on the host unless asked
+
+
 def test_parse_device() -> None:
     assert parse_device(None) == ("default", 0)
     assert parse_device("cpu") == ("cpu", 0)

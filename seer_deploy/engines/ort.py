@@ -244,17 +244,20 @@ class OrtBackend:
         self._refresh_io, self._window_io = cache_graphs(multimodal, self.manifest.model_config().prefix_dlm)
         self.supports_cache = self.manifest.has_cache and kv_cache
         graphs = (self._step0_io, self._step_io) + ((self._refresh_io, self._window_io) if self.supports_cache else ())
+        wanted, on_cuda = self.options.device_cache, providers[0] == CUDA
+        self.device_cache = (self.options.io_binding or self.options.cuda_graph) and on_cuda if wanted is None else wanted
+        # The graphs captured as CUDA graphs (with --cuda-graph): the step graph, and the window graph unless its cache
+        # is device-resident (a fresh binding per call: addresses a captured graph would not follow).
+        self.captured_graphs = EVERY_STEP - ({WINDOW_STEP.name} if self.device_cache else set())
         self._sessions = {io.name: self._session(io) for io in graphs}
         active = self._sessions[self._step_io.name].get_providers()
         self.providers: list[str] = active
         self.name = "onnxruntime-cuda" if active and active[0] == CUDA else "onnxruntime-cpu"
         self.max_seq_len: int = self.manifest.max_seq_len
         self._bound = {io.name: self.options.bound(self._sessions[io.name], io, self.max_seq_len,
-                                                   cuda_graph=io.name in EVERY_STEP)
+                                                   cuda_graph=io.name in self.captured_graphs)
                        for io in graphs}
         on_cuda = active[0] == CUDA
-        wanted = self.options.device_cache
-        self.device_cache = (self.options.io_binding and on_cuda) if wanted is None else wanted
         self._device = ("cuda" if on_cuda else "cpu", self.options.device_id if on_cuda else 0)
         self.sparsity_rows: list[tuple[int, str]] = list(self.manifest.seer.sparsity_rows)
 
@@ -286,7 +289,7 @@ class OrtBackend:
 
     def _session(self, io: GraphIO) -> ort.InferenceSession:
         graph = self.manifest.graphs[io.name]
-        providers = self.options.provider_entries(cuda_graph=io.name in EVERY_STEP)
+        providers = self.options.provider_entries(cuda_graph=io.name in self.captured_graphs)
         so = self.options.session_options()
         if self.options.share_weights:
             self._add_shared_initializers(so, self.export_dir / graph.file)
