@@ -22,8 +22,7 @@ from seer_deploy.core.backend import Backend, ImageBackend
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.families import IMAGES_UNSUPPORTED
-from seer_deploy.models.image import pixel_batch
-from seer_deploy.models.image_prompts import expand_placeholders
+from seer_deploy.models.image_prompts import encode_pictures, expand_placeholders
 from seer_deploy.models.requests import Request, check_request_images, load_pictures
 from seer_deploy.runtime.loop import check_supported, run_generation
 from seer_deploy.runtime.openers import open_target
@@ -169,7 +168,7 @@ class Service:
             generation.validate()
             check_supported(generation, self.backend)
         pictures = self._pictures(requests)  # unreadable images fail before any model runs
-        ids = self.token_ids(requests, generation)  # so do prompts too long for the model
+        ids = self.token_ids(requests, generation, pictures)  # so do prompts too long for the model
         seer = None if full_length else self.info.seer_for_engine(seer) if seer is not None else self.seer
         answers: list[Answer] = []
         steps_run = tokens_processed = 0
@@ -198,7 +197,7 @@ class Service:
         service's by default); for a multimodal target their pictures are encoded and set as the backend's image
         table, which the ids point at until the next batch."""
         pictures = self._pictures(requests)
-        ids = self.token_ids(requests, generation or self.options.generation)
+        ids = self.token_ids(requests, generation or self.options.generation, pictures)
         return self._with_images(ids, requests, pictures)
 
     def _pictures(self, requests: Sequence[Request]) -> list[list[Image.Image]]:
@@ -208,13 +207,22 @@ class Service:
         check_request_images(requests, self.info.target, self.info.images is not None)
         return load_pictures(requests)
 
-    def token_ids(self, requests: Sequence[Request], generation: GenerationConfig) -> list[list[int]]:
+    def token_ids(self, requests: Sequence[Request], generation: GenerationConfig,
+                  pictures: Sequence[list[Image.Image]] | None = None) -> list[list[int]]:
         """The prompts' token ids (an `<image>` still one placeholder id); ConfigError for a prompt that, its
-        pictures' tokens included, leaves no room for gen_length."""
+        pictures' tokens included, leaves no room for gen_length (anyres: each picture's own count, so the pictures
+        are read when not given)."""
         ids = [self.tokenizer.encode_prompt(r.prompt) for r in requests]
-        per_image = self.info.images.tokens_per_image - 1 if self.info.images is not None else 0
-        longest = max(len(t) + per_image * len(r.images) for t, r in zip(ids, requests, strict=True))
-        generation.validate(self.backend.max_seq_len, longest, image_tokens=per_image > 0)
+        images = self.info.images
+        if images is None:
+            extra = [0] * len(requests)
+        elif images.anyres is None:
+            extra = [(images.tokens_per_image - 1) * len(r.images) for r in requests]
+        else:
+            pics = pictures if pictures is not None else load_pictures(requests)
+            extra = [sum(images.picture_tokens(p) - 1 for p in per_request) for per_request in pics]
+        longest = max(len(t) + n for t, n in zip(ids, extra, strict=True))
+        generation.validate(self.backend.max_seq_len, longest, image_tokens=images is not None)
         return ids
 
     def _with_images(self, ids: list[list[int]], requests: Sequence[Request], pictures: Sequence[list[Image.Image]]
@@ -226,10 +234,10 @@ class Service:
             return ids
         backend: ImageBackend = self.backend  # type: ignore[assignment]  # a multimodal target's backend
         flat = [p for per_request in pictures for p in per_request]  # none for a batch of text-only requests
-        embeds = backend.encode_images(pixel_batch(flat, images.image))
-        backend.set_image_table([embeds])
+        embeds = encode_pictures(backend.encode_images, flat, images.image, images.anyres)  # [tokens_i, D] each
+        backend.set_image_table(embeds)
         counts = [len(r.images) for r in requests]
-        return expand_placeholders(ids, counts, images.tokens_per_image, images.image_token_index, images.id_base)
+        return expand_placeholders(ids, counts, [len(e) for e in embeds], images.image_token_index, images.id_base)
 
 
 def generate(requests: Sequence[Request], target: str | os.PathLike[str], options: ServiceOptions | None = None,

@@ -53,7 +53,7 @@ from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.service import Run, ServiceOptions
+from seer_deploy.service import Run, Service, ServiceOptions
 from seer_deploy.service import generate as serve
 
 IMAGE, PATCH = 28, 4  # a 7 x 7 patch grid: odd, as so400m's 27 x 27, so bilinear pooling rounds up to 4 x 4
@@ -445,12 +445,31 @@ def test_anyres_settings_from_config() -> None:
 # ------------------------------------------------------------------------------------------------ loader errors
 
 
-def test_lavida_llada_anyres_is_refused_naming_the_pinpoints_and_the_fix(tmp_path: Path) -> None:
+def test_anyres_checkpoint_answers_through_the_service_on_torch_and_onnx_runtime(tmp_path: Path) -> None:
+    """`image_aspect_ratio: anyres` end to end: each picture becomes its base view and crops, its placeholder that
+    picture's own token count; the export records the tiling; ONNX Runtime = torch token for token, Seer off and on."""
+    ckpt = write_lavida_llada(tmp_path / "ck", seed=SEED)
+    edit_config(ckpt, image_aspect_ratio="anyres", image_grid_pinpoints=[list(p) for p in ANYRES.pinpoints])
+    loaded = load_multimodal(ckpt)
+    assert loaded.vision_config.anyres == ANYRES and loaded.vision_config.image.aspect == "square"
+    out = export_multimodal(ckpt, tmp_path / "export").out
+    assert json.loads((out / "manifest.json").read_text())["extra"]["multimodal"]["vision_config"]["anyres"] == \
+        ANYRES.to_dict()
+    requests = assign_images(PROMPTS, photos()[:2])
+    for seer in (None, SEER_ANY):
+        options = ServiceOptions(generation=CONFIG, seer=seer is not None, seer_config=seer)
+        runs = [Service(str(t), options) for t in (ckpt, out)]
+        ids = [svc.prompt_ids(requests) for svc in runs]
+        assert ids[0] == ids[1]
+        want = [anyres_tokens(load_image(p).size, ANYRES, loaded.vision_config.pooled_side) for p in photos()[:2]]
+        base = runs[0].info.images.id_base  # type: ignore[union-attr]
+        assert [sum(t >= base for t in row) for row in ids[0]] == want and want[0] != want[1]
+        answers = [[a.tokens for a in svc.generate(requests).answers] for svc in runs]
+        assert answers[0] == answers[1]
+
+
+def test_lavida_llada_loader_errors(tmp_path: Path) -> None:
     ckpt = write_lavida_llada(tmp_path / "ck")
-    edit_config(ckpt, image_aspect_ratio="anyres", image_grid_pinpoints=[[384, 768], [768, 384]])
-    with pytest.raises(ConfigError, match=r"LaViDa-LLaDA: image_aspect_ratio 'anyres'.*\[\[384, 768\], \[768, 384\]\].*"
-                                          r"\"pad\""):
-        load_multimodal(ckpt)
     edit_config(ckpt, image_aspect_ratio="pad", mm_spatial_pool_stride="2")
     with pytest.raises(CheckpointError, match="LaViDa-LLaDA: config.json 'mm_spatial_pool_stride' is '2'"):
         load_multimodal(ckpt)

@@ -39,6 +39,20 @@ class AnyresConfig:
     pinpoints: tuple[tuple[int, int], ...]
     crop: int  # the tower's image size
 
+    def to_dict(self) -> dict[str, Any]:
+        """As an export manifest records it."""
+        return {"pinpoints": [list(p) for p in self.pinpoints], "crop": self.crop}
+
+    @classmethod
+    def from_dict(cls, record: Any) -> AnyresConfig | None:
+        """The tiling a manifest records (None: none); CheckpointError for a malformed record."""
+        if record is None:
+            return None
+        try:
+            return cls(tuple((int(w), int(h)) for w, h in record["pinpoints"]), int(record["crop"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"anyres record {record!r} is malformed ({exc}); re-export the model") from exc
+
     def __post_init__(self) -> None:
         if not self.pinpoints:
             raise CheckpointError("image_grid_pinpoints is empty; list the anyres resolutions as [[width, height], ...]")

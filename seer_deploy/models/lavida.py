@@ -15,9 +15,9 @@ What LaViDa's public code does beyond LLaDA-V (and what is read from config.json
   pooling with an environment variable (NOT_ALWASY_DO_2DPOOL, set for the low-resolution checkpoint), not with the
   config; here `mm_spatial_pool_stride` decides: null or absent -> 2 (the HD checkpoints), 1 -> no pooling.
 - `image_aspect_ratio` "anyres" with LaViDa's own `image_grid_pinpoints` ([384, 768], [768, 384], [768, 768],
-  [1152, 384], [384, 1152]): the tiling and the merge are models.anyres (`lavida_anyres` reads them), but the
-  generation service expands every picture to one fixed token count, so the loader refuses anyres until the service
-  takes per-picture counts (image_prompts.encode_pictures); with "pad" each picture is one base view.
+  [1152, 384], [384, 1152]): the tiling and the merge are models.anyres (`lavida_anyres` reads them into
+  `VisionConfig.anyres`); the generation service encodes each picture's views and expands its placeholder to that
+  picture's own token count (image_prompts.encode_pictures); with "pad" each picture is one base view.
 - Generation uses prefix-DLM attention (`prefix_lm=True` in LaViDa's predict.py and its COCO scripts): the prompt
   (pictures included) does not attend to the answer, so its keys and values can be computed once.
 """
@@ -60,14 +60,6 @@ def lavida_variant(raw: dict[str, Any]) -> str | None:
 def lavida_vision_fields(raw: dict[str, Any], variant: str) -> dict[str, Any]:
     """VisionConfig fields a LaViDa config.json implies (select layer, pooling), checked before anything loads."""
     name = VARIANT_NAMES[variant]
-    aspect = raw.get("image_aspect_ratio") or "square"
-    if isinstance(aspect, str) and aspect.startswith("anyres"):
-        raise ConfigError(
-            f"{name}: image_aspect_ratio '{aspect}' (anyres tiling into base + grid views at the pinpoints "
-            f"{raw.get('image_grid_pinpoints', GRID_PINPOINTS)}) is not supported by the generation service yet "
-            "(models.anyres does the tiling); set \"image_aspect_ratio\": \"pad\" in config.json to encode each "
-            "picture as one 384 px base view (196 pooled tokens)"
-        )
     merge = raw.get("mm_patch_merge_type") or "flat"
     if not isinstance(merge, str) or not (merge == "flat" or merge.startswith("spatial")):
         raise CheckpointError(

@@ -43,7 +43,14 @@ from seer_deploy.models.config import ModelConfig, config_from_dict
 from seer_deploy.models.families import IMAGES_UNSUPPORTED, detect_family
 from seer_deploy.models.family_configs import family_config_dict
 from seer_deploy.models.image import SIGLIP_MEAN, SIGLIP_STD, ImageConfig
-from seer_deploy.models.lavida import LLADA, VARIANT_NAMES, lavida_config_keys, lavida_variant, lavida_vision_fields
+from seer_deploy.models.lavida import (
+    LLADA,
+    VARIANT_NAMES,
+    lavida_anyres,
+    lavida_config_keys,
+    lavida_variant,
+    lavida_vision_fields,
+)
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.vision import VisionConfig, VisionEncoder
 
@@ -140,14 +147,15 @@ def _local_tower(name: str, path: Path | None) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def _image_config(raw: dict[str, Any], siglip: dict[str, Any], path: Path | None) -> ImageConfig:
-    """Mean/std/size from preprocessor_config.json when the checkpoint has one, else config.json, else SigLIP's."""
+def _image_config(raw: dict[str, Any], siglip: dict[str, Any], path: Path | None, tiled: bool = False) -> ImageConfig:
+    """Mean/std/size from preprocessor_config.json when the checkpoint has one, else config.json, else SigLIP's;
+    `tiled` (anyres): every view is a tower-sized square resized as is."""
     proc: dict[str, Any] = {}
     if path is not None and (path / PREPROCESSOR_FILE).is_file():
         proc = read_json(path / PREPROCESSOR_FILE, "image preprocessor config", error=CheckpointError)
     mean = proc.get("image_mean", raw.get("image_mean", siglip.get("image_mean", SIGLIP_MEAN)))
     std = proc.get("image_std", raw.get("image_std", siglip.get("image_std", SIGLIP_STD)))
-    aspect = raw.get("image_aspect_ratio") or "square"
+    aspect = "square" if tiled else raw.get("image_aspect_ratio") or "square"
     return ImageConfig(
         image_size=int(siglip["image_size"]),
         mean=tuple(float(v) for v in mean),  # type: ignore[arg-type]
@@ -164,14 +172,15 @@ def vision_config_from_dict(raw: dict[str, Any], path: Path | None = None) -> Vi
             "(LLaDA-V-style) checkpoint; use it without --image"
         )
     variant = lavida_variant(raw)
-    lavida = lavida_vision_fields(raw, variant) if variant is not None else {}  # anyres refused here, before loading
+    lavida = lavida_vision_fields(raw, variant) if variant is not None else {}  # checked before anything loads
     siglip = _tower_fields(raw, path)
     lm = config_from_dict(raw)
+    anyres = lavida_anyres(raw, int(siglip["image_size"])) if variant is not None else None
     return VisionConfig(
         siglip=siglip,
         lm_hidden_size=lm.d_model,
         mm_hidden_size=raw.get("mm_hidden_size") or siglip.get("hidden_size", 0),
-        image=_image_config(raw, siglip, path),
+        image=_image_config(raw, siglip, path, tiled=anyres is not None),
         select_layer=lavida.get("select_layer", raw.get("mm_vision_select_layer", -2)),
         select_feature=str(raw.get("mm_vision_select_feature") or "patch"),
         projector_type=str(raw.get("mm_projector_type") or "linear"),
@@ -179,6 +188,7 @@ def vision_config_from_dict(raw: dict[str, Any], path: Path | None = None) -> Vi
         image_token_index=raw.get("image_token_index", LLAVA_IMAGE_TOKEN_INDEX),
         pool_stride=lavida.get("pool_stride", 1),
         pool_mode=lavida.get("pool_mode", "bilinear"),
+        anyres=anyres,
     )
 
 

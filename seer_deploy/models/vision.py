@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from seer_deploy.core.checks import int_in, number_in
 from seer_deploy.core.errors import CheckpointError
+from seer_deploy.models.anyres import AnyresConfig
 from seer_deploy.models.image import MAX_IMAGE_SIZE, ImageConfig
 
 # SiglipVisionConfig fields read from a checkpoint's vision config (others, e.g. model_type, are ignored).
@@ -83,6 +84,9 @@ class VisionConfig:
     image_token_index: int = -200  # the prompt placeholder (LLaVA's IMAGE_TOKEN_INDEX)
     pool_stride: int = 1  # LaViDa: 2 pools the projected patch grid 2x2 (1 = no pooling, LLaDA-V)
     pool_mode: str = "bilinear"  # LaViDa's mm_spatial_pool_mode (POOL_MODES)
+    # LaViDa's anyres tiling: a picture becomes a base view and a grid of crops, its token count depends on its size
+    # (`tokens_per_image` is then one view's); None: one view per picture
+    anyres: AnyresConfig | None = None
 
     def __post_init__(self) -> None:
         missing = [k for k in SIGLIP_REQUIRED if k not in self.siglip]
@@ -206,6 +210,7 @@ class VisionConfig:
             "pool_stride": self.pool_stride,
             "pool_mode": self.pool_mode,
             "tokens_per_image": self.tokens_per_image,
+            "anyres": None if self.anyres is None else self.anyres.to_dict(),
         }
 
 

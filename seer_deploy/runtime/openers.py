@@ -16,6 +16,7 @@ from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
 from seer_deploy.engines.ort import CPU, CUDA, OrtSessionOptions
+from seer_deploy.models.anyres import AnyresConfig
 from seer_deploy.models.image import ImageConfig
 from seer_deploy.runtime.targets import (
     BACKEND_CHOICES,
@@ -88,7 +89,8 @@ def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetO
         stats = options.seer.stats_spec(ckpt.config.n_layers) if options.seer is not None else None
         torch_backend = MultimodalTorchBackend(loaded, stats)
         vcfg = loaded.vision_config
-        images = ImageSupport(vcfg.image, vcfg.tokens_per_image, vcfg.image_token_index, ckpt.config.n_embed_rows)
+        images = ImageSupport(vcfg.image, vcfg.tokens_per_image, vcfg.image_token_index, ckpt.config.n_embed_rows,
+                              vcfg.anyres)
     else:
         ckpt = load_checkpoint(target)
         stats = options.seer.stats_spec(ckpt.config.n_layers) if options.seer is not None else None
@@ -178,9 +180,11 @@ def _ort_backend(export_dir: Path, export: ExportManifest, session: OrtSessionOp
     from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 
     backend = MultimodalOrtBackend(export_dir, session, kv_cache=kv_cache)
-    image = backend.multimodal["vision_config"]["image"]
+    vision = backend.multimodal["vision_config"]
+    image = vision["image"]
     settings = ImageConfig(int(image["image_size"]), tuple(image["mean"]), tuple(image["std"]), str(image["aspect"]))
-    images = ImageSupport(settings, backend.tokens_per_image, backend.image_token_index, backend.image_id_base)
+    images = ImageSupport(settings, backend.tokens_per_image, backend.image_token_index, backend.image_id_base,
+                          AnyresConfig.from_dict(vision.get("anyres")))
     return backend, replace(info, images=images)
 
 

@@ -9,14 +9,18 @@ anything loads. So the generation service treats every kind of target the same w
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from PIL import Image
+
 from seer_deploy.core.errors import ArtifactError, CheckpointError, ConfigError
 from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
 from seer_deploy.engines.manifest import EngineManifest
+from seer_deploy.models.anyres import AnyresConfig, anyres_tokens
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.image import ImageConfig
 from seer_deploy.models.multimodal import DEMO_VL_NAME, is_multimodal_checkpoint, resolve_multimodal
@@ -70,6 +74,13 @@ class ImageSupport:
     tokens_per_image: int
     image_token_index: int  # the placeholder id the tokenizer emits for `<image>`
     id_base: int  # image ids start here (the language model's embedding rows)
+    anyres: AnyresConfig | None = None  # LaViDa's tiling: a picture's token count depends on its size
+
+    def picture_tokens(self, picture: Image.Image) -> int:
+        """The image tokens one picture becomes in a prompt."""
+        if self.anyres is None:
+            return self.tokens_per_image
+        return anyres_tokens(picture.size, self.anyres, math.isqrt(self.tokens_per_image - 1))
 
 
 @dataclass(frozen=True)
