@@ -14,8 +14,10 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 
 from seer_deploy.core.backend import Backend, ImageBackend
@@ -151,10 +153,12 @@ class Service:
 
     def generate(self, requests: Sequence[Request], progress: Callable[[int], None] = lambda done: None, *,
                  full_length: bool = False, seer: SeerConfig | None = None,
-                 generation: GenerationConfig | None = None, seed: int | None = None) -> Run:
+                 generation: GenerationConfig | None = None, seed: int | None = None,
+                 on_settled: Callable[[int, list[int]], None] | None = None) -> Run:
         """Answer `requests` in batches, with the service's Seer config (`seer` instead, fitted to the engine;
         none with `full_length`), generation settings (`generation` instead) and seed (`seed` instead: batch n
-        samples with seed + n); progress(n) after each batch of n.
+        samples with seed + n); progress(n) after each batch of n; on_settled(i, ids) whenever request i's settled
+        answer prefix grows (the response ids no later step changes: what a server streams).
 
         Only this method (and `prompt_ids`) runs the engine; `token_ids` reads nothing that a run changes, so a
         server may check prompts with it from other threads while one thread generates."""
@@ -177,10 +181,11 @@ class Service:
         for n, lo in enumerate(range(0, len(requests), self.batch_size)):
             batch = slice(lo, lo + self.batch_size)
             prompts = self._with_images(ids[batch], requests[batch], pictures[batch])
+            hook = None if on_settled is None else partial(_report_settled, on_settled, lo)
             out = run_generation(self.backend, prompts, generation, mask_id=self.info.mask_id,
                                  pad_id=self.info.pad_id, eos_id=self.info.eos_id,
                                  seed=(self.options.seed if seed is None else seed) + n,
-                                 seer=seer)
+                                 seer=seer, on_settled=hook)
             reports: list[SeerReport | None] = list(out.seer) if out.seer else [None] * len(prompts)
             for request, row, report, steps in zip(requests[batch], out.tokens.tolist(), reports, out.row_steps,
                                                    strict=True):
@@ -238,6 +243,10 @@ class Service:
         backend.set_image_table(embeds)
         counts = [len(r.images) for r in requests]
         return expand_placeholders(ids, counts, [len(e) for e in embeds], images.image_token_index, images.id_base)
+
+
+def _report_settled(on_settled: Callable[[int, list[int]], None], first: int, row: int, ids: np.ndarray) -> None:
+    on_settled(first + row, ids.tolist())
 
 
 def generate(requests: Sequence[Request], target: str | os.PathLike[str], options: ServiceOptions | None = None,

@@ -280,3 +280,26 @@ def test_sampling_without_seer_runs_one_pass_a_step() -> None:
     out = run_generation(TorchBackend(model), [[10, 14, 1, 13]], config, **_ids(model))
     assert out.steps_run == generate(model, [[10, 14, 1, 13]], config).steps_run == 8
     assert not (out.tokens == model.cfg.mask_id).any()
+
+
+@pytest.mark.parametrize("kept", [None, [5, 16, 9]], ids=["full", "cut"])
+def test_settled_prefixes_grow_to_the_final_answer(kept: list[int] | None) -> None:
+    """`on_settled` (what a server streams): each row's reports grow, each is a prefix of the row's final tokens,
+    the last is its whole kept response; with blocks of 4 the prefix reaches every block end on the way."""
+    model = tiny_model()
+    cfg = model.cfg
+    prompts = [[10, 3, 5, 2, 17], [10, 8, 17], [10, 1, 2, 3, 4, 5, 6, 17]]
+    config = GenerationConfig(16, 16, block_length=4)
+    reports: dict[int, list[list[int]]] = {0: [], 1: [], 2: []}
+    out = run_generation(TorchBackend(model), prompts, config, mask_id=cfg.mask_id, pad_id=cfg.eos_id,
+                         eos_id=cfg.eos_id, kept_lengths=kept, on_settled=lambda b, ids: reports[b].append(ids.tolist()))
+    plain = run_generation(TorchBackend(model), prompts, config, mask_id=cfg.mask_id, pad_id=cfg.eos_id,
+                           eos_id=cfg.eos_id, kept_lengths=kept)
+    assert np.array_equal(out.tokens, plain.tokens)  # listening changes nothing
+    for b, seen in reports.items():
+        final = out.tokens[b].tolist()
+        lengths = [len(r) for r in seen]
+        assert lengths == sorted(set(lengths)) and all(r == final[: len(r)] for r in seen)
+        k = 16 if kept is None else kept[b]
+        assert lengths[-1] == k
+        assert all(n in lengths for n in range(4, k, 4) if n >= lengths[0])  # every block end after the first report

@@ -95,6 +95,24 @@ def test_a_sampled_request_is_its_seeded_solo_run(server: BackgroundServer, refe
     assert answers[3] != answers[4]
 
 
+def test_a_stream_sends_the_answer_as_it_settles(server: BackgroundServer, reference: Service) -> None:
+    """Denoising blocks of 8: the stream carries the settled text block by block (several content chunks, the first
+    before the answer is done), and the pieces add up to the solo answer."""
+    oa = client(server.url)
+    blocks = replace(GEN, block_length=8)
+    for prompt in PROMPTS[6:9]:
+        expected = reference.generate([Request(prompt)], generation=blocks, full_length=True).answers[0]
+        chunks = list(oa.completions.create(model="demo", prompt=prompt, stream=True,
+                                            extra_body={"block_length": 8, "seer": False}))
+        pieces = [c.choices[0].text for c in chunks if c.choices[0].text]
+        assert "".join(pieces) == expected.text and len(pieces) >= 2, pieces
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        chat = list(oa.chat.completions.create(model="demo", messages=[{"role": "user", "content": prompt}],
+                                               stream=True, extra_body={"block_length": 8, "seer": False}))
+        assert chat[0].choices[0].delta.role == "assistant"
+        assert "".join(c.choices[0].delta.content or "" for c in chat) == expected.text
+
+
 def test_the_openai_client_gets_the_solo_answers_streaming_and_not(server: BackgroundServer,
                                                                    reference: Service) -> None:
     oa = client(server.url)

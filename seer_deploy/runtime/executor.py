@@ -19,7 +19,7 @@ block only (`_Group.refresh`, `_Group.window_step`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -42,6 +42,10 @@ from seer_deploy.runtime.loopcore import LoopCore
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import BlockPlan, TruncationPlan
 
+# (batch row, the row's settled response prefix): the response ids before its first mask, which no later step
+# changes (a committed token is never re-masked). Called from the loop's thread after a pass that grew the prefix.
+SettledHook = Callable[[int, np.ndarray], None]
+
 
 @dataclass(frozen=True)
 class LoopContext:
@@ -55,6 +59,7 @@ class LoopContext:
     eos_id: int  # what a cut tail holds
     rng: np.random.Generator  # random remasking scores and per-step sampling seeds
     seer: SeerConfig | None = None  # how step zero's boundary is read (None: the loop does not truncate by Seer)
+    on_settled: SettledHook | None = None  # told when a row's settled prefix grows (streaming)
 
     @property
     def passes_per_step(self) -> int:
@@ -148,11 +153,13 @@ class Rows:
                     kv)
 
 
-def run_group(ctx: LoopContext, rows: Rows, tally: Tally) -> tuple[np.ndarray, np.ndarray]:
-    """Run the remaining steps of a group of rows; returns their responses int64 [n, gen_length] (cut tails EOS)
-    and the forward passes each row made, int64 [n]."""
+def run_group(ctx: LoopContext, rows: Rows, tally: Tally, batch_rows: Sequence[int] | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Run the remaining steps of a group of rows (`batch_rows`: their rows in the batch, for `ctx.on_settled`);
+    returns their responses int64 [n, gen_length] (cut tails EOS) and the forward passes each row made, int64 [n]."""
     group = _Group.start(ctx, rows)
     cursors = [_Cursor(plan, ctx.config.parallel) for plan in rows.plans]
+    settled = _Settled(ctx, group, list(batch_rows) if batch_rows is not None else list(range(group.n)))
     while True:
         targets = [c.next(ctx, group, i, rows.first_schedule) for i, c in enumerate(cursors)]
         if all(t is None for t in targets):
@@ -172,7 +179,31 @@ def run_group(ctx: LoopContext, rows: Rows, tally: Tally) -> tuple[np.ndarray, n
                 group.refresh(np.flatnonzero(fresh), lo, hi, k, tally)
             if (can & ~fresh).any():
                 group.window_step(np.flatnonzero(can & ~fresh), lo, hi, k, tally)
+        settled.report(np.flatnonzero(can))
     return group.tokens(), group.passes
+
+
+class _Settled:
+    """Each row's settled prefix length (response columns before its first mask), reported as it grows."""
+
+    def __init__(self, ctx: LoopContext, group: _Group, batch_rows: list[int]) -> None:
+        self.ctx, self.group, self.batch_rows = ctx, group, batch_rows
+        self.length = np.zeros(group.n, np.int64)
+        if ctx.on_settled is not None:
+            self.report(np.arange(group.n))  # what step zero already settled
+
+    def report(self, rows: np.ndarray) -> None:
+        if self.ctx.on_settled is None:
+            return
+        P, x = self.group.prompt_width, self.group.x
+        for i in rows:
+            kept = int(self.group.kept[i])
+            response = x[i, P : P + kept]
+            masked = np.flatnonzero(response == self.ctx.mask_id)
+            n = int(masked[0]) if masked.size else kept
+            if n > self.length[i]:
+                self.length[i] = n
+                self.ctx.on_settled(self.batch_rows[i], response[:n].copy())
 
 
 class _Cursor:

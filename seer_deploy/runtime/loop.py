@@ -34,7 +34,7 @@ from seer_deploy.core.backend import (
 )
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, left_pad
-from seer_deploy.runtime.executor import LoopContext, Rows, Tally, run_group
+from seer_deploy.runtime.executor import LoopContext, Rows, SettledHook, Tally, run_group
 from seer_deploy.runtime.loopcore import LoopCore, active_core
 from seer_deploy.runtime.scheduler import HybridPlan, StepCost, plan_hybrid, step_cost_of
 from seer_deploy.seer.config import SeerConfig
@@ -85,6 +85,7 @@ def run_generation(
     kept_lengths: Sequence[int] | None = None,
     eos_id: int | None = None,
     cost: StepCost | None = None,
+    on_settled: SettledHook | None = None,
 ) -> LoopResult:
     """Fill `gen_length` masked positions after each prompt with `backend`; the tokens of `reference.generate`.
 
@@ -93,6 +94,8 @@ def run_generation(
     zero as `seer_deploy.seer.plan` decides, with the config's tail context; kept_lengths forces the kept lengths
     instead (oracle runs). eos_id (default: pad_id) is what the cut tail holds and what the EOS detector looks for.
     cost: the scheduler's step cost model (default: the backend's own, see `scheduler.step_cost_of`).
+    on_settled(b, ids): told, after the pass that grew it, row b's settled response prefix (the ids before its first
+    mask, which no later step changes): what a server streams. Not called during step zero.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ConfigError("every prompt must have at least one token")
@@ -101,7 +104,8 @@ def run_generation(
     if pad_id == mask_id:
         raise ConfigError(f"pad_id equals mask_id ({mask_id}): padding would be denoised; pad with EOS instead")
     eos = pad_id if eos_id is None else eos_id
-    ctx = LoopContext(backend, core or active_core(), config, mask_id, pad_id, eos, np.random.default_rng(seed), seer)
+    ctx = LoopContext(backend, core or active_core(), config, mask_id, pad_id, eos, np.random.default_rng(seed), seer,
+                      on_settled)
     tally = Tally()
     B, G = len(prompts), config.gen_length
     ids, real = left_pad(prompts, pad_id)
@@ -203,7 +207,7 @@ def run_rows(ctx: LoopContext, rows: Rows, tally: Tally, cost: StepCost | None =
     tokens = np.full(rows.responses.shape, ctx.eos_id, dtype=np.int64)
     passes = np.zeros(rows.responses.shape[0], np.int64)
     for group in hybrid.groups:
-        tokens[list(group)], passes[list(group)] = run_group(ctx, rows.take(group), tally)
+        tokens[list(group)], passes[list(group)] = run_group(ctx, rows.take(group), tally, list(group))
     return tokens, hybrid, passes
 
 

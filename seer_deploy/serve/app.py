@@ -7,11 +7,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -257,15 +259,32 @@ def create_app(service: Service, options: ServeOptions | None = None) -> FastAPI
             assert isinstance(body, protocol.CompletionBody)
             prompts, max_tokens = body.requests(options.max_prompts), body.max_tokens
         rows = state.rows(body, prompts, max_tokens)
-        jobs = state.submit(rows)
-        results = await state.wait(request, jobs)
         rid = protocol.new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
-            return StreamingResponse(_stream(rid, options.model_name, chat, results), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return await stream(request, rid, chat, rows)
+        results = await state.wait(request, state.submit(rows))
         if chat:
             return JSONResponse(protocol.chat_completion(rid, options.model_name, results[0]))
         return JSONResponse(protocol.completion(rid, options.model_name, results))
+
+    async def stream(request: Request, rid: str, chat: bool, rows: list[Row]) -> Response:
+        """Server-sent events as the answers settle: the rows tell their settled text from the engine's thread; the
+        response starts once the first text arrives (the rows are running: queue refusals and deadlines keep their
+        status codes) or, if none comes first, once the answers are done."""
+        loop = asyncio.get_running_loop()
+        told: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+        rows = [dataclasses.replace(r, on_text=partial(_tell, loop, told, i)) for i, r in enumerate(rows)]
+        waiter = asyncio.ensure_future(state.wait(request, state.submit(rows)))
+        first = asyncio.ensure_future(told.get())
+        either: set[asyncio.Future[Any]] = {waiter, first}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if not first.done():
+            first.cancel()
+            results = await waiter  # raises the request's HTTP error, if any
+            return StreamingResponse(_stream(rid, options.model_name, chat, results), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(_live(rid, options.model_name, chat, len(rows), first.result(), told, waiter),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -305,10 +324,56 @@ def create_app(service: Service, options: ServeOptions | None = None) -> FastAPI
     return app
 
 
+def _tell(loop: asyncio.AbstractEventLoop, told: asyncio.Queue[tuple[int, str]], index: int, text: str) -> None:
+    """From the engine's thread: hand a row's settled text to its request's event loop."""
+    loop.call_soon_threadsafe(told.put_nowait, (index, text))
+
+
+async def _live(rid: str, model: str, chat: bool, n: int, first: tuple[int, str],
+                told: asyncio.Queue[tuple[int, str]], waiter: asyncio.Future[list[Result]]) -> AsyncIterator[str]:
+    """Answers as server-sent events while they settle: the role, each new piece of settled text (a denoising block's,
+    or whatever the confidence order settled left to right), then what the final answer adds, a final chunk per
+    answer with its finish reason (and usage), then [DONE]."""
+    created = int(time.time())
+    sent = [""] * n
+    if chat:
+        yield _sse(protocol.chunk(rid, model, created, chat, 0, role=True))
+    pending: tuple[int, str] | None = first
+    while True:
+        while pending is not None:
+            index, text = pending
+            if text.startswith(sent[index]) and len(text) > len(sent[index]):
+                yield _sse(protocol.chunk(rid, model, created, chat, index, text=text[len(sent[index]):]))
+                sent[index] = text
+            pending = told.get_nowait() if not told.empty() else None
+        if waiter.done():
+            break
+        getter = asyncio.ensure_future(told.get())
+        either: set[asyncio.Future[Any]] = {getter, waiter}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            pending = getter.result()
+        else:
+            getter.cancel()
+    try:
+        results = waiter.result()
+    except Exception as exc:  # noqa: BLE001  # the status line is sent: the error travels as an event
+        yield _sse({"error": {"message": " ".join(str(exc).split()) or type(exc).__name__, "type": "server_error"}})
+        yield "data: [DONE]\n\n"
+        return
+    for i, result in enumerate(results):
+        rest = result.text[len(sent[i]):] if result.text.startswith(sent[i]) else ""
+        if rest:
+            yield _sse(protocol.chunk(rid, model, created, chat, i, text=rest))
+        last = i == len(results) - 1
+        yield _sse(protocol.chunk(rid, model, created, chat, i, finish=result.finish_reason,
+                                  usage_=protocol.usage(results) if last else None))
+    yield "data: [DONE]\n\n"
+
+
 async def _stream(rid: str, model: str, chat: bool, results: list[Result]) -> AsyncIterator[str]:
-    """An answer as server-sent events once its batch finished: the role, the text, a final chunk with the
-    finish reason and usage (Seer's report included), then [DONE]. Per-block progress needs a hook in the
-    runtime loop (docs/serving.md)."""
+    """Finished answers as server-sent events: the role, the text, a final chunk with the finish reason and usage
+    (Seer's report included), then [DONE]."""
     created = int(time.time())
     for i, result in enumerate(results):
         if chat:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from seer_deploy.core.errors import ConfigError
@@ -39,6 +40,8 @@ class Row:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     solo: int | None = None  # set for sampled rows: they run alone so that their seed alone decides them
+    # Streaming: told the answer's settled text as it grows (from the engine's thread); not part of the row's kind
+    on_text: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     @property
     def key(self) -> Hashable:
@@ -120,9 +123,28 @@ class Engine:
         first = rows[0]
         full_length, seer = self.seer_for(first.seer)
         # A sampled row runs alone, with its own seed (batch 0: seed + 0, as `generate --seed`).
+        listening = any(r.on_text is not None for r in rows)
         run = self.service.generate([r.request for r in rows], generation=first.generation, full_length=full_length,
-                                    seer=seer, seed=first.seed)
+                                    seer=seer, seed=first.seed,
+                                    on_settled=partial(self._settled, rows) if listening else None)
         return [self._result(row, answer) for row, answer in zip(rows, run.answers, strict=True)]
+
+    def _settled(self, rows: Sequence[Row], index: int, ids: list[int]) -> None:
+        """Tell a streaming row its settled text: the answer so far, cut as its result will be (its first stop id,
+        max_tokens, its stop strings), less what the final text could still change (the last token, whose text a
+        subword decoder may merge with the next; the start of a stop string), so every text told is a prefix of the
+        final one."""
+        row = rows[index]
+        if row.on_text is None:
+            return
+        text = self.service.tokenizer.decode_answer(ids[: -1 if row.max_tokens is None else min(len(ids) - 1,
+                                                                                                row.max_tokens)])
+        for stop in row.stop:
+            at = text.find(stop)
+            if at >= 0:
+                text = text[:at]
+        hold = max((len(stop) for stop in row.stop), default=1) - 1
+        row.on_text(text[: len(text) - hold])
 
     def _result(self, row: Row, answer: Answer) -> Result:
         tokenizer = self.service.tokenizer
