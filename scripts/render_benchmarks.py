@@ -38,6 +38,10 @@ SCRIPTS = (
      "python benchmarks/bench_step_latency.py --threads 2"),
     ("hybrid.md", "Batch throughput after Seer's cut: hybrid execution against padding to the longest and one by one",
      "python benchmarks/bench_hybrid.py --threads 2"),
+    ("issues23_25_check.md", "Issues 23-25 (GPU path, serving, model families): the same bench before and after",
+     ("seer-deploy bench demo --gen-lengths 64 --batch-sizes 1,8 --prompts 8 --repeats 3 --threads 1 --no-scaling "
+      "--no-tensorrt --out DIR, at c69385e and at c222a3d (one after the other, 2-core Xeon), then "
+      "python benchmarks/compare_runs.py BEFORE/bench.json AFTER/bench.json --labels c69385e,c222a3d")),
     ("redesign_check.md", "The core redesign (issue 20): the same bench before and after, on one machine",
      ("seer-deploy bench demo --gen-lengths 64,256 --batch-sizes 1,8 --prompts 8 --repeats 3 --threads 0 --no-scaling "
       "--tail-context 0 --no-tensorrt --out DIR, at a47acab and after the redesign, then "
