@@ -310,7 +310,7 @@ def test_llada_1_5_config_loads_as_llada_8b(tmp_path: Path) -> None:
     assert (cfg.vocab_size, cfg.mask_id, cfg.eos_id, cfg.rope_theta, cfg.max_seq_len) == (
         126464, 126336, 126081, 500000.0, 4096)
     assert not (cfg.qkv_bias or cfg.shift_logits or cfg.num_experts or cfg.qk_norm or cfg.prefix_dlm)
-    # A tiny checkpoint with that config's every field (sizes shrunk) loads and generates as LLaDA.
+    # A tiny checkpoint with that config's every field (sizes shrunk) loads and generates as LLaDA, ...
     _, ckpt = family_checkpoint(tmp_path, "llada", layout="llada")
     small = {**LLADA_8B_CONFIG, **{k: v for k, v in json.loads((ckpt / "config.json").read_text()).items()
                                    if k in ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size",
@@ -322,6 +322,8 @@ def test_llada_1_5_config_loads_as_llada_8b(tmp_path: Path) -> None:
     run = run_generation(TorchBackend(loaded.model), PROMPTS, PLAIN, mask_id=loaded.config.mask_id,
                          pad_id=loaded.config.eos_id, seer=SeerConfig(detector="eos", eos_floor=0.0))
     assert run.tokens.shape == (3, 16) and run.seer is not None
+    # ... exports, and runs on ONNX Runtime as on torch, Seer off and on.
+    ort_equals_torch(loaded.model, export_checkpoint(ckpt, tmp_path / "export").out)
     with pytest.raises(CheckpointError, match="block_type 'sequential'"):
         config_from_dict({**LLADA_8B_CONFIG, "block_type": "sequential"})
 
