@@ -19,9 +19,10 @@ import numpy as np
 import torch
 
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models import Tokenizer, load_checkpoint
+from seer_deploy.models.checkpoint import load_checkpoint
 from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.tokenizer import Tokenizer
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.targets import find_seer_config

@@ -42,10 +42,10 @@ from seer_deploy.calibration.identity_fit import fit_identity_margin, identity_m
 from seer_deploy.calibration.sparsity_fit import sparsity_config
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.core.sparsity import STAT_NAMES
-from seer_deploy.models import Tokenizer, load_checkpoint
-from seer_deploy.models.checkpoint import checkpoint_fingerprint, resolve_checkpoint
+from seer_deploy.models.checkpoint import checkpoint_fingerprint, load_checkpoint, resolve_checkpoint
 from seer_deploy.models.demo_tasks import HELDOUT_SEED, Example, heldout_examples
 from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.tokenizer import Tokenizer
 from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig, Trend, parse_tail_context
 from seer_deploy.seer.metrics import identical_share, mixed_auc, position_matched_auc, true_lengths

@@ -52,12 +52,8 @@ from seer_deploy.models.demo_vl_tasks import (
     write_tokenizer,
 )
 from seer_deploy.models.image import ImageConfig, pixel_batch
-from seer_deploy.models.image_prompts import (
-    ImageConditionedModel,
-    MultimodalTokenizer,
-    embed_with_images,
-    expand_placeholders,
-)
+from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.image_prompts import ImageConditionedModel, embed_with_images
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.multimodal import load_multimodal, save_multimodal_checkpoint
 from seer_deploy.models.requests import Request

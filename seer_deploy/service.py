@@ -24,7 +24,7 @@ from seer_deploy.core.backend import Backend, ImageBackend
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.families import IMAGES_UNSUPPORTED
-from seer_deploy.models.image_prompts import encode_pictures, expand_placeholders
+from seer_deploy.models.image_placeholders import encode_pictures, expand_placeholders
 from seer_deploy.models.requests import Request, check_request_images, load_pictures
 from seer_deploy.runtime.loop import check_supported, run_generation
 from seer_deploy.runtime.openers import open_target
@@ -90,6 +90,11 @@ class Run:
     seconds: float
     generation: GenerationConfig | None = None  # the settings the answers were made with
     step_zero_seconds: float = 0.0  # of `seconds`, spent in step zero (over all batches)
+    # Time to first step: what a user waits before the model has worked once. load_seconds is the service's opening
+    # of the target (Seer config, backend, tokenizer); first_step_seconds adds this call's time up to the end of its
+    # first batch's step zero (prompts encoded, anything the backend opens on first use, the first forward pass).
+    load_seconds: float = 0.0
+    first_step_seconds: float = 0.0
 
     @property
     def reports(self) -> list[SeerReport | None]:
@@ -127,6 +132,7 @@ class Service:
 
     def __init__(self, target: str | os.PathLike[str], options: ServiceOptions | None = None,
                  warn: Callable[[str], None] = lambda message: None) -> None:
+        opening = time.perf_counter()
         self.options = options or ServiceOptions()
         self.options.check()
         guidance = self.options.generation.cfg_scale
@@ -146,6 +152,7 @@ class Service:
         check_supported(self.options.generation, self.backend)
         self.seer = self.info.seer_for_engine(seer)
         self.tokenizer = self.info.tokenizer()
+        self.load_seconds = time.perf_counter() - opening  # the start of time to first step (`Run`)
 
     @property
     def batch_size(self) -> int:
@@ -162,6 +169,7 @@ class Service:
 
         Only this method (and `prompt_ids`) runs the engine; `token_ids` reads nothing that a run changes, so a
         server may check prompts with it from other threads while one thread generates."""
+        called = time.perf_counter()
         if not requests:
             raise ConfigError("no prompt given; pass --prompt TEXT or --prompts FILE.jsonl")
         if seed is not None and seed < 0:
@@ -176,7 +184,7 @@ class Service:
         seer = None if full_length else self.info.seer_for_engine(seer) if seer is not None else self.seer
         answers: list[Answer] = []
         steps_run = tokens_processed = 0
-        step_zero_seconds = 0.0
+        step_zero_seconds = first_step_seconds = 0.0
         start = time.perf_counter()
         for n, lo in enumerate(range(0, len(requests), self.batch_size)):
             batch = slice(lo, lo + self.batch_size)
@@ -193,9 +201,11 @@ class Service:
             steps_run += out.steps_run
             tokens_processed += out.tokens_processed
             step_zero_seconds += out.step_zero_seconds
+            if n == 0:
+                first_step_seconds = self.load_seconds + (out.step_zero_done_at - called)
             progress(len(prompts))
         return Run(answers, self.backend.name, seer, steps_run, tokens_processed, time.perf_counter() - start,
-                   generation, step_zero_seconds)
+                   generation, step_zero_seconds, self.load_seconds, first_step_seconds)
 
     def prompt_ids(self, requests: Sequence[Request], generation: GenerationConfig | None = None) -> list[list[int]]:
         """The requests as one batch of prompt ids (checked to leave room for `generation`'s gen_length, the

@@ -67,6 +67,7 @@ def test_writes_json_markdown_and_png(bench_run: tuple[Path, Path]) -> None:
     assert {s["row"] for s in data["skipped"]} == {"trt-full", "trt-seer"}
     assert data["seer"]["source"] == "defaults" and data["notes"]  # the tiny checkpoint has no calibration
     assert data["seer"]["tail_context"] == 0 and "tail context 0 (ort-seer-tail: all)" in (out / "bench.md").read_text()
+    assert "| first step ms |" in (out / "bench.md").read_text()
     # The markdown is a rendering of the JSON alone.
     assert (out / "bench.md").read_text() == render_markdown(json.loads((out / "bench.json").read_text()), "bench.png")
 
@@ -86,6 +87,12 @@ def test_every_setting_has_every_row_with_its_fields(bench_run: tuple[Path, Path
         assert (r["seer_over_oracle"] is not None) == (r["row"] in ("ort-seer", "ort-seer-tail"))
         assert (r["mean_kept"] is not None) == (r["row"] in SEER_ROWS)
         assert (r["step_zero_share"] is None) == (r["row"] == "reference")
+        # Time to first step: rows through the service (not the torch loop itself, nor the oracle, which has no
+        # step zero), after their engine's load.
+        assert (r["first_step_s"] is None) == (r["row"] in ("reference", "ort-oracle"))
+        if r["first_step_s"] is not None:
+            engine = "torch" if r["row"].startswith("torch") else "ort"
+            assert 0 < data["model"]["load_s"][engine] < r["first_step_s"]
         if r["answer_tokens"]:
             assert r["tokens_per_answer_token"] == pytest.approx(r["tokens_processed"] / r["answer_tokens"], abs=0.01)
         if r["row"] in ("ort-parallel", "ort-fastdllm"):

@@ -17,7 +17,8 @@ from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.demo_vl_tasks import heldout_examples
 from seer_deploy.models.image import pixel_batch
-from seer_deploy.models.image_prompts import ImageConditionedModel, MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.image_prompts import ImageConditionedModel
 from seer_deploy.models.multimodal import load_multimodal
 from seer_deploy.models.requests import Request, read_prompts_file
 from seer_deploy.seer.config import SeerConfig

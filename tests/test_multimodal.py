@@ -17,21 +17,16 @@ from seer_deploy.models.checkpoint import load_checkpoint
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.demo_vl_tasks import VOCAB, heldout_examples, write_tokenizer
 from seer_deploy.models.image import ImageConfig, pixel_batch
-from seer_deploy.models.image_prompts import (
-    ImageConditionedModel,
-    MultimodalTokenizer,
-    embed_with_images,
-    expand_placeholders,
-    image_table,
-)
+from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.image_prompts import ImageConditionedModel, embed_with_images, image_table
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.multimodal import (
     LLAVA_IMAGE_TOKEN_INDEX,
-    is_multimodal_checkpoint,
     load_multimodal,
     save_multimodal_checkpoint,
     vision_config_from_dict,
 )
+from seer_deploy.models.multimodal_files import is_multimodal_checkpoint
 from seer_deploy.models.vision import VisionConfig, VisionEncoder, projector_depth
 from seer_deploy.runtime.reference import generate
 

@@ -17,13 +17,10 @@ from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.models.demo_vl_tasks import PictureExample, heldout_examples
 from seer_deploy.models.image import pixel_batch
-from seer_deploy.models.image_prompts import (
-    ImageConditionedModel,
-    MultimodalTokenizer,
-    expand_placeholders,
-    image_table,
-)
-from seer_deploy.models.multimodal import DEMO_VL_DIR, LoadedMultimodal, load_multimodal
+from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.image_prompts import ImageConditionedModel, image_table
+from seer_deploy.models.multimodal import LoadedMultimodal, load_multimodal
+from seer_deploy.models.multimodal_files import DEMO_VL_DIR
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.targets import checkpoint_seer

@@ -83,7 +83,8 @@ def test_calibrate_fits_margin_and_tail_context_end_to_end(make_checkpoint, tmp_
     from seer_deploy.calibration.collect import batched_generation
     from seer_deploy.calibration.detector_fit import split_indices
     from seer_deploy.core.generation import GenerationConfig
-    from seer_deploy.models import Tokenizer, load_checkpoint
+    from seer_deploy.models.checkpoint import load_checkpoint
+    from seer_deploy.models.tokenizer import Tokenizer
     from seer_deploy.seer.metrics import identical_share, true_lengths
 
     ckpt = make_checkpoint("llada")

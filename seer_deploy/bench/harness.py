@@ -281,7 +281,8 @@ def run_bench(p: Prepared, command: str, progress: Progress = lambda _: None) ->
         model={"target": s.target, "parameters": model.num_parameters(), "d_model": cfg.d_model,
                "n_layers": cfg.n_layers, "mlp_hidden": cfg.mlp_hidden, "vocab_size": cfg.vocab_size,
                "max_seq_len": cfg.max_seq_len, "export_seconds": round(p.export_seconds, 2),
-               "ort_providers": list(getattr(p.services["ort"].backend, "providers", [])), **p.model_facts},
+               "ort_providers": list(getattr(p.services["ort"].backend, "providers", [])),
+               "load_s": {name: _sig(service.load_seconds) for name, service in p.services.items()}, **p.model_facts},
         seer={"source": p.seer_source, "detector": p.seer.detector, "margin": p.seer.margin,
               "tail_context": p.seer.tail_context,
               "buckets": list(p.seer.buckets), "calibration": dict(p.seer.calibration)},
@@ -330,5 +331,6 @@ def score_setting(p: Prepared, gen_length: int, batch_size: int, timings: dict[s
             safe=round(float(np.mean(np.asarray(t.kept) >= full_lengths)), 4) if t.kept is not None else None,
             tokens_per_answer_token=round(t.tokens_processed / answer_tokens, 2) if answer_tokens else None,
             step_zero_share=round(t.step_zero_share, 3) if name != "reference" else None,
+            first_step_s=_sig(t.first_step_seconds) if t.first_step_seconds is not None else None,
         ))
     return results

@@ -30,6 +30,7 @@ class RowTiming:
     seconds_runs: list[float]  # one per timed pass
     latencies: np.ndarray  # float64 [repeats, N]: seconds of the batch call that answered each request
     step_zero_share: float = 0.0  # of the first timed pass's seconds, the share spent in step zero
+    first_step_seconds: float | None = None  # the warm-up call's time to first step (service rows)
 
     @property
     def seconds(self) -> float:
@@ -60,7 +61,7 @@ def measure_row(
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")
     groups = batches(len(requests), batch_size)
-    runner([requests[i] for i in groups[0]], groups[0])  # warm-up: first calls at a shape allocate
+    warm_up = runner([requests[i] for i in groups[0]], groups[0])  # first calls at a shape allocate: not timed
     tick()
     first: list[BatchOutput] = []
     latencies = np.zeros((repeats, len(requests)))
@@ -86,4 +87,5 @@ def measure_row(
         seconds_runs=seconds_runs,
         latencies=latencies,
         step_zero_share=sum(o.step_zero_seconds for o in first) / seconds_runs[0] if seconds_runs[0] > 0 else 0.0,
+        first_step_seconds=warm_up.first_step_seconds,
     )

@@ -24,6 +24,9 @@ FOOTNOTES = (
     ("**tok / ans**: tokens processed per answer token (the work behind each token of an answer; a cached pass "
     "counts its window's tokens); **step 0**: share of the row's time spent in step zero, the one full-length pass "
     "Seer cannot cut."),
+    ("**first step ms**: time to first step: the row's engine's load time (each engine is opened once per bench) "
+    "plus the row's first call (its warm-up batch) up to the end of step zero; what a first request waits on a "
+    "freshly opened service (`generate --json` reports it as first_step_s)."),
     ("**Seer / oracle**: the Seer row's speedup divided by the oracle's on the same engine (= oracle seconds / Seer "
     "seconds); 1.0 would be a perfect detector with a free step zero."),
     ("**exact**: share of answers equal to the task's answer (`seer_deploy.models.demo_tasks`); **= full**: share of "
@@ -130,11 +133,15 @@ def _ms(seconds: float) -> str:
     return f"{1e3 * seconds:.1f}" if seconds < 10 else f"{seconds:.1f} s"
 
 
+def _first_step(seconds: float | None) -> str:
+    return "-" if seconds is None else _ms(seconds)
+
+
 def results_table(data: dict[str, Any], batch: int) -> list[str]:
     lines = [
-        ("| gen | row | tok/s | p50 ms | p95 ms | passes | tokens | tok / ans | step 0 | speedup | Seer / oracle | exact "
-        "| = full | kept | safe |"),
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ("| gen | row | tok/s | p50 ms | p95 ms | passes | tokens | tok / ans | step 0 | first step ms | speedup "
+        "| Seer / oracle | exact | = full | kept | safe |"),
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in data["rows"]:
         if r["batch_size"] != batch:
@@ -143,6 +150,7 @@ def results_table(data: dict[str, Any], batch: int) -> list[str]:
             f"| {r['gen_length']} | {r['row']} | {r['tokens_per_s']:.1f} | {_ms(r['latency_p50_s'])} | "
             f"{_ms(r['latency_p95_s'])} | {r['forward_passes']:,} | {r['tokens_processed']:,} | "
             f"{_num(r.get('tokens_per_answer_token'), '.1f')} | {_share(r.get('step_zero_share'))} | "
+            f"{_first_step(r.get('first_step_s'))} | "
             f"{r['speedup']:.2f}x | {_num(r['seer_over_oracle'], '.2f')} | {r['exact_match']:.2f} | "
             f"{r['identical_to_full']:.2f} | {_num(r['mean_kept'], '.1f')} | {_num(r['safe'], '.2f')} |"
         )

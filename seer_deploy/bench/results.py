@@ -42,6 +42,9 @@ class RowResult:
     safe: float | None  # Seer and oracle rows: share kept at or past the full-length answer's end
     tokens_per_answer_token: float | None = None  # tokens_processed / answer_tokens: the work behind each answer token
     step_zero_share: float | None = None  # share of the row's time spent in step zero (rows of the runtime loop)
+    # Time to first step (service rows): its engine's load time (opened once per bench) + the row's first call (the
+    # warm-up batch) up to the end of its step zero, what a user's first request waits on a fresh service.
+    first_step_s: float | None = None
 
 
 @dataclass

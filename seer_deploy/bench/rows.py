@@ -75,6 +75,7 @@ class BatchOutput:
     tokens_processed: int  # real (non-padding) tokens through the model
     kept: list[int] | None  # per request: response slots the later steps ran on (Seer and the oracle)
     step_zero_seconds: float = 0.0  # of the call's time, spent in step zero
+    first_step_seconds: float | None = None  # service rows: the engine's load + this call up to step zero's end
 
 
 Runner = Callable[[Sequence[Request], Sequence[int]], BatchOutput]  # (requests, their indices) -> output
@@ -100,7 +101,8 @@ def service_row(service: Service, config: GenerationConfig, seer: SeerConfig | N
         out = service.generate(requests, full_length=seer is None, seer=seer, generation=config)
         kept = [a.seer.kept for a in out.answers if a.seer is not None] if seer is not None else None
         tokens = np.array([a.tokens for a in out.answers], dtype=np.int64)
-        return BatchOutput(tokens, out.steps_run, out.tokens_processed, kept, out.step_zero_seconds)
+        return BatchOutput(tokens, out.steps_run, out.tokens_processed, kept, out.step_zero_seconds,
+                           out.first_step_seconds)
 
     return run
 

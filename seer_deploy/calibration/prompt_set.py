@@ -18,14 +18,11 @@ from PIL import Image
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.checkpoint import load_checkpoint
 from seer_deploy.models.image import pixel_batch
-from seer_deploy.models.image_prompts import (
-    ImageConditionedModel,
-    MultimodalTokenizer,
-    expand_placeholders,
-    image_table,
-)
+from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.image_prompts import ImageConditionedModel, image_table
 from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.multimodal import is_multimodal_checkpoint, load_multimodal
+from seer_deploy.models.multimodal import load_multimodal
+from seer_deploy.models.multimodal_files import is_multimodal_checkpoint
 from seer_deploy.models.requests import Request, check_request_images, load_pictures
 from seer_deploy.models.tokenizer import Tokenizer
 from seer_deploy.models.vision import VisionEncoder

@@ -46,13 +46,19 @@ def decode_record(generation: GenerationConfig) -> dict[str, object]:
     return record
 
 
+def time_to_first_step(run: Run) -> dict[str, float]:
+    """The run's start-up cost as --json reports it (the same on every line of a run): load_s, seconds to open the
+    target; first_step_s, seconds from opening it to the end of the first batch's step zero (load_s included)."""
+    return {"load_s": round(run.load_seconds, 6), "first_step_s": round(run.first_step_seconds, 6)}
+
+
 def print_run(run: Run, gen_length: int, as_json: bool) -> None:
     """One line (or JSON object) per answer on stdout, then a summary line on stderr."""
     for answer in run.answers:
         request = answer.request
         if as_json:
             record: dict[str, object] = {"prompt": request.prompt, "answer": answer.text, "tokens": answer.tokens,
-                                         "steps": answer.steps}
+                                         "steps": answer.steps, **time_to_first_step(run)}
             if run.generation is not None:
                 record["decode"] = decode_record(run.generation)
             if request.images:
@@ -73,6 +79,7 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
                     f"{run.tokens_processed} tokens processed ({run.tokens_processed / full:.2f}x full length)")
     else:
         summary += f", {run.tokens_processed} tokens processed"
+    summary += f"; first step after {run.first_step_seconds:.2f}s (target opened in {run.load_seconds:.2f}s)"
     click.echo(summary, err=True)
 
 
@@ -118,7 +125,9 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
 @click.option("--image", "images", multiple=True, help="An image for the prompts' <image> placeholders, in order "
               "(repeat); TARGET is then a multimodal checkpoint, 'demo-vl', or an export or engine made from one.")
 @click.option("--json", "as_json", is_flag=True,
-              help="One JSON object per prompt (with Seer: boundary, kept length, steps, tokens processed vs full).")
+              help="One JSON object per prompt (with Seer: boundary, kept length, steps, tokens processed vs full), "
+                   "with the run's time to first step on each: load_s (seconds to open the target) and first_step_s "
+                   "(seconds from opening it to the end of the first batch's step zero, load_s included).")
 def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen_length: int, steps: int | None,
             block_length: int | None, temperature: float, remasking: str, cfg_scale: float, seed: int,
             decode: str, threshold: float, factor: float, kv_cache: bool, backend_name: BackendChoice | None,

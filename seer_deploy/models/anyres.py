@@ -11,7 +11,7 @@ multimodal with image_aspect_ratio "anyres" and mm_patch_merge_type "spatial_unp
    one grid (rows of crops, each crop's rows of patches), the rows and columns that only covered padding are cut
    (unpad_image), and image_newline closes every row. Tokens: base (14 x 14) then the grid row by row.
 So the number of image tokens depends on each picture's size (`anyres_tokens`), which the prompt's placeholders must
-be expanded by (models.image_prompts.expand_placeholders with one count per picture).
+be expanded by (models.image_placeholders.expand_placeholders with one count per picture).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ What LaViDa's public code does beyond LLaDA-V (and what is read from config.json
 - `image_aspect_ratio` "anyres" with LaViDa's own `image_grid_pinpoints` ([384, 768], [768, 384], [768, 768],
   [1152, 384], [384, 1152]): the tiling and the merge are models.anyres (`lavida_anyres` reads them into
   `VisionConfig.anyres`); the generation service encodes each picture's views and expands its placeholder to that
-  picture's own token count (image_prompts.encode_pictures); with "pad" each picture is one base view.
+  picture's own token count (image_placeholders.encode_pictures); with "pad" each picture is one base view.
 - Generation uses prefix-DLM attention (`prefix_lm=True` in LaViDa's predict.py and its COCO scripts): the prompt
   (pictures included) does not attend to the answer, so its keys and values can be computed once.
 """

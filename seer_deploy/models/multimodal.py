@@ -1,5 +1,5 @@
-"""LLaVA-style multimodal checkpoints (LLaDA-V, LaViDa): layout, loading and writing (prompts with pictures:
-models.image_prompts).
+"""LLaVA-style multimodal checkpoints (LLaDA-V, LaViDa): layout, loading and writing (which checkpoints are
+multimodal, without torch: models.multimodal_files; prompts with pictures: models.image_placeholders).
 
 Layout: a language model loaded by `load_checkpoint` (LLaDA-V: Llama-style `model.layers.N...`, `model.embed_tokens`,
 `model.norm`, `lm_head`; LaViDa-LLaDA: LLaDA's `model.transformer.blocks.N...`; models.lavida) plus LLaVA's names for
@@ -34,13 +34,11 @@ from seer_deploy.models.checkpoint import (
     finite_weight,
     load_checkpoint,
     read_config,
-    resolve_checkpoint,
     save_safetensors,
     weight_files,
     weight_name_map,
 )
 from seer_deploy.models.config import ModelConfig, config_from_dict
-from seer_deploy.models.families import IMAGES_UNSUPPORTED, detect_family
 from seer_deploy.models.family_configs import family_config_dict
 from seer_deploy.models.image import SIGLIP_MEAN, SIGLIP_STD, ImageConfig
 from seer_deploy.models.lavida import (
@@ -52,11 +50,13 @@ from seer_deploy.models.lavida import (
     lavida_vision_fields,
 )
 from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.multimodal_files import (
+    DEMO_VL_NAME,  # noqa: F401  (the exporter's and cli.demo's import)
+    is_multimodal,
+    resolve_multimodal,
+)
 from seer_deploy.models.vision import VisionConfig, VisionEncoder
 
-DEMO_VL_NAME = "demo-vl"
-DEMO_VL_DIR = Path(__file__).parent / "demo_vl"  # a hyphen is not importable, so 'demo-vl' resolves here
-IMAGE_TOKEN = "<image>"
 LLAVA_IMAGE_TOKEN_INDEX = -200  # LLaVA's IMAGE_TOKEN_INDEX: the placeholder id in prompt ids
 # Where LLaVA-family checkpoints keep the SigLIP weights: transformers 4.x names (vision_model.*) first, then 5.x.
 VISION_PREFIXES: tuple[str, ...] = ("model.vision_tower.vision_tower.vision_model.", "model.vision_tower.vision_tower.")
@@ -81,25 +81,6 @@ KNOWN_TOWERS: dict[str, dict[str, Any]] = {
 }
 KNOWN_TOWERS_LAVIDA = "google/siglip-so400m-patch14-384"
 _SIGLIP_TYPES = ("siglip_vision_model", "siglip", "siglip2_vision_model")
-
-
-def is_multimodal(raw: dict[str, Any]) -> bool:
-    """True for LLaVA-style configs (a vision tower is named or described) whose tower seer-deploy runs: Dimple's
-    config describes its Qwen2.5-VL tower, which is not implemented, so a Dimple checkpoint is a text model here
-    (its pictures are refused with the reason, `families.IMAGES_UNSUPPORTED`)."""
-    if detect_family(raw) in IMAGES_UNSUPPORTED:
-        return False
-    return bool(raw.get("mm_vision_tower") or raw.get("vision_tower") or isinstance(raw.get("vision_config"), dict))
-
-
-def is_multimodal_checkpoint(name_or_path: str | os.PathLike[str]) -> bool:
-    """True for 'demo-vl' and checkpoint directories whose config.json describes a vision tower."""
-    if str(name_or_path) == DEMO_VL_NAME:
-        return True
-    path = Path(name_or_path).expanduser()
-    if not (path / "config.json").is_file():
-        return False
-    return is_multimodal(read_json(path / "config.json", "checkpoint config", error=CheckpointError))
 
 
 def _tower_fields(raw: dict[str, Any], path: Path | None) -> dict[str, Any]:
@@ -219,13 +200,6 @@ def load_multimodal(
     lm = load_checkpoint(path, dtype=dtype, device=device)
     vision = load_vision(path, vcfg, dtype=dtype, device=device)
     return LoadedMultimodal(lm=lm, vision=vision, vision_config=vcfg)
-
-
-def resolve_multimodal(name_or_path: str | os.PathLike[str]) -> Path:
-    """'demo-vl' -> the bundled multimodal demo; anything else as `resolve_checkpoint`."""
-    if str(name_or_path) == DEMO_VL_NAME:
-        return DEMO_VL_DIR
-    return resolve_checkpoint(name_or_path)
 
 
 def vision_weight_names(encoder: VisionEncoder, prefix: str = VISION_PREFIXES[0]) -> dict[str, str]:

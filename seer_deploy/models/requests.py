@@ -18,7 +18,7 @@ from PIL import Image
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.files import read_text
 from seer_deploy.models.image import load_image
-from seer_deploy.models.multimodal import IMAGE_TOKEN
+from seer_deploy.models.multimodal_files import IMAGE_TOKEN
 from seer_deploy.models.tokenizer import check_prompt
 
 ImageSource = str | os.PathLike[str] | Image.Image  # a picture's file, or the picture itself

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
-from seer_deploy.engines.ort import CPU, CUDA, OrtSessionOptions
 from seer_deploy.models.anyres import AnyresConfig
 from seer_deploy.models.image import ImageConfig
+from seer_deploy.models.multimodal_files import is_multimodal_checkpoint, resolve_multimodal
 from seer_deploy.runtime.targets import (
     BACKEND_CHOICES,
     TOKENIZER_FILE,
@@ -37,6 +37,8 @@ from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 if TYPE_CHECKING:
     import torch
+
+    from seer_deploy.engines.ort import OrtSessionOptions
 
 
 def open_target(
@@ -63,7 +65,7 @@ def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetO
     import torch
 
     from seer_deploy.models.checkpoint import load_checkpoint
-    from seer_deploy.models.multimodal import is_multimodal_checkpoint, load_multimodal
+    from seer_deploy.models.multimodal import load_multimodal
     from seer_deploy.runtime.torch_backend import MultimodalTorchBackend, TorchBackend
 
     if backend not in (None, "torch"):
@@ -123,7 +125,10 @@ def torch_device(text: str | None) -> torch.device:
 
 def ort_session_options(options: TargetOptions, recorded: dict[str, Any] | None = None) -> OrtSessionOptions:
     """ONNX Runtime session settings: an engine dir's recorded ones (`recorded`), with the caller's providers,
-    threads, device, IO binding and CUDA graphs on top; ConfigError where --device and --provider disagree."""
+    threads, device, IO binding and CUDA graphs on top; ConfigError where --device and --provider disagree.
+    ONNX Runtime is imported here, when a target runs on it, not by whoever imports the openers (`--help`, torch)."""
+    from seer_deploy.engines.ort import CPU, CUDA, OrtSessionOptions
+
     session = recorded or {}
     kind, index = parse_device(options.device)
     providers = options.providers
@@ -148,8 +153,6 @@ def ort_session_options(options: TargetOptions, recorded: dict[str, Any] | None 
 def _export_info(target: str, kind: TargetKind, backend: BackendChoice, path: Path, export_dir: Path,
                  export: ExportManifest) -> TargetInfo:
     """Ids from the export manifest's special_ids; the tokenizer beside the export, else its source checkpoint's."""
-    from seer_deploy.models.multimodal import resolve_multimodal
-
     cfg = export.model_config()
     ids = export.special_ids
     mask, eos = ids.get("mask"), ids.get("eos")

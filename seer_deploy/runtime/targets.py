@@ -23,7 +23,7 @@ from seer_deploy.engines.manifest import EngineManifest
 from seer_deploy.models.anyres import AnyresConfig, anyres_tokens
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.image import ImageConfig
-from seer_deploy.models.multimodal import DEMO_VL_NAME, is_multimodal_checkpoint, resolve_multimodal
+from seer_deploy.models.multimodal_files import DEMO_VL_NAME, is_multimodal_checkpoint, resolve_multimodal
 from seer_deploy.models.tokenizer import Tokenizer
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
 from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_FILE
@@ -110,7 +110,7 @@ class TargetInfo:
                 f"no {TOKENIZER_FILE} in {where}; copy the checkpoint's {TOKENIZER_FILE} into {self.path}"
             )
         if self.images is not None:
-            from seer_deploy.models.image_prompts import MultimodalTokenizer
+            from seer_deploy.models.image_placeholders import MultimodalTokenizer
 
             return MultimodalTokenizer(self.tokenizer_file, self.eos_id, self.eot_id, self.images.image_token_index)
         return Tokenizer(self.tokenizer_file, self.eos_id, self.eot_id)

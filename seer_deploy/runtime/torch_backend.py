@@ -15,7 +15,8 @@ from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, Step
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import SparsityRow, StatsSpec
 from seer_deploy.models.confidence import greedy_head, token_log_prob
-from seer_deploy.models.image_prompts import ImageConditionedModel, image_table_np
+from seer_deploy.models.image_placeholders import image_table_np
+from seer_deploy.models.image_prompts import ImageConditionedModel
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.multimodal import LoadedMultimodal
 from seer_deploy.runtime.reference import guided_logits, gumbel_argmax, prefix_width

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.models.multimodal import IMAGE_TOKEN
+from seer_deploy.models.multimodal_files import IMAGE_TOKEN
 from seer_deploy.models.requests import Request
 from seer_deploy.models.tokenizer import check_prompt
 from seer_deploy.serve.engine import Result
