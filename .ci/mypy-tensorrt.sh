@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Type-check the TensorRT module against the installed tensorrt-stubs (TensorRT itself needs a GPU machine).
+# Type-check the TensorRT modules (both flavours, engines/tensorrt_library.py) against the installed tensorrt-stubs.
 #
 # Why the detour: tensorrt-stubs 10.13.0.35.1 installs its .pyi files as plain `tensorrt/` and
 # `tensorrt_bindings/` packages without a py.typed marker, so mypy skips them and `trt` silently becomes Any
 # (ignore_missing_imports hides it); five method signatures in them are not valid Python (a parameter named
 # `in`, a non-default parameter after defaults). This script copies the stubs to a temp dir, replaces only the
 # parameter lists that do not parse with (*args, **kwargs), puts the copy on MYPYPATH, proves that mypy now
-# sees real TensorRT types (a probe must reveal Builder.build_serialized_network), then checks the module.
+# sees real TensorRT types (a probe must reveal Builder.build_serialized_network), then checks the modules.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"  # the active environment's (CI activates its venv); override with PYTHON=...
@@ -55,12 +55,29 @@ FLAGS=(--follow-imports=silent --disallow-untyped-defs --disallow-incomplete-def
 
 # The probe: if the stubs were not picked up, trt is Any and the real check below would pass vacuously.
 PROBE="${STUBS}/probe_tensorrt_types.py"
-printf 'import tensorrt as trt\nreveal_type(trt.Builder.build_serialized_network)\n' > "${PROBE}"
+# Also the binding every function of ours uses to call either flavour (engines/tensorrt_library.py): a local that is
+# the stubs' module for mypy and the imported library at run time must keep the stubs' types, not turn into Any.
+cat > "${PROBE}" <<'EOF'
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import tensorrt as trt
+reveal_type(trt.Builder.build_serialized_network)
+
+
+def bound(module: ModuleType) -> None:
+    if TYPE_CHECKING:
+        api = trt
+    else:
+        api = module
+    reveal_type(api.Builder.build_serialized_network)
+EOF
 REVEALED="$("${PYTHON}" -m mypy "${FLAGS[@]}" "${PROBE}" 2>&1 || true)"
-if ! grep -q "IHostMemory" <<< "${REVEALED}"; then
+if [ "$(grep -c "IHostMemory" <<< "${REVEALED}")" -ne 2 ]; then
     echo "mypy-tensorrt: mypy does not see the TensorRT stubs (trt is Any); check the tensorrt-stubs install" >&2
     echo "${REVEALED}" >&2
     exit 1
 fi
 
-"${PYTHON}" -m mypy "${FLAGS[@]}" seer_deploy/engines/tensorrt_engine.py
+"${PYTHON}" -m mypy "${FLAGS[@]}" seer_deploy/engines/tensorrt_library.py seer_deploy/engines/tensorrt_build.py \
+    seer_deploy/engines/tensorrt_engine.py

@@ -19,7 +19,7 @@ from seer_deploy.core.atomic import claim
 from seer_deploy.core.backend import StepInput, WindowInput, supports_cache
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.engines import tensorrt_engine
+from seer_deploy.engines import tensorrt_library
 from seer_deploy.engines.buckets import power_of_two_buckets
 from seer_deploy.engines.build import BuildOptions, build_engines, file_sha256, parse_size
 from seer_deploy.engines.manifest import MANIFEST_FILE, EngineManifest, RuntimeFacts, check_engine_compatible
@@ -43,63 +43,40 @@ def _io(name: str, elem: int, shape: list[int | str]) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem, shape)
 
 
-def step0_model() -> onnx.ModelProto:
-    """token_ids = input_ids, confidence = eos_prob = float(mask), sparsity = confidence[:, None, :] (K = 1)."""
-    nodes = [
-        helper.make_node("Identity", ["input_ids"], ["token_ids"]),
-        helper.make_node("Cast", ["attention_mask"], ["confidence"], to=TensorProto.FLOAT),
-        helper.make_node("Identity", ["confidence"], ["eos_prob"]),
-        helper.make_node("Constant", [], ["axes"], value=helper.make_tensor("axes", TensorProto.INT64, [1], [1])),
-        helper.make_node("Unsqueeze", ["confidence", "axes"], ["sparsity"]),
-    ]
-    graph = helper.make_graph(
-        nodes, "step0",
-        [_io("input_ids", TensorProto.INT64, BS), _io("attention_mask", TensorProto.INT64, BS)],
-        [_io("token_ids", TensorProto.INT64, BS), _io("confidence", TensorProto.FLOAT, BS),
-         _io("eos_prob", TensorProto.FLOAT, BS), _io("sparsity", TensorProto.FLOAT, ["batch", 1, "seq"])],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-
-
-def step_model() -> onnx.ModelProto:
-    """token_ids = input_ids, confidence = sample_uniform * float(mask) (temperature is taken, unused)."""
-    nodes = [
-        helper.make_node("Identity", ["input_ids"], ["token_ids"]),
-        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
-        helper.make_node("Mul", ["sample_uniform", "maskf"], ["confidence"]),
-    ]
-    graph = helper.make_graph(
-        nodes, "step",
-        [_io("input_ids", TensorProto.INT64, BS), _io("attention_mask", TensorProto.INT64, BS),
-         _io("temperature", TensorProto.FLOAT, ["batch"]), _io("sample_uniform", TensorProto.FLOAT, BS)],
-        [_io("token_ids", TensorProto.INT64, BS), _io("confidence", TensorProto.FLOAT, BS)],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-
-
 def _const(name: str, values: list[int]) -> onnx.NodeProto:
     return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)],
                                                                             values))
 
 
-def refresh_model() -> onnx.ModelProto:
-    """The step model's outputs, and kv[l, k, b, h, s, d] = float(mask[b, s]) + sample_uniform[b, s]."""
+def step_model(kv_cache: bool = False) -> onnx.ModelProto:
+    """The step graph's interface (spec.graphs.step_graph): token_ids = input_ids, confidence = sample_uniform *
+    float(mask), eos_prob = float(mask), sparsity = eos_prob[:, None, :] (K = 1); with kv_cache also
+    kv[l, k, b, h, s, d] = float(mask[b, s]) + sample_uniform[b, s]. temperature, candidates and with_stats are taken,
+    unused."""
     nodes = [
         helper.make_node("Identity", ["input_ids"], ["token_ids"]),
-        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
-        helper.make_node("Mul", ["sample_uniform", "maskf"], ["confidence"]),
-        helper.make_node("Add", ["sample_uniform", "maskf"], ["per_column"]),
-        _const("axes", [0, 1, 3, 5]),
-        helper.make_node("Unsqueeze", ["per_column", "axes"], ["column"]),  # [1, 1, B, 1, S, 1]
-        _const("tile", [CFG.n_layers, 2, 1, CFG.n_kv_heads, 1, CFG.head_dim]),
-        helper.make_node("Expand", ["column", "tile"], ["kv"]),
+        helper.make_node("Cast", ["attention_mask"], ["eos_prob"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["sample_uniform", "eos_prob"], ["confidence"]),
+        _const("axes", [1]),
+        helper.make_node("Unsqueeze", ["eos_prob", "axes"], ["sparsity"]),
     ]
+    outputs = [_io("token_ids", TensorProto.INT64, BS), _io("confidence", TensorProto.FLOAT, BS),
+               _io("eos_prob", TensorProto.FLOAT, BS), _io("sparsity", TensorProto.FLOAT, ["batch", 1, "seq"])]
+    if kv_cache:
+        nodes += [
+            helper.make_node("Add", ["sample_uniform", "eos_prob"], ["per_column"]),
+            _const("kv_axes", [0, 1, 3, 5]),
+            helper.make_node("Unsqueeze", ["per_column", "kv_axes"], ["column"]),  # [1, 1, B, 1, S, 1]
+            _const("tile", [CFG.n_layers, 2, 1, CFG.n_kv_heads, 1, CFG.head_dim]),
+            helper.make_node("Expand", ["column", "tile"], ["kv"]),
+        ]
+        outputs.append(_io("kv", TensorProto.FLOAT, KV_SHAPE))
     graph = helper.make_graph(
-        nodes, "refresh",
+        nodes, "step",
         [_io("input_ids", TensorProto.INT64, BS), _io("attention_mask", TensorProto.INT64, BS),
-         _io("temperature", TensorProto.FLOAT, ["batch"]), _io("sample_uniform", TensorProto.FLOAT, BS)],
-        [_io("token_ids", TensorProto.INT64, BS), _io("confidence", TensorProto.FLOAT, BS),
-         _io("kv", TensorProto.FLOAT, KV_SHAPE)],
+         _io("temperature", TensorProto.FLOAT, ["batch"]), _io("sample_uniform", TensorProto.FLOAT, BS),
+         _io("candidates", TensorProto.INT64, ["batch", "candidates"]), _io("with_stats", TensorProto.INT64, ["batch"])],
+        outputs,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
 
@@ -141,12 +118,13 @@ def _specs(values: list[onnx.ValueInfoProto]) -> dict[str, TensorSpec]:
 
 
 def make_export(root: Path, fingerprint: str = "1" * 64, kv_cache: bool = False) -> Path:
-    """An export dir that ExportManifest.load and OrtBackend accept; kv_cache: with refresh and window_step graphs."""
+    """An export dir that ExportManifest.load and OrtBackend accept; kv_cache: its step graph returns kv, and the
+    window_step graph."""
     root.mkdir(parents=True, exist_ok=True)
     graphs = {}
-    models = [("step0", step0_model()), ("step", step_model())]
+    models = [("step", step_model(kv_cache))]
     if kv_cache:
-        models += [("refresh", refresh_model()), ("window_step", window_step_model())]
+        models.append(("window_step", window_step_model()))
     for name, model in models:
         onnx.checker.check_model(model)
         onnx.save(model, root / f"{name}.onnx")
@@ -244,14 +222,16 @@ def test_an_engine_for_another_model_is_refused(tmp_path: Path) -> None:
 def test_saved_optimised_graphs_run_like_the_originals(export_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "engine"
     m = build_engines(export_dir, out, cpu_options(buckets=(32,), ort_save_optimized=True)).manifest
-    assert m.files == {"step0": "step0.opt.onnx", "step": "step.opt.onnx"}
+    assert m.files == {"step": "step.opt.onnx"}
     ids = np.arange(12, dtype=np.int64).reshape(2, 6)
     mask = np.ones_like(ids)
     mask[0, :2] = 0
     want = OrtBackend(export_dir).step0(StepInput(ids, mask))
-    sess = ort.InferenceSession(str(out / m.files["step0"]), providers=["CPUExecutionProvider"])
-    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"input_ids": ids, "attention_mask": mask}),
-                   strict=True))
+    sess = ort.InferenceSession(str(out / m.files["step"]), providers=["CPUExecutionProvider"])
+    feed = {"input_ids": ids, "attention_mask": mask, "temperature": np.zeros(2, np.float32),
+            "sample_uniform": np.zeros(ids.shape, np.float32),
+            "candidates": np.broadcast_to(np.arange(6), ids.shape).copy(), "with_stats": np.ones(2, np.int64)}
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed), strict=True))
     np.testing.assert_array_equal(got["token_ids"], want.token_ids)
     np.testing.assert_array_equal(got["sparsity"], want.sparsity)
 
@@ -300,18 +280,18 @@ def test_our_engine_of_another_model_is_replaced_only_with_force(tmp_path: Path)
 
 def test_graph_external_data_outside_the_export_is_refused(export_dir: Path, tmp_path: Path) -> None:
     """A graph whose weights are read from a file outside its directory is refused before any session opens it."""
-    model = onnx.load(str(export_dir / "step0.onnx"))
+    model = onnx.load(str(export_dir / "step.onnx"))
     (tmp_path / "secret.bin").write_bytes(np.ones(1, np.float32).tobytes())
     weight = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1])
     weight.data_location = TensorProto.EXTERNAL
     for key, value in (("location", "../secret.bin"), ("offset", "0"), ("length", "4")):
         weight.external_data.add(key=key, value=value)
     model.graph.initializer.append(weight)
-    onnx.save(model, str(export_dir / "step0.onnx"))
+    onnx.save(model, str(export_dir / "step.onnx"))
     manifest = json.loads((export_dir / "manifest.json").read_text())
-    manifest["graphs"]["step0"]["sha256"] = file_sha256(export_dir / "step0.onnx")
+    manifest["graphs"]["step"]["sha256"] = file_sha256(export_dir / "step.onnx")
     (export_dir / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ArtifactError, match="external data of .*step0.onnx '../secret.bin' resolves to .*, outside"):
+    with pytest.raises(ArtifactError, match="external data of .*step.onnx '../secret.bin' resolves to .*, outside"):
         build_engines(export_dir, tmp_path / "e", cpu_options())
     assert not (tmp_path / "e").exists()
 
@@ -335,7 +315,7 @@ def test_an_ort_engine_dir_carries_the_cache_graphs(tmp_path: Path) -> None:
     m = build_engines(export_dir, tmp_path / "engine", cpu_options(buckets=(32,), ort_save_optimized=True)).manifest
     export = ExportManifest.load(export_dir)
     assert m.has_cache and m.graph_hashes == {name: g.sha256 for name, g in export.graphs.items()}
-    assert m.files == {name: f"{name}.opt.onnx" for name in ("step0", "step", "refresh", "window_step")}
+    assert m.files == {name: f"{name}.opt.onnx" for name in ("step", "window_step")}
     assert all((tmp_path / "engine" / f).is_file() for f in m.files.values())
     backend, info = open_target(tmp_path / "engine")
     assert info.kind == "engine" and supports_cache(backend)
@@ -355,33 +335,11 @@ def test_an_ort_engine_dir_carries_the_cache_graphs(tmp_path: Path) -> None:
     (export_dir / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="window_step graph was built from ONNX .* the export changed"):
         open_target(tmp_path / "engine")
-    # Cache graphs gone from the export (re-exported without --kv-cache): refused too.
-    for name in ("refresh", "window_step"):
-        del manifest["graphs"][name]
+    # The window graph gone from the export (re-exported without --kv-cache): refused too.
+    del manifest["graphs"]["window_step"]
     (export_dir / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ArtifactError, match="export's refresh is missing"):
+    with pytest.raises(ArtifactError, match="window_step|kv"):
         open_target(tmp_path / "engine")
-
-
-def test_an_engine_dir_built_without_the_cache_graphs_does_not_run_them(tmp_path: Path) -> None:
-    """An ORT engine dir built before its export had the cache graphs opens none of them (they were never checked
-    against it); the export itself runs them, and a rebuild gives the engine dir them too."""
-    export_dir = make_export(tmp_path / "export", kv_cache=True)
-    manifest = json.loads((export_dir / "manifest.json").read_text())
-    plain = {name: manifest["graphs"].pop(name) for name in ("refresh", "window_step")}
-    (export_dir / "manifest.json").write_text(json.dumps(manifest))
-    m = build_engines(export_dir, tmp_path / "engine", cpu_options(buckets=(32,))).manifest
-    assert not m.has_cache and set(m.graph_hashes) == {"step0", "step"}
-    manifest["graphs"].update(plain)  # the export gains the cache graphs
-    (export_dir / "manifest.json").write_text(json.dumps(manifest))
-    backend, _ = open_target(tmp_path / "engine")
-    assert not supports_cache(backend)
-    step, _ = window_input(1, 8, 0, 1, np.zeros(0))
-    with pytest.raises(ConfigError, match="were not opened .*rebuild it"):
-        backend.refresh(step)  # type: ignore[attr-defined]
-    assert supports_cache(open_target(export_dir)[0])
-    build_engines(export_dir, tmp_path / "engine", cpu_options(buckets=(32,)))
-    assert supports_cache(open_target(tmp_path / "engine")[0])
 
 
 def test_window_lengths_are_refused_where_they_mean_nothing(tmp_path: Path) -> None:
@@ -401,7 +359,7 @@ def kv_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_an_ort_engine_dir_of_a_kv_cache_export_runs_refresh_and_window_step(kv_export: Path, tmp_path: Path) -> None:
     out = tmp_path / "engine"
     m = build_engines(kv_export, out, cpu_options(buckets=(16, 32))).manifest
-    assert m.has_cache and set(m.graph_hashes) == {"step0", "step", "refresh", "window_step"}
+    assert m.has_cache and set(m.graph_hashes) == {"step", "window_step"}
     engine, info = open_target(out)
     export, _ = open_target(kv_export)
     assert supports_cache(engine) and supports_cache(export)
@@ -487,9 +445,12 @@ def test_cli_kept_lengths_file(export_dir: Path, tmp_path: Path, capsys: pytest.
     assert EngineManifest.load(tmp_path / "e").buckets == (16, 30, 48)  # 10 rises to the default min_bucket 16
 
 
-@pytest.mark.skipif(tensorrt_engine.tensorrt_available(), reason="TensorRT is installed here")
 def test_cli_tensorrt_without_tensorrt_is_a_clear_exit_2(export_dir: Path, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither flavour importable (TensorRT-RTX is a test dependency here, so its absence is simulated)."""
+    monkeypatch.setattr(tensorrt_library, "import_library", lambda name: None)
+    assert not tensorrt_library.tensorrt_available()
     code, _, err = run_main(["build", str(export_dir), "--out", str(tmp_path / "e"), "--backend", "tensorrt"], capsys)
     assert code == 2
     assert "TensorRT is not installed" in err and "--backend ort" in err

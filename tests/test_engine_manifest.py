@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from seer_deploy.core.errors import ArtifactError
-from seer_deploy.engines.buckets import WindowLayout
 from seer_deploy.engines.manifest import (
     ENGINE_FORMAT_VERSION,
     MANIFEST_FILE,
@@ -20,10 +19,11 @@ from seer_deploy.engines.manifest import (
     TensorRTFacts,
     check_engine_compatible,
 )
+from seer_deploy.engines.profiles import WindowLayout
 
 FP = "f" * 64
-HASHES = {"step0": "a" * 64, "step": "b" * 64}
-CACHE_HASHES = {**HASHES, "refresh": "c" * 64, "window_step": "d" * 64}
+HASHES = {"step": "b" * 64}
+CACHE_HASHES = {**HASHES, "window_step": "d" * 64}
 
 
 def trt_manifest(**overrides: Any) -> EngineManifest:
@@ -35,7 +35,7 @@ def trt_manifest(**overrides: Any) -> EngineManifest:
         "max_prompt": 64,
         "model_fingerprint": FP,
         "graph_hashes": dict(HASHES),
-        "files": {"step0": "step0.engine", "step": "step.engine"},
+        "files": {"step": "step.engine"},
         "versions": {"seer_deploy": "0.1.0", "tensorrt": "10.13.0.35"},
         "tensorrt": TensorRTFacts("10.13.0.35", "NVIDIA H200", "9.0", {16: 0, 32: 1, 64: 2}, 4 << 30),
     }
@@ -58,7 +58,7 @@ def ort_manifest(**overrides: Any) -> EngineManifest:
     fields: dict[str, Any] = {
         "backend": "ort",
         "tensorrt": None,
-        "files": {"step0": "", "step": ""},
+        "files": {"step": ""},
         "versions": {"seer_deploy": "0.1.0", "onnxruntime": "1.32.0"},
         "ort_session": {"provider": "CPUExecutionProvider", "intra_op_threads": 2},
     }
@@ -73,6 +73,7 @@ def matching_facts(engine: EngineManifest) -> RuntimeFacts:
         graph_hashes=dict(engine.graph_hashes),
         backend=engine.backend,
         tensorrt_version=trt.version if trt else None,
+        tensorrt_library=trt.library if trt else None,
         gpu_name=trt.gpu_name if trt else None,
         compute_capability=trt.compute_capability if trt else None,
         onnxruntime_version=engine.versions.get("onnxruntime"),
@@ -189,14 +190,16 @@ def _drop(data: dict[str, Any], name: str) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda d: _drop(d, "window_step"), "both of refresh, window_step"),  # one cache graph without the other
-        (lambda d: _drop(d, "refresh"), "both of refresh, window_step"),
-        (lambda d: (d["files"].update(vision="v.engine"), d["graph_hashes"].update(vision="e" * 64)), "graphs are"),
+        (lambda d: _drop(d, "step"), "graphs are"),  # the step graph is every engine's
+        (lambda d: (d["files"].update(other="v.engine"), d["graph_hashes"].update(other="e" * 64)), "graphs are"),
+        (lambda d: d["tensorrt"].update(library="tensorrt_llm"), "tensorrt.library 'tensorrt_llm'"),
+        (lambda d: d["tensorrt"].update(profiles={"step": 3}), "tensorrt.profiles"),
+        (lambda d: d["tensorrt"].update(images={"image_tokens": 4, "images": 1}), "both a vision engine and its image"),
         (lambda d: d["tensorrt"].update(window_lengths=[]), "window_step engine's window lengths"),
         (lambda d: d["tensorrt"].update(window_lengths=[32, 16]), "ascending"),
         (lambda d: d["tensorrt"].update(window_lengths=[16, 128]), "exceeds the last bucket 64"),
         (lambda d: d["tensorrt"].update(window_lengths=["x"]), "malformed"),
-        (lambda d: (_drop(d, "refresh"), _drop(d, "window_step")), r"window_lengths \[16, 32\] without a window_step"),
+        (lambda d: _drop(d, "window_step"), r"window_lengths \[16, 32\] without a window_step"),
     ],
 )
 def test_malformed_cache_engines_are_refused(tmp_path: Path, change: Any, message: str) -> None:
@@ -225,8 +228,8 @@ def test_engine_files_must_lie_inside_the_engine_dir(tmp_path: Path, name: str, 
     engine_dir.mkdir()
     (tmp_path / "elsewhere.engine").write_bytes(b"plan")
     (engine_dir / "link.engine").symlink_to(tmp_path / "elsewhere.engine")
-    mutate(engine_dir, lambda d: d["files"].update(step0=name))
-    with pytest.raises(ArtifactError, match=f"files.step0.*{message}"):
+    mutate(engine_dir, lambda d: d["files"].update(step=name))
+    with pytest.raises(ArtifactError, match=f"files.step.*{message}"):
         EngineManifest.load(engine_dir)
 
 
@@ -237,10 +240,10 @@ def test_an_ort_engine_without_saved_graphs_names_no_files(tmp_path: Path) -> No
 
 def test_a_tensorrt_engine_file_is_resolved_inside_its_dir(tmp_path: Path) -> None:
     manifest = trt_manifest()
-    assert manifest.file(tmp_path, "step0") == (tmp_path / manifest.files["step0"]).resolve()
-    empty = trt_manifest(files={"step0": "", "step": "step.engine"})
-    with pytest.raises(ArtifactError, match="files.step0 '' is not a file name"):
-        empty.file(tmp_path, "step0")  # what TensorRTBackend opens: an empty name is refused there
+    assert manifest.file(tmp_path, "step") == (tmp_path / manifest.files["step"]).resolve()
+    empty = trt_manifest(files={"step": ""})
+    with pytest.raises(ArtifactError, match="files.step '' is not a file name"):
+        empty.file(tmp_path, "step")  # what TensorRTBackend opens: an empty name is refused there
 
 
 # ---------------------------------------------------------------- compatibility
@@ -260,7 +263,7 @@ def test_matching_facts_pass(make: Any) -> None:
         ("graph_hashes", {"step0": "a" * 64, "step": "c" * 64}, "step graph was built from ONNX bbbbbbbbbbbb"),
         ("graph_hashes", {"step0": "a" * 64}, "export's step is missing"),
         ("backend", "ort", "holds a tensorrt engine, not ort"),
-        ("tensorrt_version", "10.12.0.36", "built with TensorRT 10.13.0.35, this machine has TensorRT 10.12.0.36"),
+        ("tensorrt_version", "10.12.0.36", "built with TensorRT 10.13.0.35, this machine has 10.12.0.36"),
         ("gpu_name", "NVIDIA A100-SXM4-80GB", "built on a NVIDIA H200, this GPU is a NVIDIA A100"),
         ("compute_capability", "8.0", "compute capability 9.0, this GPU has 8.0"),
     ],
@@ -280,11 +283,12 @@ def test_every_tensorrt_mismatch_is_an_artifact_error(field: str, value: Any, me
 def test_cache_graphs_are_checked_like_the_step_graphs(make: Any) -> None:
     engine = make()
     check_engine_compatible(engine, matching_facts(engine))
-    changed = dataclasses.replace(matching_facts(engine), graph_hashes={**CACHE_HASHES, "refresh": "0" * 64})
-    with pytest.raises(ArtifactError, match="refresh graph was built from ONNX cccccccccccc, the export's refresh has"):
+    changed = dataclasses.replace(matching_facts(engine), graph_hashes={**CACHE_HASHES, "window_step": "0" * 64})
+    with pytest.raises(ArtifactError, match="window_step graph was built from ONNX dddddddddddd, the export's "
+                       "window_step has"):
         check_engine_compatible(engine, changed)
     gone = dataclasses.replace(matching_facts(engine), graph_hashes=dict(HASHES))  # re-exported without --kv-cache
-    with pytest.raises(ArtifactError, match="the export's refresh is missing"):
+    with pytest.raises(ArtifactError, match="the export's window_step is missing"):
         check_engine_compatible(engine, gone)
     # An engine without the cache graphs is not refused for an export that has them (it just does not run them).
     check_engine_compatible(trt_manifest(), dataclasses.replace(matching_facts(trt_manifest()),
@@ -316,3 +320,45 @@ def test_written_files_honour_the_umask(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert (tmp_path / MANIFEST_FILE).stat().st_mode & 0o777 == 0o644  # readable by the users who run engines
+
+
+# ---------------------------------------------------------------- TensorRT-RTX engines
+
+
+def rtx_manifest(targets: tuple[str, ...] = ()) -> EngineManifest:
+    return trt_manifest(tensorrt=TensorRTFacts("1.7.1.116", "", "", {16: 0, 32: 1, 64: 2}, library="tensorrt_rtx",
+                                               compute_capabilities=targets))
+
+
+@pytest.mark.parametrize(("targets", "gpu", "message"), [
+    ((), "9.0", "TensorRT-RTX has no Hopper target"),  # the H100/H200 lent for checks cannot run RTX engines
+    (("8.9",), "10.0", "no Blackwell \\(data centre\\) target"),
+    ((), "7.5", "built for the portable set \\(Ampere and later\\), this GPU is Turing"),
+    (("8.6", "8.9"), "12.0", "built for compute capabilities 8.6, 8.9, this GPU is Blackwell \\(RTX\\)"),
+])
+def test_rtx_engines_are_refused_on_gpus_they_do_not_target(targets: tuple[str, ...], gpu: str, message: str) -> None:
+    engine = rtx_manifest(targets)
+    facts = dataclasses.replace(matching_facts(engine), gpu_name="some GPU", compute_capability=gpu)
+    with pytest.raises(ArtifactError, match=message) as caught:
+        check_engine_compatible(engine, facts)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("targets", "gpu"), [((), "8.6"), ((), "12.1"), (("7.5", "8.9"), "7.5"), (("8.9",), "8.9")])
+def test_rtx_engines_run_on_any_gpu_they_target(targets: tuple[str, ...], gpu: str) -> None:
+    """No GPU name is compared: an RTX engine is built for targets, not for the one GPU of the build."""
+    engine = rtx_manifest(targets)
+    check_engine_compatible(engine, dataclasses.replace(matching_facts(engine), gpu_name="any", compute_capability=gpu))
+
+
+def test_rtx_facts_round_trip_and_the_library_is_checked(tmp_path: Path) -> None:
+    engine = rtx_manifest(("8.6", "8.9"))
+    engine.save(tmp_path)
+    loaded = EngineManifest.load(tmp_path)
+    assert loaded == engine and loaded.tensorrt is not None and loaded.tensorrt.title == "TensorRT-RTX 1.7.1.116"
+    facts = dataclasses.replace(matching_facts(engine), tensorrt_library="tensorrt", compute_capability="8.9")
+    with pytest.raises(ArtifactError, match="built with tensorrt_rtx, this machine loads tensorrt; install TensorRT-RTX"):
+        check_engine_compatible(engine, facts)
+    old = trt_manifest().to_dict()
+    del old["tensorrt"]["library"]  # written before there were two flavours: standard TensorRT
+    assert EngineManifest.from_dict(old).tensorrt.library == "tensorrt"  # type: ignore[union-attr]

@@ -1,16 +1,15 @@
-"""TensorRT: a clear refusal where it is missing; on a GPU machine, build per-bucket engines and match ONNX Runtime.
+"""TensorRT at run time: a clear refusal where it is missing (simulated: TensorRT-RTX is a test dependency), the
+device buffers, and which profile each call picks (the engines stood in for by ONNX Runtime sessions of the same
+graphs); on a GPU that the installed flavour targets, build engines and match ONNX Runtime.
 
-The KV cache engines' planning (which profiles refresh and window_step get, which one a call picks, the feeds) is
-tested here without TensorRT: the engines are stood in for by ONNX Runtime sessions of the same graphs.
-
-The GPU tests skip with a reason where TensorRT or CUDA is missing. Note that `import tensorrt` succeeds wherever
-tensorrt-stubs is installed (its .pyi files make an empty namespace package), so the fixture also checks for the
-real bindings.
+Building is tested without a GPU in test_tensorrt_build.py. The GPU tests skip where no CUDA GPU is visible, or where
+the only flavour installed cannot run on it (TensorRT-RTX has no Hopper target). Note that `import tensorrt`
+succeeds wherever tensorrt-stubs is installed (its .pyi files make an empty namespace package), so availability
+checks for the real bindings.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -24,36 +23,45 @@ from test_build import cpu_options, make_export, window_input
 
 from seer_deploy.core.backend import StepInput, supports_cache
 from seer_deploy.core.errors import ArtifactError, ConfigError
-from seer_deploy.engines import tensorrt_engine
-from seer_deploy.engines.buckets import ProfileLayout, WindowLayout
-from seer_deploy.engines.build import BuildOptions, build_engines, tensorrt_profiles
-from seer_deploy.engines.manifest import MANIFEST_FILE, EngineManifest, RuntimeFacts, TensorRTFacts
+from seer_deploy.engines import tensorrt_engine, tensorrt_library
+from seer_deploy.engines.build import BuildOptions, build_engines, tensorrt_plans
+from seer_deploy.engines.manifest import RTX_TARGETS, EngineManifest, RuntimeFacts, TensorRTFacts
 from seer_deploy.engines.ort import OrtBackend
+from seer_deploy.engines.profiles import ProfileLayout, WindowLayout
 from seer_deploy.engines.tensorrt_engine import TensorRTBackend
 from seer_deploy.spec.export_manifest import ExportManifest
-from seer_deploy.spec.graphs import GraphIO, cache_graphs, step_graphs
+from seer_deploy.spec.graphs import GraphIO
 
 
 def test_availability_needs_the_real_bindings() -> None:
+    import tensorrt_rtx
+
+    assert tensorrt_library.tensorrt_available()  # a test dependency
+    assert tensorrt_library.load_library("tensorrt_rtx").module is tensorrt_rtx
     try:
         import tensorrt
     except ImportError:
-        assert not tensorrt_engine.tensorrt_available()
+        assert tensorrt_library.import_library("tensorrt") is None
         return
-    assert tensorrt_engine.tensorrt_available() == hasattr(tensorrt, "Builder")
+    assert (tensorrt_library.import_library("tensorrt") is not None) == hasattr(tensorrt, "Builder")
 
 
-@pytest.mark.skipif(tensorrt_engine.tensorrt_available(), reason="TensorRT is installed here")
-def test_without_tensorrt_every_entry_point_is_a_config_error(tmp_path: Path) -> None:
+def test_without_tensorrt_every_entry_point_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
     export_dir = make_export(tmp_path / "export")
-    for call in (tensorrt_engine.require_tensorrt, tensorrt_engine.tensorrt_version):
+    manifest = build_engines(export_dir, tmp_path / "ort-engine", cpu_options(buckets=(32,))).manifest
+    rtx = build_engines(export_dir, tmp_path / "rtx-engine", BuildOptions(backend="tensorrt", buckets=(32,),
+                                                                          max_batch=1)).out
+    monkeypatch.setattr(tensorrt_library, "import_library", lambda name: None)
+    for call in (tensorrt_library.require_tensorrt, tensorrt_library.tensorrt_version):
         with pytest.raises(ConfigError, match="TensorRT is not installed"):
             call()
     with pytest.raises(ConfigError, match="--backend ort"):
         build_engines(export_dir, tmp_path / "engine", BuildOptions(backend="tensorrt"))
     assert not (tmp_path / "engine").exists()
-    manifest = build_engines(export_dir, tmp_path / "ort-engine", cpu_options(buckets=(32,))).manifest
-    with pytest.raises(ConfigError, match="TensorRT is not installed"):
+    with pytest.raises(ConfigError, match="TensorRT-RTX is not installed: pip install tensorrt-rtx-cu13"):
+        TensorRTBackend(tmp_path / "rtx-engine", EngineManifest.load(rtx), sparsity_rows=[], max_seq_len=96)
+    with pytest.raises(ArtifactError, match="holds a ort engine"):
         TensorRTBackend(tmp_path / "ort-engine", manifest, sparsity_rows=[], max_seq_len=96)
 
 
@@ -82,23 +90,23 @@ WINDOWS = (8, 32)
 
 
 def test_cache_engines_are_planned_from_the_export(tmp_path: Path) -> None:
-    """What `seer-deploy build --backend tensorrt` gives each engine of an export --kv-cache: refresh the step graph's
-    profiles (one per bucket), window_step one per (bucket, window length) pair, kv following batch and sequence."""
+    """What `seer-deploy build --backend tensorrt` gives each engine of an export --kv-cache: the step graph one
+    profile per bucket (its kv output following batch and sequence), window_step one per (bucket, window length)."""
     export = ExportManifest.load(make_export(tmp_path / "export", kv_cache=True))
     windows = WindowLayout(LAYOUT, WINDOWS)
-    step_io, refresh_io, window_io = step_graphs()[1], *cache_graphs()
-    step = tensorrt_profiles(step_io, export.graphs["step"], LAYOUT, None)
-    refresh = tensorrt_profiles(refresh_io, export.graphs["refresh"], LAYOUT, windows)
-    assert refresh == step and len(refresh) == 3
-    window = tensorrt_profiles(window_io, export.graphs["window_step"], LAYOUT, windows)
+    plans = tensorrt_plans(export, LAYOUT, windows)
+    assert list(plans) == ["step", "window_step"] and len(plans["step"]) == 3
+    window = plans["window_step"]
     assert [(p.index, p.bucket, p.window_lo, p.window) for p in window] == [
         (0, 16, 1, 8), (1, 16, 9, 32), (2, 32, 1, 8), (3, 32, 9, 32), (4, 48, 1, 8), (5, 48, 9, 32)]
-    assert all(list(p.shapes) == window_io.input_names for p in window)
+    assert all(list(p.shapes) == list(export.graphs["window_step"].inputs) for p in window)
     assert window[3].shapes["kv"].min == (2, 2, 1, 2, 2 + 16 + 1, 8)  # bucket 32's shortest: min_prompt + 16 + 1
     assert window[3].shapes["kv"].max == (2, 2, 4, 2, 40 + 32, 8)
     assert window[3].shapes["window_ids"].min == (1, 9) and window[3].shapes["window_ids"].max == (4, 32)
+    assert plans["step"][1].shapes["candidates"].min == (1, 1)
+    assert plans["step"][1].shapes["candidates"].max == plans["step"][1].shapes["input_ids"].max == (4, 40 + 32)
     with pytest.raises(ConfigError, match="needs window lengths"):
-        tensorrt_profiles(window_io, export.graphs["window_step"], LAYOUT, None)
+        tensorrt_plans(export, LAYOUT, None)
 
 
 class OrtEngine:
@@ -106,8 +114,8 @@ class OrtEngine:
 
     calls: ClassVar[list[tuple[str, int, dict[str, tuple[int, ...]]]]] = []
 
-    def __init__(self, runtime: object, plan: bytes, graph: GraphIO, layout: ProfileLayout | WindowLayout,
-                 device: torch.device, path: Path) -> None:
+    def __init__(self, lib: object, runtime: object, plan: bytes, graph: GraphIO,
+                 layout: ProfileLayout | WindowLayout, device: torch.device, path: Path, rtx: object = None) -> None:
         assert plan == b"plan of " + graph.name.encode()
         self.graph, self.layout = graph, layout
         export_dir = path.parent.parent / "export"
@@ -118,6 +126,13 @@ class OrtEngine:
         OrtEngine.calls.append((self.graph.name, profile, {k: v.shape for k, v in feeds.items()}))
         names = self.graph.output_names
         return dict(zip(names, self.session.run(names, dict(feeds)), strict=True))
+
+
+class FakeLogger:
+    WARNING = ERROR = 0
+
+    def __init__(self, level: int) -> None:
+        self.level = level
 
 
 def fake_tensorrt_engine_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kv_cache: bool = True
@@ -138,9 +153,9 @@ def fake_tensorrt_engine_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kv
                                window_lengths=WINDOWS if kv_cache else ()),
     )
     manifest.validate()
-    monkeypatch.setattr(tensorrt_engine, "trt", SimpleNamespace(Runtime=lambda logger: "runtime"))
-    monkeypatch.setattr(tensorrt_engine, "_logger", lambda: "logger")
-    monkeypatch.setattr(tensorrt_engine, "require_tensorrt", lambda: None)
+    fake = tensorrt_library.TensorRTLibrary("tensorrt", SimpleNamespace(  # type: ignore[arg-type]
+        Runtime=lambda logger: "runtime", Logger=FakeLogger, __version__="10.13.0.35"))
+    monkeypatch.setattr(tensorrt_engine, "load_library", lambda name: fake)
     monkeypatch.setattr(tensorrt_engine, "_Engine", OrtEngine)
     OrtEngine.calls = []
     return TensorRTBackend(engine_dir, manifest, sparsity_rows=[], max_seq_len=96)
@@ -191,12 +206,15 @@ def test_an_engine_without_the_cache_engines_refuses_cached_calls(tmp_path: Path
 
 @pytest.fixture(scope="module")
 def trt() -> ModuleType:
-    module = pytest.importorskip("tensorrt", reason="TensorRT is not installed (it needs an NVIDIA GPU machine)")
-    if not hasattr(module, "Builder"):
-        pytest.skip("only tensorrt-stubs is installed, not the TensorRT bindings")
+    """The installed flavour, where a CUDA GPU it runs on is visible (standard TensorRT: any; TensorRT-RTX: one of
+    its targets, so never the H100/H200 lent for checks)."""
     if not torch.cuda.is_available():
-        pytest.skip("TensorRT is installed but no CUDA GPU is visible")
-    return module
+        pytest.skip("no CUDA GPU is visible: TensorRT engines run on one")
+    lib = tensorrt_library.load_library()
+    capability = "{}.{}".format(*torch.cuda.get_device_capability(0))
+    if lib.is_rtx and capability not in RTX_TARGETS:
+        pytest.skip(f"TensorRT-RTX has no target for this GPU (compute capability {capability})")
+    return lib.module
 
 
 def export_facts(export_dir: Path) -> RuntimeFacts:
@@ -205,86 +223,81 @@ def export_facts(export_dir: Path) -> RuntimeFacts:
 
 
 def test_tensorrt_engines_match_onnx_runtime(trt: ModuleType, tmp_path: Path) -> None:
-    export_dir = make_export(tmp_path / "export")
-    cache = tmp_path / "timing.cache"
-    options = BuildOptions(backend="tensorrt", buckets=(16, 32, 48), max_batch=4, max_prompt=40, min_prompt=2,
-                           timing_cache=cache, workspace_bytes=1 << 28)
-    manifest = build_engines(export_dir, tmp_path / "engine", options).manifest
-    assert cache.is_file() and cache.stat().st_size > 0
-    assert manifest.tensorrt is not None and manifest.tensorrt.profile_index == {16: 0, 32: 1, 48: 2}
-    assert manifest.tensorrt.version == trt.__version__
-    assert manifest.tensorrt.gpu_name == torch.cuda.get_device_name(0)
-    raw = json.loads((tmp_path / "engine" / MANIFEST_FILE).read_text())
-    assert raw["tensorrt"]["compute_capability"] == "{}.{}".format(*torch.cuda.get_device_capability(0))
-
-    export = ExportManifest.load(export_dir)
-    backend = TensorRTBackend.open(tmp_path / "engine", export_facts(export_dir),
-                                   sparsity_rows=list(export.seer.sparsity_rows), max_seq_len=export.max_seq_len)
-    reference = OrtBackend(export_dir)
-    rng = np.random.default_rng(0)
-    # Sequence lengths at and around every profile boundary (max_prompt 40 + bucket), batches 1 and 4.
-    for seq in (3, 40 + 16, 40 + 17, 40 + 32, 40 + 33, 40 + 48):
-        for batch in (1, 4):
-            ids = rng.integers(0, 17, size=(batch, seq), dtype=np.int64)
-            mask = np.ones_like(ids)
-            mask[:, : rng.integers(0, 2)] = 0
-            got0, want0 = backend.step0(StepInput(ids, mask)), reference.step0(StepInput(ids, mask))
-            for a, b in zip(got0, want0, strict=True):
-                np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
-            for temperature, seed in ((0.0, None), (0.7, 123)):
-                got, want = backend.step(StepInput(ids, mask, temperature, seed)), reference.step(StepInput(ids, mask, temperature, seed))
-                np.testing.assert_array_equal(got.token_ids, want.token_ids)
-                np.testing.assert_allclose(got.confidence, want.confidence, rtol=0, atol=1e-6)
-    with pytest.raises(ConfigError, match="largest profile"):
-        backend.step0(StepInput(np.zeros((1, 40 + 49), dtype=np.int64), None))
-    with pytest.raises(ConfigError, match="batch 5"):
-        backend.step0(StepInput(np.zeros((5, 20), dtype=np.int64), None))
-
-    # A second build reads the timing cache it left; an engine is refused for another export.
-    build_engines(export_dir, tmp_path / "engine2", options)
-    other = make_export(tmp_path / "other", fingerprint="2" * 64)
-    with pytest.raises(ArtifactError, match="built for model"):
-        TensorRTBackend.open(tmp_path / "engine", export_facts(other), sparsity_rows=[], max_seq_len=96)
-
-
-def test_engine_from_another_gpu_or_version_is_refused(trt: ModuleType, tmp_path: Path) -> None:
-    export_dir = make_export(tmp_path / "export")
-    build_engines(export_dir, tmp_path / "engine", BuildOptions(backend="tensorrt", buckets=(32,), max_batch=1))
-    manifest = EngineManifest.load(tmp_path / "engine")
-    assert manifest.tensorrt is not None
-    for field, value in (("version", "0.0.0"), ("gpu_name", "another GPU"), ("compute_capability", "1.0")):
-        data = manifest.to_dict()
-        data["tensorrt"][field] = value
-        (tmp_path / "engine" / MANIFEST_FILE).write_text(json.dumps(data))
-        with pytest.raises(ArtifactError):
-            TensorRTBackend.open(tmp_path / "engine", export_facts(export_dir), sparsity_rows=[], max_seq_len=96)
-
-
-def test_tensorrt_cache_engines_match_onnx_runtime(trt: ModuleType, tmp_path: Path) -> None:
     export_dir = make_export(tmp_path / "export", kv_cache=True)
     options = BuildOptions(backend="tensorrt", buckets=LAYOUT.buckets, max_batch=4, max_prompt=40, min_prompt=2,
                            window_lengths=WINDOWS, workspace_bytes=1 << 28)
     manifest = build_engines(export_dir, tmp_path / "engine", options).manifest
-    assert manifest.has_cache and manifest.tensorrt is not None and manifest.tensorrt.window_lengths == WINDOWS
-    assert sorted(manifest.files) == ["refresh", "step", "step0", "window_step"]
+    assert manifest.tensorrt is not None and manifest.tensorrt.version == trt.__version__
     export = ExportManifest.load(export_dir)
     backend = TensorRTBackend.open(tmp_path / "engine", export_facts(export_dir),
                                    sparsity_rows=list(export.seer.sparsity_rows), max_seq_len=export.max_seq_len)
-    assert supports_cache(backend)
     reference = OrtBackend(export_dir)
-    # Sequences at and around the bucket boundaries, windows at and around the window lengths, batches 1 and 4.
-    for seq in (12, 40 + 16, 40 + 17, 40 + 48):
-        for width in (1, 8, 9, 10):
-            for batch in (1, 4):
-                step, _ = window_input(batch, seq, 0, 1, np.zeros(0))
-                got, want = backend.refresh(step), reference.refresh(step)
-                np.testing.assert_array_equal(got.token_ids, want.token_ids)
-                np.testing.assert_allclose(got.confidence, want.confidence, rtol=0, atol=1e-6)
-                np.testing.assert_allclose(got.kv, want.kv, rtol=0, atol=1e-6)
+    for seq in (12, 40 + 16, 40 + 17, 40 + 48):  # at and around the bucket boundaries
+        for batch in (1, 4):
+            step, _ = window_input(batch, seq, 0, 1, np.zeros(0))
+            got0, want0 = backend.step0(step), reference.step0(step)
+            for a, b in zip(got0, want0, strict=True):
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+            got, want = backend.refresh(step), reference.refresh(step)
+            np.testing.assert_allclose(got.kv, want.kv, rtol=0, atol=1e-6)
+            for width in (1, 8, 9):
                 _, window = window_input(batch, seq, seq - width, width, want.kv, 0.7, 3)
                 got_w, want_w = backend.window_step(window), reference.window_step(window)
                 np.testing.assert_array_equal(got_w.token_ids, want_w.token_ids)
-                np.testing.assert_allclose(got_w.confidence, want_w.confidence, rtol=1e-5, atol=1e-4)
-    _, wide = window_input(1, 40 + 48, 48, 33, np.zeros((2, 2, 1, 2, 88, 8), np.float32))
-    with pytest.raises(ConfigError, match="widest window 32"):
-        backend.window_step(wide)
+    with pytest.raises(ConfigError, match="largest profile"):
+        backend.step0(StepInput(np.zeros((1, 40 + 49), dtype=np.int64), None))
+    backend.close()
+
+
+class FakeRuntimeCache:
+    """Stands in for TensorRT-RTX's IRuntimeCache: deserialize accepts only blobs it could have written."""
+
+    def __init__(self) -> None:
+        self.blob = b""
+
+    def serialize(self) -> memoryview:
+        return memoryview(self.blob or b"kernels compiled on this GPU")
+
+    def deserialize(self, blob: bytes) -> bool:
+        if not blob.startswith(b"kernels"):
+            return False  # another GPU, driver or version: rejected, the cache stays empty
+        self.blob = blob
+        return True
+
+
+class FakeRuntimeConfig:
+    def __init__(self) -> None:
+        self.cache: FakeRuntimeCache | None = None
+        self.created = 0
+
+    def create_runtime_cache(self) -> FakeRuntimeCache:
+        self.created += 1
+        return FakeRuntimeCache()
+
+    def set_runtime_cache(self, cache: FakeRuntimeCache) -> bool:
+        self.cache = cache
+        return True
+
+
+def test_the_rtx_runtime_cache_is_one_for_all_engines_loaded_if_it_fits_and_saved(tmp_path: Path) -> None:
+    path = tmp_path / "runtime.cache"
+    cache = tensorrt_engine._RtxRuntimeCache(path)
+    configs = [FakeRuntimeConfig(), FakeRuntimeConfig()]
+    for config in configs:
+        cache.attach(config)  # type: ignore[arg-type]
+    assert configs[0].created == 1 and configs[1].created == 0  # one cache, set on every engine's config
+    assert configs[0].cache is configs[1].cache and not cache.loaded
+    cache.save()
+    assert path.read_bytes() == b"kernels compiled on this GPU"
+    again = tensorrt_engine._RtxRuntimeCache(path)
+    again.attach(FakeRuntimeConfig())  # type: ignore[arg-type]
+    assert again.loaded
+    path.write_bytes(b"foreign")
+    stale = tensorrt_engine._RtxRuntimeCache(path)
+    stale.attach(FakeRuntimeConfig())  # type: ignore[arg-type]
+    assert not stale.loaded  # rejected by the library: starts empty, no error
+    off = tensorrt_engine._RtxRuntimeCache(None)
+    config = FakeRuntimeConfig()
+    off.attach(config)  # type: ignore[arg-type]
+    off.save()
+    assert config.created == 0 and config.cache is None

@@ -40,8 +40,18 @@ def read_kept_lengths(path: Path) -> dict[int, float] | list[int]:
 @click.option("--kept-lengths", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Calibration kept lengths (JSON list or {length: count}): buckets minimising expected padding.")
 @click.option("--max-buckets", type=int, help="At most this many buckets (profiles) when planning them.")
+@click.option("--trt-library", type=click.Choice(["tensorrt", "tensorrt_rtx"]),
+              help="Which TensorRT builds the engines: tensorrt (standard: data-centre GPUs, Jetson; builds on the GPU "
+              "it targets) or tensorrt_rtx (RTX PCs and workstations, DGX Spark; builds without a GPU) [default: the "
+              "one installed, standard first].")
+@click.option("--compute-capability", "compute_capability",
+              help="TensorRT-RTX: the GPUs' compute capabilities to build for, e.g. 8.9 or 8.6,12.0 (of 7.5, 8.0, 8.6, "
+              "8.9, 12.0, 12.1; 7.5 needs an fp16 export) [default: the portable set, Ampere and later].")
+@click.option("--max-pictures", type=int, help="TensorRT, multimodal exports: the most pictures a batch holds, which "
+              "sizes the image table [default: as many as the widest prompts of the largest batch hold].")
 @click.option("--timing-cache", type=click.Path(dir_okay=False, path_type=Path),
-              help="TensorRT timing cache: read if it exists, updated after the build.")
+              help="Standard TensorRT's timing cache: read if it exists, updated after the build (skipped with a note "
+              "on TensorRT-RTX, which has none).")
 @click.option("--workspace", help="TensorRT builder workspace limit, e.g. 4G.")
 @click.option("--window-lengths", help="TensorRT, export --kv-cache: the window_step engine's window lengths (the "
               "--block-length runs use), e.g. 32 or 16,32; one profile per (bucket, window length) [default: 32 and "
@@ -56,19 +66,22 @@ def read_kept_lengths(path: Path) -> dict[int, float] | list[int]:
               "holding files seer-deploy did not write).")
 def command(export_dir: Path, out: Path, backend: str, buckets: str | None, max_gen_length: int | None,
             max_batch: int, max_prompt: int | None, min_prompt: int, kept_lengths: Path | None,
-            max_buckets: int | None, timing_cache: Path | None, workspace: str | None, window_lengths: str | None,
+            max_buckets: int | None, trt_library: str | None, compute_capability: str | None,
+            max_pictures: int | None, timing_cache: Path | None, workspace: str | None, window_lengths: str | None,
             providers: tuple[str, ...], threads: int, graph_optimization: str, ort_save_optimized: bool,
             force: bool) -> None:
     """Build an engine dir from EXPORT_DIR (made by `seer-deploy export`).
 
     \b
     ort:       records the session settings (and checks the sessions open); optionally saves optimised graphs.
-    tensorrt:  one engine per graph, one optimization profile per length bucket (needs TensorRT and a GPU);
-               an export --kv-cache adds refresh (per bucket) and window_step (per bucket and window length).
+    tensorrt:  one engine per graph, one optimization profile per length bucket (TensorRT-RTX builds without a
+               GPU, standard TensorRT on the GPU it targets); window_step gets one per bucket and window length,
+               a multimodal export's vision graph one.
     """
     from seer_deploy.engines.buckets import parse_buckets, parse_window_lengths
     from seer_deploy.engines.build import BuildOptions, parse_size, prepare_build
     from seer_deploy.engines.ort import OrtSessionOptions
+    from seer_deploy.engines.tensorrt_library import parse_compute_capabilities
 
     if buckets is not None and kept_lengths is not None:
         raise ConfigError("give --buckets or --kept-lengths, not both (--kept-lengths plans the buckets)")
@@ -84,6 +97,9 @@ def command(export_dir: Path, out: Path, backend: str, buckets: str | None, max_
         timing_cache=timing_cache,
         workspace_bytes=parse_size(workspace) if workspace is not None else None,
         window_lengths=tuple(parse_window_lengths(window_lengths)) if window_lengths is not None else None,
+        trt_library=trt_library,
+        compute_capabilities=parse_compute_capabilities(compute_capability) if compute_capability is not None else (),
+        max_pictures=max_pictures,
         ort_session=OrtSessionOptions(
             providers=tuple(providers) or None,
             intra_op_threads=threads,

@@ -49,11 +49,21 @@ def _onnxruntime() -> BackendStatus:
 
 
 def _tensorrt() -> BackendStatus:
-    from seer_deploy.engines.tensorrt_engine import INSTALL_HINT, tensorrt_available, tensorrt_version
+    """Either TensorRT flavour (the row is available when one is), each one's state and what it builds and runs on."""
+    from seer_deploy.engines.manifest import LIBRARY_TITLES, TENSORRT_LIBRARIES
+    from seer_deploy.engines.tensorrt_library import INSTALL_HINT, INSTALL_HINTS, import_library, installed_libraries
 
-    if not tensorrt_available():
+    what = {"tensorrt": "builds and runs on the GPU it targets (data centre, Jetson)",
+            "tensorrt_rtx": "builds here without a GPU, runs on RTX-class GPUs (SM 7.5-12.1, no Hopper)"}
+    parts = []
+    for name in TENSORRT_LIBRARIES:
+        lib = import_library(name)
+        state = f"{lib.version}: {what[name]}" if lib else f"missing ({INSTALL_HINTS[name]})"
+        parts.append(f"{LIBRARY_TITLES[name]} {state}")
+    found = installed_libraries()
+    if not found:
         return BackendStatus("tensorrt", False, None, INSTALL_HINT)
-    return BackendStatus("tensorrt", True, tensorrt_version(), "bindings import; engines also need a CUDA GPU")
+    return BackendStatus("tensorrt", True, found[0].title, "; ".join(parts))
 
 
 def diagnose() -> Diagnosis:

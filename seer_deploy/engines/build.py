@@ -3,14 +3,18 @@
 ONNX Runtime "engines" are the sessions' settings (provider, threads, graph optimisation level), checked by
 opening the sessions once, and optionally ORT-optimised copies of the graphs. TensorRT engines are one serialized
 plan per graph with one optimization profile per bucket. An export with the KV cache graphs (export --kv-cache) gives
-an engine dir that runs them too: ONNX Runtime checks their sessions like the step graphs'; TensorRT builds a refresh
-engine with the step graphs' profiles and a window_step engine with one profile per (bucket, window length) pair
-(`buckets.WindowLayout`, window lengths from `--window-lengths`). Everything is checked before any work starts
+an engine dir that runs them too: ONNX Runtime checks their sessions like the step graph's; TensorRT builds the window
+graph's engine with one profile per (bucket, window length) pair (`profiles.WindowLayout`, window lengths from
+`--window-lengths`). Everything is checked before any work starts
 (`prepare_build`: the flags, the export, the profile layout, the destination), then built (`BuildRun.start`). Either
 way the engine dir is written in a temp dir next to the destination and renamed into place, so a failed build leaves
 nothing half-written; a copy of the export's manifest travels with it (`export.json`) so the engine dir says what it
 was built from, and it carries this tool's ownership marker (core.atomic.claim): a rebuild replaces only an engine
 dir of ours (of another model only with `force`), never a directory holding anything else.
+
+TensorRT builds every graph the export's manifest lists, and a multimodal export's vision graph, each planned from the
+axes its manifest records (`profiles.plan_profiles`; the image axes from its vision config, `image_plan`), all planned
+and checked before the first progress line. Either flavour (`tensorrt_library`): TensorRT-RTX builds without a GPU.
 """
 
 from __future__ import annotations
@@ -18,30 +22,26 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import seer_deploy
 from seer_deploy.core.atomic import check_replaceable, claim, install_dir, staging_dir
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, file_sha256, regular_file
-from seer_deploy.engines.buckets import (
-    Profile,
-    ProfileLayout,
-    WindowLayout,
-    default_window_lengths,
-    input_axes,
-    plan_buckets,
-    profile_shapes,
-    window_profile_shapes,
-)
+from seer_deploy.engines.buckets import default_window_lengths, plan_buckets
+from seer_deploy.engines.image_plan import plan_image_axes
 from seer_deploy.engines.manifest import BackendName, EngineManifest, TensorRTFacts
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, check_external_data, open_session
+from seer_deploy.engines.profiles import Profile, ProfileLayout, WindowLayout, plan_profiles
 from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_MANIFEST_FILE
-from seer_deploy.spec.export_manifest import ExportManifest, GraphRecord
-from seer_deploy.spec.graphs import ATTENTION_MASK, WINDOW_IDS, GraphIO, cache_graphs, step_graphs
+from seer_deploy.spec.export_manifest import ExportManifest, GraphRecord, TensorSpec
+from seer_deploy.spec.graphs import VISION, Axis
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
+
+if TYPE_CHECKING:
+    from seer_deploy.engines.tensorrt_build import TensorRTBuildOptions
 
 Progress = Callable[[str], None]
 EXPORT_COPY = "export.json"
@@ -77,6 +77,9 @@ class BuildOptions:
     timing_cache: Path | None = None
     workspace_bytes: int | None = None
     window_lengths: tuple[int, ...] | None = None  # TensorRT window_step profiles; None: default_window_lengths
+    trt_library: str | None = None  # "tensorrt" or "tensorrt_rtx"; None: the one installed, standard first
+    compute_capabilities: tuple[str, ...] = ()  # TensorRT-RTX targets ("8.9"); (): its portable set
+    max_pictures: int | None = None  # multimodal TensorRT: pictures per batch; None: what the prompts can hold
     ort_session: OrtSessionOptions = field(default_factory=OrtSessionOptions)
     ort_save_optimized: bool = False
     force: bool = False  # replace our engine dir of another model (never a directory seer-deploy did not write)
@@ -84,23 +87,26 @@ class BuildOptions:
     def check(self) -> None:
         """The settings that need no export: the backend, its library, the flags that belong to it."""
         if self.backend == "tensorrt":
-            from seer_deploy.engines import tensorrt_engine
+            from seer_deploy.engines.tensorrt_library import load_library
 
-            tensorrt_engine.require_tensorrt()  # before any work: the user learns at once
+            load_library(self.trt_library)  # before any work: the user learns at once
             if self.timing_cache is not None and self.timing_cache.exists():
                 regular_file(self.timing_cache, "--timing-cache")
         elif self.backend != "ort":
             raise ConfigError(f"backend '{self.backend}' is unknown; use ort or tensorrt")
-        elif self.workspace_bytes is not None or self.timing_cache is not None:
-            raise ConfigError("--workspace and --timing-cache apply to --backend tensorrt only; drop them for ort")
+        elif (self.workspace_bytes is not None or self.timing_cache is not None or self.trt_library is not None
+              or self.compute_capabilities or self.max_pictures is not None):
+            raise ConfigError("--workspace, --timing-cache, --trt-library, --compute-capability and --max-pictures "
+                              "apply to --backend tensorrt only; drop them for ort")
         elif self.window_lengths is not None:
             raise ConfigError("--window-lengths applies to --backend tensorrt only (ONNX Runtime runs any window); "
                               "drop it for ort")
         else:
             self.ort_session.check()
 
-    def layout(self, max_seq_len: int) -> ProfileLayout:
-        """The profile layout for an export with `max_seq_len` positions; ConfigError if it cannot fit."""
+    def layout(self, max_seq_len: int, vision_config: dict[str, Any] | None = None) -> ProfileLayout:
+        """The profile layout for an export with `max_seq_len` positions (and, for a multimodal export's TensorRT
+        engines, its vision config: the image axes); ConfigError if it cannot fit."""
         if self.buckets is not None:
             if self.max_gen_length is not None and self.max_gen_length != self.buckets[-1]:
                 raise ConfigError(
@@ -122,7 +128,9 @@ class BuildOptions:
         )
         layout = ProfileLayout(tuple(buckets), self.max_batch, max_prompt, self.min_prompt)
         layout.validate(max_seq_len)
-        return layout
+        if vision_config is None:
+            return layout
+        return replace(layout, images=plan_image_axes(vision_config, self.max_batch, max_prompt, self.max_pictures))
 
     def window_layout(self, layout: ProfileLayout) -> WindowLayout:
         """The TensorRT window_step engine's profiles over `layout`; ConfigError for window lengths it cannot use."""
@@ -138,14 +146,27 @@ class BuildResult:
     seconds: float
 
 
+def engine_graphs(export: ExportManifest) -> dict[str, GraphRecord]:
+    """Every graph an engine dir may be built from: the ones the export's manifest lists, and a multimodal export's
+    vision graph (its record sits in extra.multimodal, checked when the manifest was loaded)."""
+    graphs = dict(export.graphs)
+    section = export.extra.get(MULTIMODAL_KEY)
+    if isinstance(section, dict):
+        raw = section[VISION.name]
+        tensors = {kind: {name: TensorSpec(str(t["dtype"]), list(t["shape"])) for name, t in raw[kind].items()}
+                   for kind in ("inputs", "outputs")}
+        graphs[VISION.name] = GraphRecord(str(raw["file"]), str(raw["sha256"]), tensors["inputs"], tensors["outputs"])
+    return graphs
+
+
 def _check_export(export_dir: Path, export: ExportManifest) -> None:
-    """The graph files (step graphs, and the cache graphs where the export has them) exist and still hash to what the
-    export manifest says (the engine will record it)."""
-    for name in export.graphs:
-        path = confined(export_dir, export.graphs[name].file, f"the {name} graph", error=ArtifactError)
+    """The graph files (every graph of `engine_graphs`) exist and still hash to what the export manifest says (the
+    engine will record it)."""
+    for name, graph in engine_graphs(export).items():
+        path = confined(export_dir, graph.file, f"the {name} graph", error=ArtifactError)
         if not path.is_file():
             raise ArtifactError(f"{path} ({name} graph) is missing; the export is incomplete, re-run `seer-deploy export`")
-        if file_sha256(path) != export.graphs[name].sha256:
+        if file_sha256(path) != graph.sha256:
             raise ArtifactError(
                 f"{path} does not match the sha256 in {export_dir / EXPORT_MANIFEST_FILE}: it was modified after "
                 f"export; re-run `seer-deploy export`"
@@ -153,16 +174,14 @@ def _check_export(export_dir: Path, export: ExportManifest) -> None:
         check_external_data(path)  # ONNX Runtime and TensorRT's parser open whatever the graph names
 
 
-def _versions(backend: BackendName) -> dict[str, str]:
+def _versions(backend: BackendName, trt_title: str | None) -> dict[str, str]:
     import onnx
     import onnxruntime
 
     versions = {"seer_deploy": seer_deploy.__version__, "onnx": onnx.__version__,
                 "onnxruntime": onnxruntime.__version__}
-    if backend == "tensorrt":
-        from seer_deploy.engines import tensorrt_engine
-
-        versions["tensorrt"] = tensorrt_engine.tensorrt_version()
+    if trt_title is not None:
+        versions["tensorrt"] = trt_title
     return versions
 
 
@@ -172,6 +191,7 @@ def _build_ort(export_dir: Path, export: ExportManifest, options: BuildOptions, 
     export has them), optionally save optimised graphs."""
     progress("opening ONNX Runtime sessions" + (" (with the KV cache graphs)" if export.has_cache else ""))
     backend = OrtBackend(export_dir, options.ort_session)
+    backend.open_sessions()  # a run opens them on first use; the build checks every one now
     files = dict.fromkeys(export.graphs, "")  # the step graphs, and the cache graphs where the export has them
     if options.ort_save_optimized:
         for name in files:
@@ -192,51 +212,64 @@ def _build_ort(export_dir: Path, export: ExportManifest, options: BuildOptions, 
     return files, session
 
 
-def _declared_inputs(io: GraphIO, graph: GraphRecord) -> dict[str, list[int | str]]:
-    """The recorded shapes of the graph's inputs, which must be the declared ones (spec.graphs), in their order."""
-    if list(graph.inputs) != io.input_names:
-        raise ArtifactError(
-            f"{graph.file} takes inputs {list(graph.inputs)}, the {io.name} graph is declared with {io.input_names}; "
-            "re-export the model with this seer-deploy"
-        )
-    return {name: graph.inputs[name].shape for name in io.input_names}
+def tensorrt_plans(export: ExportManifest, layout: ProfileLayout, windows: WindowLayout | None
+                   ) -> dict[str, list[Profile]]:
+    """Every TensorRT engine's optimization profiles, by graph (`profiles.plan_profiles` on its recorded inputs)."""
+    return {name: plan_profiles(name, {k: v.shape for k, v in graph.inputs.items()}, layout, windows)
+            for name, graph in engine_graphs(export).items()}
 
 
-def tensorrt_profiles(io: GraphIO, graph: GraphRecord, layout: ProfileLayout, windows: WindowLayout | None
-                      ) -> list[Profile]:
-    """The optimization profiles of `io`'s TensorRT engine: one per bucket, or for window_step one per
-    (bucket, window length) pair of `windows`."""
-    inputs = _declared_inputs(io, graph)
-    if io.takes(WINDOW_IDS):
-        if windows is None:
-            raise ConfigError(f"the {io.name} graph needs window lengths to plan its profiles")
-        return window_profile_shapes(windows, input_axes(inputs, ATTENTION_MASK.name, WINDOW_IDS.name))
-    return profile_shapes(layout, input_axes(inputs))
+def _trt_options(options: BuildOptions) -> TensorRTBuildOptions:
+    from seer_deploy.engines.tensorrt_build import TensorRTBuildOptions
+
+    return TensorRTBuildOptions(workspace_bytes=options.workspace_bytes, timing_cache=options.timing_cache,
+                                compute_capabilities=options.compute_capabilities)
 
 
-def _build_tensorrt(export_dir: Path, export: ExportManifest, layout: ProfileLayout, windows: WindowLayout | None,
-                    options: BuildOptions, tmp: Path, progress: Progress) -> tuple[dict[str, str], TensorRTFacts]:
-    from seer_deploy.engines import tensorrt_engine as te
+def _check_tensorrt(options: BuildOptions, export: ExportManifest) -> None:
+    """What needs the library but no work: the options it cannot honour, and standard TensorRT's GPU."""
+    from seer_deploy.engines.tensorrt_build import check_build_options
+    from seer_deploy.engines.tensorrt_library import gpu_facts, load_library
 
-    gpu_name, capability = te.gpu_facts()
-    progress(f"TensorRT {te.tensorrt_version()} on {gpu_name} (compute capability {capability})")
-    trt_options = te.TensorRTBuildOptions(workspace_bytes=options.workspace_bytes, timing_cache=options.timing_cache)
+    lib = load_library(options.trt_library)
+    check_build_options(lib, _trt_options(options), export.dtype)
+    if not lib.is_rtx:
+        gpu_facts()
+
+
+def _build_tensorrt(run: BuildRun, tmp: Path, progress: Progress) -> tuple[dict[str, str], TensorRTFacts]:
+    """One engine per planned graph into `tmp`, and the facts engine.json records about them."""
+    from seer_deploy.engines import tensorrt_build as tb
+    from seer_deploy.engines.tensorrt_library import gpu_facts, load_library
+
+    options, graphs = run.options, engine_graphs(run.export)
+    lib = load_library(options.trt_library)
+    trt_options = _trt_options(options)
+    notes = tb.check_build_options(lib, trt_options, run.export.dtype)
+    gpu_name, capability = ("", "") if lib.is_rtx else gpu_facts()  # only standard TensorRT builds on its GPU
+    targets = ", ".join(options.compute_capabilities) or "the portable set (Ampere and later)"
+    progress(f"{lib.title}, " + (f"targets {targets}, no GPU needed" if lib.is_rtx
+                                 else f"on {gpu_name} (compute capability {capability})"))
+    for note in notes:
+        progress(note)
     files = {}
-    prefix = export.model_config().prefix_dlm  # a prefix-DLM model's graphs also take prompt_width [batch]
-    for io in step_graphs(prefix_dlm=prefix) + (cache_graphs(prefix_dlm=prefix) if windows is not None else ()):
-        graph = export.graphs[io.name]
-        profiles = tensorrt_profiles(io, graph, layout, windows)
-        progress(f"building the {io.name} engine ({len(profiles)} profiles)")
-        plan = te.build_serialized_engine(export_dir / graph.file, profiles, trt_options, progress)
-        files[io.name] = f"{io.name}.engine"
-        (tmp / files[io.name]).write_bytes(plan)  # inside the temp dir: the rename below makes it visible
+    for name, profiles in run.plans.items():
+        progress(f"building the {name} engine ({len(profiles)} profile{'s' if len(profiles) != 1 else ''})")
+        plan = tb.build_serialized_engine(lib, run.export_dir / graphs[name].file, name, profiles, trt_options,
+                                          progress)
+        files[name] = f"{name}.engine"
+        (tmp / files[name]).write_bytes(plan)  # inside the temp dir: the rename below makes it visible
     facts = TensorRTFacts(
-        version=te.tensorrt_version(),
+        version=lib.version,
         gpu_name=gpu_name,
         compute_capability=capability,
-        profile_index={bucket: i for i, bucket in enumerate(layout.buckets)},
+        profile_index={bucket: i for i, bucket in enumerate(run.layout.buckets)},
         workspace_bytes=options.workspace_bytes,
-        window_lengths=windows.windows if windows is not None else (),
+        window_lengths=run.windows.windows if run.windows is not None else (),
+        library=lib.name,
+        compute_capabilities=options.compute_capabilities if lib.is_rtx else (),
+        images=run.layout.images,
+        profiles={name: [p.to_dict() for p in profiles] for name, profiles in run.plans.items()},
     )
     return files, facts
 
@@ -251,6 +284,7 @@ class BuildRun:
     layout: ProfileLayout
     options: BuildOptions
     windows: WindowLayout | None = None  # TensorRT from an export with the KV cache graphs: window_step's profiles
+    plans: dict[str, list[Profile]] = field(default_factory=dict)  # TensorRT: each graph's profiles
 
     def start(self, progress: Progress = lambda _: None) -> BuildResult:
         """Build into a temp dir beside `out`, then install it there; on any failure nothing is left behind."""
@@ -263,7 +297,7 @@ class BuildRun:
             trt_facts: TensorRTFacts | None = None
             ort_session: dict[str, Any] | None = None
             if options.backend == "tensorrt":
-                files, trt_facts = _build_tensorrt(export_dir, export, layout, self.windows, options, tmp, progress)
+                files, trt_facts = _build_tensorrt(self, tmp, progress)
             else:
                 files, ort_session = _build_ort(export_dir, export, options, tmp, progress)
             manifest = EngineManifest(
@@ -273,9 +307,9 @@ class BuildRun:
                 min_prompt=layout.min_prompt,
                 max_prompt=layout.max_prompt,
                 model_fingerprint=export.model.fingerprint,
-                graph_hashes={name: export.graphs[name].sha256 for name in files},
+                graph_hashes={name: engine_graphs(export)[name].sha256 for name in files},
                 files=files,
-                versions=_versions(options.backend),
+                versions=_versions(options.backend, trt_facts.title if trt_facts is not None else None),
                 tensorrt=trt_facts,
                 ort_session=ort_session,
                 extra={"export_dir": str(export_dir.resolve()), "max_seq_len": export.max_seq_len},
@@ -297,21 +331,26 @@ def prepare_build(export_dir: Path, out: Path, options: BuildOptions) -> BuildRu
     export_dir, out = Path(export_dir), Path(out).expanduser().absolute()
     options.check()
     export = ExportManifest.load(export_dir)
-    if options.backend == "tensorrt" and MULTIMODAL_KEY in export.extra:
-        raise ConfigError(
-            f"{export_dir} is a multimodal export: TensorRT engines are built from text exports only (no profile plan "
-            "covers the step graphs' image-table input yet); use --backend ort, or run the export directory itself"
-        )
-    layout = options.layout(export.max_seq_len)
+    section = export.extra.get(MULTIMODAL_KEY)
+    vision = section["vision_config"] if options.backend == "tensorrt" and isinstance(section, dict) else None
+    if options.max_pictures is not None and vision is None:
+        raise ConfigError(f"--max-pictures sizes a multimodal engine's image axes; {export_dir} is a text export: "
+                          "drop it")
+    layout = options.layout(export.max_seq_len, vision)
+    windowed = any(Axis.WINDOW.value in t.shape for g in export.graphs.values() for t in g.inputs.values())
     windows = None
-    if options.backend == "tensorrt" and export.has_cache:
+    if options.backend == "tensorrt" and windowed:
         windows = options.window_layout(layout)
     elif options.window_lengths is not None:
         raise ConfigError(f"--window-lengths plans the window_step engine of the KV cache, which {export_dir} does not "
                           "have; re-export with `seer-deploy export --kv-cache`, or drop --window-lengths")
+    plans: dict[str, list[Profile]] = {}
+    if options.backend == "tensorrt":
+        _check_tensorrt(options, export)
+        plans = tensorrt_plans(export, layout, windows)
     _check_export(export_dir, export)
     check_replaceable(out, ARTIFACT_KIND, export.model.fingerprint, options.force)
-    return BuildRun(export_dir, out, export, layout, options, windows)
+    return BuildRun(export_dir, out, export, layout, options, windows, plans)
 
 
 def build_engines(export_dir: Path, out: Path, options: BuildOptions, progress: Progress = lambda _: None

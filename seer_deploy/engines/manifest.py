@@ -1,8 +1,11 @@
 """The engine manifest (`engine.json`) and the checks that keep an engine from running where it would be wrong.
 
 An engine is only valid for the exact export it was built from (model fingerprint and graph hashes) and, for
-TensorRT, for the TensorRT version and GPU that built it. Those facts are recorded at build time and compared on
-load: a mismatch is an ArtifactError naming what differs and how to rebuild, never a silently wrong answer.
+TensorRT, for the library and version that built it and the GPUs it targets: standard TensorRT builds for the one GPU
+it ran on (name and compute capability recorded); TensorRT-RTX builds without a GPU for a set of compute capabilities
+(`compute_capabilities`; none = its portable default, Ampere and later) and specialises kernels on the user's GPU.
+Those facts are recorded at build time and compared on load: a mismatch is an ArtifactError naming what differs and
+how to rebuild, never a silently wrong answer.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from typing import Any, Literal
 from seer_deploy.core.atomic import write_bytes_atomic
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, read_json
-from seer_deploy.engines.buckets import ProfileLayout, WindowLayout, check_buckets
-from seer_deploy.spec.graphs import CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES
+from seer_deploy.engines.buckets import check_buckets
+from seer_deploy.engines.profiles import ImageAxes, ProfileLayout, WindowLayout
+from seer_deploy.spec.graphs import CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES, VISION
 
 ENGINE_FORMAT = "seer-deploy-engine"
 ENGINE_FORMAT_VERSION = 2  # 2: built from exports whose confidence is a log-probability (export format 2)
@@ -25,6 +29,21 @@ MANIFEST_FILE = "engine.json"
 
 BackendName = Literal["ort", "tensorrt"]
 BACKENDS: tuple[BackendName, ...] = ("ort", "tensorrt")
+TensorRTLibraryName = Literal["tensorrt", "tensorrt_rtx"]  # the Python module of each flavour
+TENSORRT_LIBRARIES: tuple[TensorRTLibraryName, ...] = ("tensorrt", "tensorrt_rtx")
+LIBRARY_TITLES: dict[str, str] = {"tensorrt": "TensorRT", "tensorrt_rtx": "TensorRT-RTX"}
+# TensorRT-RTX 1.7's targets (its ComputeCapability enum) and, with none set, what its engines run on.
+RTX_TARGETS: tuple[str, ...] = ("7.5", "8.0", "8.6", "8.9", "12.0", "12.1")
+RTX_PORTABLE_TARGETS: tuple[str, ...] = ("8.0", "8.6", "8.9", "12.0", "12.1")
+ARCHITECTURES: dict[str, str] = {"7.0": "Volta", "7.2": "Volta (Xavier)", "7.5": "Turing", "8.0": "Ampere",
+                                 "8.6": "Ampere", "8.7": "Ampere (Orin)", "8.9": "Ada", "9.0": "Hopper",
+                                 "10.0": "Blackwell (data centre)", "10.3": "Blackwell (data centre)",
+                                 "11.0": "Blackwell (Thor)", "12.0": "Blackwell (RTX)", "12.1": "Blackwell (GB10)"}
+
+
+def architecture(capability: str) -> str:
+    """'9.0' -> 'Hopper'; an unknown capability is named by its number."""
+    return ARCHITECTURES.get(capability, f"compute capability {capability}")
 
 
 @dataclass(frozen=True)
@@ -32,13 +51,23 @@ class TensorRTFacts:
     """What a TensorRT engine is tied to, plus which profile serves which bucket."""
 
     version: str
-    gpu_name: str
-    compute_capability: str  # "major.minor", e.g. "9.0"
-    profile_index: dict[int, int]  # bucket -> optimization profile index (the same in step0, step and refresh)
+    gpu_name: str  # standard TensorRT: the GPU that built it; TensorRT-RTX: "" (built for targets, not a GPU)
+    compute_capability: str  # standard: "major.minor", e.g. "9.0"; TensorRT-RTX: ""
+    profile_index: dict[int, int]  # bucket -> optimization profile index (the same in every graph with a sequence)
     workspace_bytes: int | None = None
     # The window_step engine's window lengths (an export with the KV cache graphs): its profiles are
     # `WindowLayout(layout, window_lengths).pairs()`, in that order. () without the cache graphs.
     window_lengths: tuple[int, ...] = ()
+    library: TensorRTLibraryName = "tensorrt"
+    compute_capabilities: tuple[str, ...] = ()  # TensorRT-RTX's targets; () = its portable default (Ampere and later)
+    images: ImageAxes | None = None  # a multimodal engine's image axes (image-table rows, pictures per vision call)
+    # What the build set, per graph: each profile's bucket (and windows) and every input's min/opt/max. Recorded for
+    # people and tools; the runtime re-plans the same profiles from the layout above.
+    profiles: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        return f"{LIBRARY_TITLES[self.library]} {self.version}"
 
 
 @dataclass(frozen=True)
@@ -61,7 +90,8 @@ class EngineManifest:
 
     @property
     def layout(self) -> ProfileLayout:
-        return ProfileLayout(self.buckets, self.max_batch, self.max_prompt, self.min_prompt)
+        images = self.tensorrt.images if self.tensorrt is not None else None
+        return ProfileLayout(self.buckets, self.max_batch, self.max_prompt, self.min_prompt, images)
 
     @property
     def has_cache(self) -> bool:
@@ -81,6 +111,7 @@ class EngineManifest:
         if self.tensorrt is not None:  # JSON keys are strings
             data["tensorrt"]["profile_index"] = {str(b): i for b, i in self.tensorrt.profile_index.items()}
             data["tensorrt"]["window_lengths"] = list(self.tensorrt.window_lengths)
+            data["tensorrt"]["compute_capabilities"] = list(self.tensorrt.compute_capabilities)
         return {"format": ENGINE_FORMAT, **data}
 
     @classmethod
@@ -101,14 +132,7 @@ class EngineManifest:
             trt = data.get("tensorrt")
             facts = None
             if trt is not None:
-                facts = TensorRTFacts(
-                    version=str(trt["version"]),
-                    gpu_name=str(trt["gpu_name"]),
-                    compute_capability=str(trt["compute_capability"]),
-                    profile_index={int(b): int(i) for b, i in trt["profile_index"].items()},
-                    workspace_bytes=None if trt.get("workspace_bytes") is None else int(trt["workspace_bytes"]),
-                    window_lengths=tuple(int(w) for w in trt.get("window_lengths") or ()),
-                )
+                facts = _tensorrt_facts(trt, source)
             manifest = cls(
                 backend=backend,
                 buckets=tuple(int(b) for b in data["buckets"]),
@@ -138,16 +162,24 @@ class EngineManifest:
             raise ArtifactError(f"{source}: {exc}") from exc
         if set(self.files) != set(self.graph_hashes):
             raise ArtifactError(f"{source}: files {sorted(self.files)} and graphs {sorted(self.graph_hashes)} differ")
-        allowed = STEP_GRAPH_NAMES + (CACHE_GRAPH_NAMES if self.has_cache else ())
-        if sorted(self.graph_hashes) != sorted(allowed):
+        allowed = set(STEP_GRAPH_NAMES) | set(CACHE_GRAPH_NAMES) | {VISION.name}
+        cache = [name for name in CACHE_GRAPH_NAMES if name in self.graph_hashes]
+        if (not set(STEP_GRAPH_NAMES) <= set(self.graph_hashes) or not set(self.graph_hashes) <= allowed
+                or len(cache) not in (0, len(CACHE_GRAPH_NAMES))):
             raise ArtifactError(
                 f"{source}: the engine's graphs are {sorted(self.graph_hashes)}; an engine has "
-                f"{', '.join(STEP_GRAPH_NAMES)} and, with the KV cache, both of {', '.join(CACHE_GRAPH_NAMES)}: "
-                "rebuild the engine"
+                f"{', '.join(STEP_GRAPH_NAMES)}, with the KV cache both of {', '.join(CACHE_GRAPH_NAMES)}, and a "
+                f"multimodal TensorRT engine {VISION.name}: rebuild the engine"
             )
         if self.backend == "tensorrt":
             if self.tensorrt is None:
                 raise ArtifactError(f"{source}: a TensorRT engine manifest needs its 'tensorrt' section")
+            if self.tensorrt.library not in TENSORRT_LIBRARIES:
+                raise ArtifactError(f"{source}: tensorrt.library {self.tensorrt.library!r} is not one of "
+                                    f"{', '.join(TENSORRT_LIBRARIES)}; rebuild the engine")
+            if (VISION.name in self.files) != (self.tensorrt.images is not None):
+                raise ArtifactError(f"{source}: a multimodal TensorRT engine has both a vision engine and its image "
+                                    "axes (tensorrt.images), a text one neither; rebuild the engine")
             if sorted(self.tensorrt.profile_index) != list(self.buckets):
                 raise ArtifactError(
                     f"{source}: profile_index covers buckets {sorted(self.tensorrt.profile_index)}, "
@@ -190,6 +222,31 @@ class EngineManifest:
         return confined(engine_dir, self.files[graph], where, error=ArtifactError)
 
 
+def _tensorrt_facts(trt: Mapping[str, Any], source: str) -> TensorRTFacts:
+    """engine.json's tensorrt section (KeyError/TypeError/ValueError for the caller to report)."""
+    library = str(trt.get("library", "tensorrt"))
+    if library not in TENSORRT_LIBRARIES:
+        raise ArtifactError(f"{source}: tensorrt.library {library!r} is not one of {', '.join(TENSORRT_LIBRARIES)}; "
+                            "rebuild the engine")
+    images = trt.get("images")
+    profiles = trt.get("profiles") or {}
+    if not isinstance(profiles, dict) or not all(isinstance(v, list) and all(isinstance(p, dict) for p in v)
+                                                 for v in profiles.values()):
+        raise ArtifactError(f"{source}: tensorrt.profiles must map each graph to a list of profiles; rebuild the engine")
+    return TensorRTFacts(
+        version=str(trt["version"]),
+        gpu_name=str(trt["gpu_name"]),
+        compute_capability=str(trt["compute_capability"]),
+        profile_index={int(b): int(i) for b, i in trt["profile_index"].items()},
+        workspace_bytes=None if trt.get("workspace_bytes") is None else int(trt["workspace_bytes"]),
+        window_lengths=tuple(int(w) for w in trt.get("window_lengths") or ()),
+        library=library,  # type: ignore[arg-type]  # checked above
+        compute_capabilities=tuple(str(c) for c in trt.get("compute_capabilities") or ()),
+        images=None if images is None else ImageAxes(int(images["image_tokens"]), int(images["images"])),
+        profiles={str(k): list(v) for k, v in profiles.items()},
+    )
+
+
 @dataclass(frozen=True)
 class RuntimeFacts:
     """What the loader sees now: the export it was pointed at and, for TensorRT, the library and the GPU.
@@ -201,6 +258,7 @@ class RuntimeFacts:
     graph_hashes: Mapping[str, str] | None = None
     backend: BackendName | None = None
     tensorrt_version: str | None = None
+    tensorrt_library: TensorRTLibraryName | None = None
     gpu_name: str | None = None
     compute_capability: str | None = None
     onnxruntime_version: str | None = None
@@ -212,9 +270,10 @@ _REBUILD = "rebuild it here: seer-deploy build EXPORT_DIR --out ENGINE_DIR --bac
 def check_engine_compatible(engine: EngineManifest, facts: RuntimeFacts) -> None:
     """ArtifactError on the first mismatch between an engine and where it is about to run.
 
-    Checked: backend, model fingerprint, every graph hash, and for TensorRT the exact library version (serialized
-    engines are not portable across versions) and the GPU (name and compute capability: kernels are chosen per
-    device). An ORT engine dir that saved optimised models is also tied to its ONNX Runtime version.
+    Checked: backend, model fingerprint, every graph hash, and for TensorRT the library and its exact version
+    (serialized engines are not portable across versions), then the GPU: standard TensorRT's name and compute
+    capability (kernels are chosen per device), TensorRT-RTX's compute capability against the engine's targets. An
+    ORT engine dir that saved optimised models is also tied to its ONNX Runtime version.
     """
     fix = _REBUILD.format(backend=engine.backend)
     _same(facts.backend, engine.backend, "the engine dir holds a {built} engine, not {here}; {fix}", fix)
@@ -233,16 +292,41 @@ def check_engine_compatible(engine: EngineManifest, facts: RuntimeFacts) -> None
     if engine.backend == "tensorrt":
         trt = engine.tensorrt
         assert trt is not None  # validate() guarantees it
-        _same(facts.tensorrt_version, trt.version, "the engine was built with TensorRT {built}, this machine has "
-              "TensorRT {here}; install TensorRT {built} or {fix}", fix)
-        _same(facts.gpu_name, trt.gpu_name, "the engine was built on a {built}, this GPU is a {here}; {fix}", fix)
-        _same(facts.compute_capability, trt.compute_capability,
-              "the engine was built for compute capability {built}, this GPU has {here}; {fix}", fix)
+        fix = f"{fix} --trt-library {trt.library}"
+        _same(facts.tensorrt_library, trt.library, "the engine was built with {built}, this machine loads {here}; "
+              f"install {LIBRARY_TITLES[trt.library]} or {{fix}}", fix)
+        _same(facts.tensorrt_version, trt.version, f"the engine was built with {LIBRARY_TITLES[trt.library]} "
+              "{built}, this machine has {here}; install that version or {fix}", fix)
+        if trt.library == "tensorrt_rtx":
+            check_rtx_target(facts.compute_capability, trt.compute_capabilities, fix)
+        else:
+            _same(facts.gpu_name, trt.gpu_name, "the engine was built on a {built}, this GPU is a {here}; {fix}", fix)
+            _same(facts.compute_capability, trt.compute_capability,
+                  "the engine was built for compute capability {built}, this GPU has {here}; {fix}", fix)
     if engine.backend == "ort" and any(engine.files.values()):
         built = engine.versions.get("onnxruntime")
         if built is not None:
             _same(facts.onnxruntime_version, built, "the engine dir's optimised models were saved by ONNX Runtime "
                   "{built}, this is {here}; {fix}", fix)
+
+
+def check_rtx_target(capability: str | None, targets: tuple[str, ...], fix: str) -> None:
+    """ArtifactError unless a GPU of `capability` (None: not known) runs a TensorRT-RTX engine built for `targets`
+    (() = the portable default)."""
+    if capability is None:
+        return
+    if capability not in RTX_TARGETS:
+        raise ArtifactError(
+            f"TensorRT-RTX has no {architecture(capability)} target (this GPU is compute capability {capability}; "
+            f"its targets are {', '.join(RTX_TARGETS)}): run the engine on an RTX-class GPU, or build one for this GPU "
+            "with standard TensorRT (seer-deploy build EXPORT_DIR --out ENGINE_DIR --backend tensorrt --trt-library "
+            "tensorrt)"
+        )
+    allowed = targets or RTX_PORTABLE_TARGETS
+    if capability not in allowed:
+        what = f"compute capabilities {', '.join(targets)}" if targets else "the portable set (Ampere and later)"
+        raise ArtifactError(f"the engine was built for {what}, this GPU is {architecture(capability)} "
+                            f"({capability}); {fix} --compute-capability {capability}")
 
 
 def _same(here: str | None, built: str, message: str, fix: str) -> None:
