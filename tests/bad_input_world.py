@@ -63,7 +63,7 @@ class World:
     def __post_init__(self) -> None:
         self.outside = self.root / "outside"
         self.outside.mkdir()
-        for name, source in (("canary.safetensors", "ckpt/model.safetensors"), ("canary.onnx", "export/step0.onnx"),
+        for name, source in (("canary.safetensors", "ckpt/model.safetensors"), ("canary.onnx", "export/step.onnx"),
                              ("canary.bin", "export/weights.bin")):
             origin = self.sources.get(source.split("/")[0])
             if origin is not None:

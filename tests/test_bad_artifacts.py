@@ -142,29 +142,29 @@ def rehash(graph: str) -> Callable[[World, Path], None]:
 
 
 def truncated_graph(w: World, export: Path) -> None:
-    graph = export / "step0.onnx"
+    graph = export / "step.onnx"
     graph.write_bytes(graph.read_bytes()[: graph.stat().st_size // 2])
-    rehash("step0")(w, export)
+    rehash("step")(w, export)
 
 
 def external_data_outside(w: World, export: Path) -> None:
-    """step0.onnx's weights read from ../outside/canary.bin (a valid copy of weights.bin), hash updated."""
+    """step.onnx's weights read from ../outside/canary.bin (a valid copy of weights.bin), hash updated."""
     import onnx
 
-    graph = export / "step0.onnx"
+    graph = export / "step.onnx"
     model = onnx.load(str(graph), load_external_data=False)
     for tensor in model.graph.initializer:
         for entry in tensor.external_data:
             if entry.key == "location":
                 entry.value = "../outside/canary.bin"
     onnx.save(model, str(graph))
-    rehash("step0")(w, export)
+    rehash("step")(w, export)
 
 
 def graph_link_outside(w: World, export: Path) -> None:
-    (export / "step0-link.onnx").symlink_to(w.outside / "canary.onnx")
-    edit_json(export / "manifest.json", {"graphs.step0.file": "step0-link.onnx",
-                                         "graphs.step0.sha256": hashlib.sha256((w.outside / "canary.onnx")
+    (export / "step-link.onnx").symlink_to(w.outside / "canary.onnx")
+    edit_json(export / "manifest.json", {"graphs.step.file": "step-link.onnx",
+                                         "graphs.step.sha256": hashlib.sha256((w.outside / "canary.onnx")
                                                                                .read_bytes()).hexdigest()})
 
 
@@ -216,13 +216,13 @@ OUT_CASES = [
 ]
 
 MANIFEST_CASES = [
-    Case("graph-parent", manifest({"graphs.step0.file": "../outside/canary.onnx"}), "outside"),
-    Case("graph-absolute", lambda w: manifest({"graphs.step0.file": str(w.outside / "canary.onnx")})(w),
+    Case("graph-parent", manifest({"graphs.step.file": "../outside/canary.onnx"}), "outside"),
+    Case("graph-absolute", lambda w: manifest({"graphs.step.file": str(w.outside / "canary.onnx")})(w),
          "absolute path"),
     Case("graph-symlink-out", manifest(before=graph_link_outside), "outside"),
     Case("weights-parent", manifest({"weights.file": "../outside/canary.bin"}), "outside"),
     Case("graph-external-data-out", manifest(before=external_data_outside), "outside"),
-    Case("graph-truncated", manifest(before=truncated_graph), "step0.onnx", heavy_ok=True),
+    Case("graph-truncated", manifest(before=truncated_graph), "step.onnx", heavy_ok=True),
     Case("graph-modified", manifest(before=lambda w, e: (e / "step.onnx").write_bytes(b"\x08\x07")), "sha256"),
     Case("manifest-not-utf8", manifest(raw=b'{"format": "\xff"}'), r"manifest.json is not (UTF-8|valid JSON)"),
     Case("manifest-not-json", manifest(raw=b"{format"), "manifest.json"),
@@ -236,15 +236,15 @@ MANIFEST_CASES = [
     Case("manifest-max-seq-len-past-the-model", manifest({"max_seq_len": 10**6}), "max_seq_len"),
     Case("manifest-stats-layer-missing", manifest({"seer.stats_layers": [7]}), "stats_layers"),
     Case("manifest-sparsity-row-a-string", manifest({"seer.sparsity_rows": ["12"]}), "sparsity_rows"),
-    Case("manifest-shape-null", manifest({"graphs.step0.inputs.input_ids.shape": [None, "seq"]}), "shape"),
+    Case("manifest-shape-null", manifest({"graphs.step.inputs.input_ids.shape": [None, "seq"]}), "shape"),
     Case("manifest-extra-a-string", manifest({"extra": "ab"}), "'extra' must be an object"),
     Case("manifest-threshold-0", manifest({"seer.rel_threshold": 0}), "rel_threshold"),
     Case("engine-not-utf8", engine(raw=b'{"backend": "\xff"}'), r"engine.json is not (UTF-8|valid JSON)"),
     Case("engine-not-json", engine(raw=b"{backend"), "engine.json"),
     Case("engine-other-model", engine({"model_fingerprint": "0" * 64}), "built for model"),
-    Case("engine-graph-hash", engine({"graph_hashes.step0": "0" * 64}), "step0"),
+    Case("engine-graph-hash", engine({"graph_hashes.step": "0" * 64}), "step"),
     Case("engine-buckets-0", engine({"buckets": [0, 16]}), "bucket"),
-    Case("engine-file-parent", engine({"files.step0": "../outside/canary.onnx"}), "outside"),
+    Case("engine-file-parent", engine({"files.step": "../outside/canary.onnx"}), "outside"),
     Case("engine-backend", engine({"backend": "cuda"}), "backend"),
 ]
 
@@ -259,7 +259,7 @@ def test_bad_artifact_input(case: Case, tmp_path: Path, sources: dict[str, Path]
 
 MANIFEST_LEAVES = ["format_version", "model.layout", "model.config.d_model", "model.config.vocab_size",
                    "model.config.mask_id", "special_ids.mask", "special_ids.eos", "dtype", "opset", "max_seq_len",
-                   "graphs.step0.file", "graphs.step.inputs", "seer.stats_layers", "seer.abs_threshold",
+                   "graphs.step.file", "graphs.step.inputs", "seer.stats_layers", "seer.abs_threshold",
                    "weights.file", "weights.bytes", "sampling"]
 JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 300), st.integers(-(2**62), 2**62),
                         st.floats(allow_nan=False), st.text(max_size=6), st.lists(st.integers(0, 3), max_size=2),

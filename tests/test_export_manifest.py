@@ -37,8 +37,8 @@ def manifest() -> ExportManifest:
         opset=20,
         max_seq_len=96,
         graphs={
-            "step0": GraphRecord("step0.onnx", "1" * 64, ids, {"sparsity": TensorSpec("float32", ["batch", 4, "seq"])}),
-            "step": GraphRecord("step.onnx", "2" * 64, ids, {"token_ids": TensorSpec("int64", BS)}),
+            "step": GraphRecord("step.onnx", "2" * 64, ids, {"token_ids": TensorSpec("int64", BS),
+                                                             "sparsity": TensorSpec("float32", ["batch", 4, "seq"])}),
         },
         seer=SeerSpec([1], list(STAT_NAMES), 0.05, 0.1, [(1, s) for s in STAT_NAMES]),
         sampling=sampling.manifest_entry(),
@@ -78,10 +78,11 @@ _DELETE = object()
         ("format", "something-else", "not a seer-deploy export manifest"),
         ("format_version", FORMAT_VERSION + 1, "newer than this seer-deploy understands.*upgrade"),
         ("format_version", "1", "'format_version' must be an integer"),
-        ("format_version", FORMAT_VERSION - 1, "older seer-deploy.*log-probability.*re-export"),
+        ("format_version", FORMAT_VERSION - 1, "older seer-deploy.*three graphs where this runtime runs one.*re-export"),
+        ("format_version", 1, "older seer-deploy.*log-probability.*re-export"),
         ("graphs.step.sha256", _DELETE, "'graphs.step.sha256' is missing"),
-        ("graphs.step0", _DELETE, "'graphs.step0' is missing"),
-        ("graphs.step0.inputs.input_ids", [1], "must be an object with dtype and shape"),
+        ("graphs.step", _DELETE, "'graphs.step' is missing"),
+        ("graphs.step.inputs.input_ids", [1], "must be an object with dtype and shape"),
         ("dtype", "bf16", "dtype 'bf16' is not one of fp32, fp16"),
         ("model.layout", "gpt", "model.layout 'gpt'"),
         ("model.config.n_layers", _DELETE, "not a valid model configuration"),
@@ -140,12 +141,12 @@ def test_missing_directory(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("path", "value", "message"),
     [
-        ("graphs.step0.file", "../step0.onnx", "graphs.step0.file '../step0.onnx' resolves to .*, outside"),
+        ("graphs.step.file", "../step.onnx", "graphs.step.file '../step.onnx' resolves to .*, outside"),
         ("graphs.step.file", "/etc/passwd", "graphs.step.file '/etc/passwd' is an absolute path"),
         ("graphs.step.file", "~/step.onnx", "absolute path"),
         ("weights.file", "sub/../../weights.bin", "weights.file .* outside"),
         ("weights.file", "", "not a file name"),
-        ("graphs.step0.file", "link.onnx", "graphs.step0.file 'link.onnx' resolves to .*, outside"),
+        ("graphs.step.file", "link.onnx", "graphs.step.file 'link.onnx' resolves to .*, outside"),
     ],
 )
 def test_files_named_by_the_manifest_must_lie_inside_the_export(tmp_path: Path, path: str, value: Any,
@@ -163,8 +164,8 @@ def test_files_named_by_the_manifest_must_lie_inside_the_export(tmp_path: Path, 
 
 def test_a_link_inside_the_export_is_allowed(tmp_path: Path) -> None:
     (tmp_path / "graphs").mkdir()
-    (tmp_path / "step0-link.onnx").symlink_to(tmp_path / "graphs" / "step0.onnx")
+    (tmp_path / "step-link.onnx").symlink_to(tmp_path / "graphs" / "step.onnx")
     raw = manifest().to_dict()
-    _edit(raw, "graphs.step0.file", "step0-link.onnx")
+    _edit(raw, "graphs.step.file", "step-link.onnx")
     (tmp_path / MANIFEST_FILE).write_text(json.dumps(raw))
-    assert ExportManifest.load(tmp_path).graphs["step0"].file == "step0-link.onnx"
+    assert ExportManifest.load(tmp_path).graphs["step"].file == "step-link.onnx"

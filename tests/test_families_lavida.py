@@ -38,12 +38,8 @@ from seer_deploy.models.anyres import (
 from seer_deploy.models.config import ModelConfig, config_from_dict
 from seer_deploy.models.demo_vl_tasks import VOCAB, write_tokenizer
 from seer_deploy.models.image import ImageConfig, load_image, pixel_batch
-from seer_deploy.models.image_prompts import (
-    ImageConditionedModel,
-    MultimodalTokenizer,
-    encode_pictures,
-    expand_placeholders,
-)
+from seer_deploy.models.image_placeholders import MultimodalTokenizer, encode_pictures, expand_placeholders
+from seer_deploy.models.image_prompts import ImageConditionedModel
 from seer_deploy.models.lavida import GRID_PINPOINTS, lavida_anyres, lavida_variant
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.multimodal import load_multimodal, save_multimodal_checkpoint, vision_config_from_dict
@@ -130,7 +126,7 @@ def run(target: Path | str, seer: SeerConfig | None, texts: list[str] = PROMPTS,
 @pytest.fixture(scope="module")
 def lavida(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A LaViDa-LLaDA checkpoint (prefix-DLM attention, LaViDa's default) and its export: vision.onnx with the pooling,
-    step0.onnx, step.onnx, and the KV cache graphs (LaViDa's own speed-up is a cached prompt)."""
+    step.onnx (with the keys and values) and window_step.onnx (LaViDa's own speed-up is a cached prompt)."""
     root = tmp_path_factory.mktemp("lavida")
     ckpt = write_lavida_llada(root / "lavida-llada", seed=SEED)
     return ckpt, export_multimodal(ckpt, root / "export", ExportOptions(kv_cache=True)).out
@@ -253,7 +249,7 @@ def test_export_folds_the_pooling_into_vision_onnx(lavida) -> None:
     assert section["vision_config"]["pool_stride"] == 2 and section["vision_config"]["tokens_per_image"] == 17
     ops = {n.op_type for n in onnx.load(str(out / "vision.onnx"), load_external_data=False).graph.node}
     assert "Resize" in ops  # the bilinear pooling runs in the graph
-    assert manifest["extra"]["validation_max_diff"]["vision"] < 1e-4
+    assert manifest["extra"]["validation"]["verified"] and manifest["extra"]["validation"]["max_diff"]["vision"] < 1e-4
 
 
 @pytest.mark.parametrize("seer", [None, SEER], ids=["seer-off", "seer-on"])
@@ -277,7 +273,7 @@ def test_cached_parallel_decoding_on_onnx_runtime_equals_torch(lavida, seer: See
     torch's cached loop."""
     ckpt, out = lavida
     manifest = json.loads((out / "manifest.json").read_text())
-    assert list(manifest["graphs"]["refresh"]["inputs"])[-1] == "prompt_width"
+    assert list(manifest["graphs"]["step"]["inputs"])[-1] == "prompt_width"  # the step graph refreshes the cache
     cached = GenerationConfig(gen_length=16, steps=16, block_length=8, kv_cache=True, decode="threshold",
                               threshold=0.5)
     ort, ref = run(out, seer, config=cached), run(ckpt, seer, config=cached)

@@ -33,7 +33,7 @@ from seer_deploy.runtime.targets import parse_device
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.service import Request, Service, ServiceOptions
-from seer_deploy.spec.graphs import STEP, STEP0, WINDOW_STEP
+from seer_deploy.spec.graphs import STEP, WINDOW_STEP
 
 CPU = "CPUExecutionProvider"
 PLAIN = OrtSessionOptions(providers=(CPU,))
@@ -145,9 +145,16 @@ def test_fixed_shapes_pad_and_cut_back(batch: int, seq: int, multiple: int, max_
     rng = np.random.default_rng(batch * 100 + seq)
     feed = {"input_ids": rng.integers(0, 50, (batch, seq)), "attention_mask": np.ones((batch, seq), np.int64),
             "temperature": rng.random(batch).astype(np.float32),
-            "sample_uniform": rng.random((batch, seq)).astype(np.float32)}
+            "sample_uniform": rng.random((batch, seq)).astype(np.float32),
+            "candidates": np.sort(rng.integers(0, seq, (batch, max(1, seq // 2))), axis=1),
+            "with_stats": np.ones(batch, np.int64)}
     padded = pad_feed(STEP, feed, to_batch, to_seq)
     assert padded["input_ids"].shape == (to_batch, to_seq) and padded["temperature"].shape == (to_batch,)
+    # Candidates grow to the padded length by repeating each row's last one: real columns only, computed twice.
+    cands = padded["candidates"]
+    assert cands.shape == (to_batch, to_seq) and np.array_equal(cands[:batch, : feed["candidates"].shape[1]],
+                                                                feed["candidates"])
+    assert (cands[:batch, feed["candidates"].shape[1] :] == feed["candidates"][:, -1:]).all()
     assert not padded["attention_mask"][:, seq:].any()  # new columns are out of attention
     assert np.array_equal(padded["input_ids"][batch:, :seq], np.repeat(feed["input_ids"][:1], to_batch - batch, 0))
     outputs = {"token_ids": padded["input_ids"], "confidence": padded["sample_uniform"]}
@@ -188,7 +195,7 @@ def test_cuda_graph_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert options.provider_entries(cuda_graph=False)[0] == ("CUDAExecutionProvider", {"device_id": "1"})
     plain = OrtSessionOptions(device_id=0).provider_entries(cuda_graph=True)
     assert CUDA_GRAPH_OPTION not in plain[0][1]  # the option off: no capture anywhere
-    assert {STEP.name, WINDOW_STEP.name} == ort_engine.EVERY_STEP and STEP0.name not in ort_engine.EVERY_STEP
+    assert {STEP.name, WINDOW_STEP.name} == ort_engine.EVERY_STEP
 
 
 def test_a_device_resident_cache_keeps_the_window_graph_out_of_capture(exported: tuple[MaskPredictor, Path]) -> None:

@@ -13,28 +13,36 @@ import pytest
 
 from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.export.graphs import MultimodalStep0Graph, MultimodalStepGraph, Step0Graph, StepGraph, VisionGraph
+from seer_deploy.export.graphs import (
+    MultimodalPrefixStepGraph,
+    MultimodalStepGraph,
+    PrefixStepGraph,
+    StepGraph,
+    VisionGraph,
+    WindowStepGraph,
+)
 from seer_deploy.spec.graph_calls import graph_feed, step0_output, step_output
 from seer_deploy.spec.graphs import (
-    MULTIMODAL_STEP,
-    MULTIMODAL_STEP0,
     SPARSITY,
     STEP,
-    STEP0,
     VISION,
+    WINDOW_STEP,
     Axis,
     GraphIO,
     Size,
-    step_graphs,
+    export_graphs,
+    step_graph,
 )
 from seer_deploy.spec.sampling import draw_uniform
 
-ALL_GRAPHS = (STEP0, STEP, VISION, MULTIMODAL_STEP0, MULTIMODAL_STEP)
+MULTIMODAL_STEP = step_graph(multimodal=True)
+ALL_GRAPHS = (STEP, VISION, MULTIMODAL_STEP, WINDOW_STEP, step_graph(kv_cache=True), step_graph(True, True, True))
 
 
 @pytest.mark.parametrize(("graph", "module"), [
-    (STEP0, Step0Graph), (STEP, StepGraph), (VISION, VisionGraph),
-    (MULTIMODAL_STEP0, MultimodalStep0Graph), (MULTIMODAL_STEP, MultimodalStepGraph),
+    (STEP, StepGraph), (step_graph(prefix_dlm=True), PrefixStepGraph), (VISION, VisionGraph),
+    (MULTIMODAL_STEP, MultimodalStepGraph), (step_graph(multimodal=True, prefix_dlm=True), MultimodalPrefixStepGraph),
+    (WINDOW_STEP, WindowStepGraph),
 ])
 def test_the_torch_modules_take_the_declared_inputs_in_order(graph: GraphIO, module: type) -> None:
     """Tracing passes the dynamic shapes by input name: the forward parameters must be the declared inputs."""
@@ -42,12 +50,15 @@ def test_the_torch_modules_take_the_declared_inputs_in_order(graph: GraphIO, mod
 
 
 def test_the_declarations() -> None:
-    assert [g.name for g in step_graphs()] == [g.name for g in step_graphs(multimodal=True)] == ["step0", "step"]
-    assert STEP0.file == "step0.onnx" and VISION.file == "vision.onnx"
+    # One graph for every full pass (step zero, the steps, the refresh); the window graph only with the cache.
+    assert [g.name for g in export_graphs()] == [g.name for g in export_graphs(multimodal=True)] == ["step"]
+    assert [g.name for g in export_graphs(kv_cache=True)] == ["step", "window_step"]
+    assert STEP.file == "step.onnx" and VISION.file == "vision.onnx"
     assert MULTIMODAL_STEP.input_names == [*STEP.input_names, "image_table"]
-    assert MULTIMODAL_STEP0.outputs == STEP0.outputs
-    # The step graphs' outputs are the backends' output records, field for field.
-    assert STEP0.output_names == list(Step0Output._fields) and STEP.output_names == list(StepOutput._fields)
+    assert step_graph(True, True).input_names == [*STEP.input_names, "image_table", "prompt_width"]
+    assert step_graph(kv_cache=True).output_names == [*STEP.output_names, "kv"]
+    # The step graph's outputs are step zero's output record, field for field; a later step reads the first two.
+    assert STEP.output_names == list(Step0Output._fields) and STEP.output_names[:2] == list(StepOutput._fields)
     for graph in ALL_GRAPHS:
         assert len(set(graph.input_names)) == len(graph.inputs) and graph.host_outputs == graph.output_names
         for tensor in (*graph.inputs, *graph.outputs):
@@ -57,8 +68,10 @@ def test_the_declarations() -> None:
         "attention_mask": {0: Axis.BATCH, 1: Axis.SEQ},
         "temperature": {0: Axis.BATCH},
         "sample_uniform": {0: Axis.BATCH, 1: Axis.SEQ},
+        "candidates": {0: Axis.BATCH, 1: Axis.CANDIDATES},
+        "with_stats": {0: Axis.BATCH},
     }
-    assert MULTIMODAL_STEP0.dynamic_axes()["image_table"] == {0: Axis.IMAGE_TOKENS}
+    assert MULTIMODAL_STEP.dynamic_axes()["image_table"] == {0: Axis.IMAGE_TOKENS}
 
 
 def test_shapes_resolve_from_sizes() -> None:
@@ -80,12 +93,20 @@ def test_feeds_follow_the_declaration() -> None:
     assert feed["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 1]]
     assert feed["temperature"].tolist() == [0.5, 0.5] and feed["temperature"].dtype == np.float32
     np.testing.assert_array_equal(feed["sample_uniform"], draw_uniform(3, (2, 3)))
-    assert list(graph_feed(STEP0, checked)) == STEP0.input_names  # no sampling inputs at step zero
+    # No candidates named: every column; no statistics unless asked for (step zero).
+    assert feed["candidates"].tolist() == [[0, 1, 2], [0, 1, 2]] and feed["with_stats"].tolist() == [0, 0]
+    assert graph_feed(STEP, checked, with_stats=True)["with_stats"].tolist() == [1, 1]
+    named = StepInput(ids, None, candidates=np.array([[2], [1]])).checked(16)
+    assert graph_feed(STEP, named)["candidates"].tolist() == [[2], [1]]
+    with pytest.raises(ConfigError, match="candidates must be columns in"):
+        StepInput(ids, None, candidates=np.array([[3], [1]])).checked(16)
+    with pytest.raises(ConfigError, match="candidates must be integer columns"):
+        StepInput(ids, None, candidates=np.array([[0, 1]])).checked(16)
     table = np.zeros((4, 8), np.float32)
-    feed = graph_feed(MULTIMODAL_STEP0, checked, table)
-    assert list(feed) == MULTIMODAL_STEP0.input_names and feed["image_table"] is table
-    with pytest.raises(ConfigError, match="step0 graph needs image_table"):
-        graph_feed(MULTIMODAL_STEP0, checked)
+    feed = graph_feed(MULTIMODAL_STEP, checked, table)
+    assert list(feed) == MULTIMODAL_STEP.input_names and feed["image_table"] is table
+    with pytest.raises(ConfigError, match="step graph needs image_table"):
+        graph_feed(MULTIMODAL_STEP, checked)
 
 
 def test_outputs_come_back_as_declared_dtypes() -> None:

@@ -88,10 +88,10 @@ def test_the_window_uses_the_cache_for_the_rest_of_the_sequence() -> None:
 def test_export_with_the_cache_graphs(exported: tuple[MaskPredictor, Path, Path]) -> None:
     _, _, out = exported
     manifest = ExportManifest.load(out)
-    assert manifest.has_cache and {"refresh", "window_step"} <= set(manifest.graphs)
-    assert (out / "refresh.onnx").is_file() and (out / "window_step.onnx").is_file()
-    assert "refresh kv (relative)" in manifest.extra["validation_max_diff"]
-    kv = manifest.graphs["refresh"].outputs["kv"]
+    assert manifest.has_cache and set(manifest.graphs) == {"step", "window_step"}  # the step graph refreshes
+    assert (out / "step.onnx").is_file() and (out / "window_step.onnx").is_file()
+    assert manifest.verified and "refresh kv (relative)" in manifest.extra["validation"]["max_diff"]
+    kv = manifest.graphs["step"].outputs["kv"]
     cfg = manifest.model_config()
     assert kv.shape == [cfg.n_layers, 2, "batch", cfg.n_kv_heads, "seq", cfg.head_dim]
 
@@ -158,12 +158,11 @@ def test_cache_requests_are_refused_with_the_fix(tmp_path: Path, exported: tuple
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     model, _, out = exported
     cfg = model.cfg
-    # The same export as one made without --kv-cache: no cache graphs, none in its manifest.
+    # The same export as one made without --kv-cache: no window graph, none in its manifest.
     plain = tmp_path / "plain"
     shutil.copytree(out, plain)
     manifest = json.loads((plain / "manifest.json").read_text())
-    for name in ("refresh", "window_step"):
-        (plain / manifest["graphs"].pop(name)["file"]).unlink()
+    (plain / manifest["graphs"].pop("window_step")["file"]).unlink()
     (plain / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match="--kv-cache"):
         run_generation(OrtBackend(plain, CPU), PROMPTS, GenerationConfig(8, 8, kv_cache=True), mask_id=cfg.mask_id,
@@ -173,13 +172,13 @@ def test_cache_requests_are_refused_with_the_fix(tmp_path: Path, exported: tuple
                        mask_id=cfg.mask_id, pad_id=cfg.pad_id)
     code, _, err = run(["generate", str(plain), "-p", "reverse 12", "--gen-length", "8", "--kv-cache"], capsys)
     assert code != 0 and "export --kv-cache" in err and len(err.strip().splitlines()) == 1
-    # A manifest naming one cache graph without the other is refused when it is read.
+    # A manifest with the window graph but a step graph that returns no keys and values is refused when it is read.
     manifest = json.loads((out / "manifest.json").read_text())
-    del manifest["graphs"]["window_step"]
+    del manifest["graphs"]["step"]["outputs"]["kv"]
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ArtifactError, match="without the other cache graph"):
+    with pytest.raises(ArtifactError, match="returns no 'kv'"):
         ExportManifest.load(broken)
 
 

@@ -13,7 +13,8 @@ from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.models.image import load_image, pixel_batch
-from seer_deploy.models.image_prompts import ImageConditionedModel, MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.image_prompts import ImageConditionedModel
 from seer_deploy.models.multimodal import load_multimodal
 from seer_deploy.models.requests import assign_images
 from seer_deploy.runtime.reference import generate
@@ -113,7 +114,7 @@ def test_export_command_writes_the_vision_graph_and_its_engine_dir_answers_like_
     out = tmp_path / "export"
     assert _cli(["export", str(ckpt), "--out", str(out), "--build", "ort"]) == 0
     assert "vision.onnx" in capsys.readouterr().out
-    assert {"vision.onnx", "step0.onnx", "step.onnx"} <= {p.name for p in out.iterdir()}
+    assert {"vision.onnx", "step.onnx"} <= {p.name for p in out.iterdir()}
     texts = ["<image> describe", "<image> count"]
     engine = generate_vl(str(out / "engine"), texts, images[:2], CONFIG)
     ref = generate_vl(str(ckpt), texts, images[:2], CONFIG)
@@ -129,17 +130,3 @@ def test_tensorrt_build_of_a_multimodal_checkpoint_is_refused_before_exporting(
     err = capsys.readouterr().err
     assert "multimodal checkpoint" in err and "--build ort" in err
     assert not (tmp_path / "export").exists()
-
-
-def test_tensorrt_build_of_a_multimodal_export_names_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past the TensorRT install check (stubbed: TensorRT cannot be installed here), `build` refuses a multimodal
-    export before writing anything, instead of failing on the image table's unplanned axis."""
-    from seer_deploy.engines import tensorrt_engine
-    from seer_deploy.engines.build import BuildOptions, build_engines
-
-    ckpt, _, _ = write_tiny_vl(tmp_path / "ck")
-    out = export_multimodal(ckpt, tmp_path / "export").out
-    monkeypatch.setattr(tensorrt_engine, "require_tensorrt", lambda: None)
-    with pytest.raises(ConfigError, match="multimodal export.*--backend ort"):
-        build_engines(out, tmp_path / "engine", BuildOptions(backend="tensorrt"))
-    assert not (tmp_path / "engine").exists()

@@ -241,18 +241,20 @@ def test_shared_weights_give_the_same_outputs_from_one_copy(
 
     ort_backend, _ = backends
     model, out = exported
-    shared = OrtBackend(out, OrtSessionOptions(providers=("CPUExecutionProvider",), share_weights=True))
-    # One OrtValue per distinct tensor of weights.bin, used by both sessions.
-    step0_refs = {
+    assert ort_backend.options.shares_weights()  # the default on the CPU
+    own_copy = OrtBackend(out, OrtSessionOptions(providers=("CPUExecutionProvider",), share_weights=False))
+    ids, mask = batch(model.cfg.vocab_size, model.cfg.mask_id, 3, 30, 4)
+    for a, b in zip(own_copy.step0(StepInput(ids, mask)), ort_backend.step0(StepInput(ids, mask)), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(own_copy.step(StepInput(ids, mask, 1.0, 3)).token_ids,
+                                  ort_backend.step(StepInput(ids, mask, 1.0, 3)).token_ids)
+    # One OrtValue per distinct tensor of weights.bin, each a view of the one memory map.
+    step_refs = {
         (e.value for e in init.external_data if e.key == "offset").__next__()
-        for init in onnx.load(str(out / "step0.onnx"), load_external_data=False).graph.initializer
+        for init in onnx.load(str(out / "step.onnx"), load_external_data=False).graph.initializer
         if init.data_location == onnx.TensorProto.EXTERNAL
     }
-    assert len(shared._shared) == len(step0_refs) > 0
-    ids, mask = batch(model.cfg.vocab_size, model.cfg.mask_id, 3, 30, 4)
-    for a, b in zip(shared.step0(StepInput(ids, mask)), ort_backend.step0(StepInput(ids, mask)), strict=True):
-        np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(shared.step(StepInput(ids, mask, 1.0, 3)).token_ids, ort_backend.step(StepInput(ids, mask, 1.0, 3)).token_ids)
+    assert len(ort_backend._shared) == len(step_refs) > 0 and not own_copy._shared
     with pytest.raises(ConfigError, match="share_weights needs the CPU provider"):
         OrtBackend(out, OrtSessionOptions(providers=("AzureExecutionProvider", "CPUExecutionProvider"), share_weights=True))
 

@@ -129,7 +129,7 @@ if where != "-":
     setattr(module, name, paused)
 main(argv)
 """
-EXPORT_MOMENTS = [("seer_deploy.export.exporter.trace_graph", 2),  # step0.onnx written in the temporary
+EXPORT_MOMENTS = [("seer_deploy.export.exporter.check_graph_files", 1),  # step.onnx written in the temporary
                   ("seer_deploy.export.exporter.install_dir", 1)]  # everything written, not yet renamed
 BUILD_MOMENTS = [("seer_deploy.engines.build._build_ort", 1),  # the temporary made, nothing in it yet
                  ("seer_deploy.engines.build.install_dir", 1)]  # engine.json and the marker written

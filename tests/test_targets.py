@@ -118,7 +118,7 @@ def test_stale_or_foreign_engines_are_refused_before_loading(artifacts: dict[str
     # A TensorRT engine of another model: the mismatch is reported even where TensorRT is missing.
     trt_facts = {"version": "10.0", "gpu_name": "GPU", "compute_capability": "9.0",
                  "profile_index": {str(b): i for i, b in enumerate(json.loads((engine / "engine.json").read_text())["buckets"])}}
-    trt_files = {"step0": "step0.engine", "step": "step.engine"}
+    trt_files = {"step": "step.engine"}
     trt = edit_engine_json(engine, artifacts["export"] / "trt", backend="tensorrt", tensorrt=trt_facts,
                            model_fingerprint="e" * 64, files=trt_files)
     fitting = edit_engine_json(engine, artifacts["export"] / "trt-ok", backend="tensorrt", tensorrt=trt_facts,

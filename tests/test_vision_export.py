@@ -18,18 +18,14 @@ from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.image import pixel_batch
-from seer_deploy.models.image_prompts import (
-    ImageConditionedModel,
-    MultimodalTokenizer,
-    expand_placeholders,
-    image_table,
-)
+from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.image_prompts import ImageConditionedModel, image_table
 from seer_deploy.models.multimodal import load_multimodal
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.spec.export_manifest import ExportManifest
-from seer_deploy.spec.graphs import VISION, Size, step_graphs
+from seer_deploy.spec.graphs import VISION, Size, export_graphs
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 
@@ -41,18 +37,19 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return ckpt, result.out
 
 
-def test_export_writes_three_graphs_and_a_manifest(exported) -> None:
+def test_export_writes_two_graphs_and_a_manifest(exported) -> None:
     ckpt, out = exported
-    files = {"vision.onnx", "step0.onnx", "step.onnx", "weights.bin", "manifest.json"}
+    files = {"vision.onnx", "step.onnx", "weights.bin", "manifest.json"}
     assert {p.name for p in out.iterdir()} == files | {".seer-deploy.json"}
     assert json.loads((out / ".seer-deploy.json").read_text())["files"] == sorted(files)
     manifest = json.loads((out / "manifest.json").read_text())
     section = manifest["extra"][MULTIMODAL_KEY]
     assert section["vision"]["inputs"]["pixel_values"]["shape"][1:] == [3, 16, 16]
     assert section["vision"]["outputs"]["image_embeds"]["shape"][1:] == [17, 32]  # 16 patches + image_newline
-    assert manifest["graphs"]["step0"]["inputs"]["image_table"]["shape"][1] == 32
+    assert manifest["graphs"]["step"]["inputs"]["image_table"]["shape"][1] == 32
     assert section["image_id_base"] == load_multimodal(ckpt).config.n_embed_rows
-    diffs = manifest["extra"]["validation_max_diff"]
+    assert manifest["extra"]["validation"]["verified"]
+    diffs = manifest["extra"]["validation"]["max_diff"]
     assert diffs["vision"] < 1e-4 and diffs["step0 confidence"] < 1e-4
 
 
@@ -67,9 +64,9 @@ def test_the_graphs_are_what_spec_graphs_declares(exported) -> None:
         Size.IMAGE_SIZE: vision_config["image"]["image_size"],
         Size.TOKENS_PER_IMAGE: vision_config["tokens_per_image"],
     }
-    files = {graph.name: m.graphs[graph.name].file for graph in step_graphs(multimodal=True)}
+    files = {graph.name: m.graphs[graph.name].file for graph in export_graphs(multimodal=True)}
     files[VISION.name] = m.extra[MULTIMODAL_KEY]["vision"]["file"]
-    for graph in (VISION, *step_graphs(multimodal=True)):
+    for graph in (VISION, *export_graphs(multimodal=True)):
         assert files[graph.name] == graph.file
         assert onnx_interface(out / graph.file) == graph.interface(sizes)
 

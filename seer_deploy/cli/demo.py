@@ -79,7 +79,7 @@ def run_demo(work_dir: Path, gen_length: int, repeats: int, threads: int, say: S
 
     session = OrtSessionOptions(providers=("CPUExecutionProvider",), intra_op_threads=threads)
     export = prepare_export("demo", work_dir / "export", export_options())  # refuses a directory that is not ours
-    stage("export: demo checkpoint -> ONNX (step0, step), checked against torch")
+    stage("export: demo checkpoint -> ONNX (step), checked against torch")
     exported = export.start(progress=lambda s: stage(f"export: {s}"))
     m = exported.manifest
     say(f"exported {m.model.source} ({m.model.config['n_layers']} layers, d_model {m.model.config['d_model']}, "
@@ -111,7 +111,7 @@ def run_demo(work_dir: Path, gen_length: int, repeats: int, threads: int, say: S
 
 
 def run_multimodal_demo(work_dir: Path, gen_length: int, n: int, say: Say, stage: Say) -> Run:
-    """`seer-deploy demo --vl`: export demo-vl (vision.onnx, step0.onnx, step.onnx), answer n held-out pictures
+    """`seer-deploy demo --vl`: export demo-vl (vision.onnx, step.onnx), answer n held-out pictures
     through ONNX Runtime with Seer (when calibrated), then the same pictures at full length for the comparison."""
     from seer_deploy.core.generation import GenerationConfig
     from seer_deploy.export.multimodal import prepare_multimodal
@@ -125,9 +125,9 @@ def run_multimodal_demo(work_dir: Path, gen_length: int, n: int, say: Say, stage
     n_params = loaded.lm.model.num_parameters() + loaded.vision.num_parameters()
     say(f"demo-vl checkpoint: {loaded.path} ({n_params / 1e6:.2f}M parameters, SigLIP tower + "
         f"{loaded.vision_config.projector_type} projector + LLaDA-style LM)")
-    stage("export: demo-vl -> ONNX (vision, step0, step), checked against torch")
+    stage("export: demo-vl -> ONNX (vision, step), checked against torch")
     exported = export.start()
-    say(f"exported demo-vl to {exported.out} (vision.onnx, step0.onnx, step.onnx; checked against torch) in "
+    say(f"exported demo-vl to {exported.out} (vision.onnx, step.onnx; checked against torch) in "
         f"{exported.seconds:.1f}s")
     cases = [(Request(e.prompt, (e.image(),)), e.answer) for e in heldout_examples(n)]  # pictures in memory
     requests = [request for request, _ in cases]

@@ -39,6 +39,10 @@ class StepInput(NamedTuple):
     seed: int | None = None  # the sample's randomness at temperature > 0
     prompt_width: int = 0  # columns [0, prompt_width) hold the prompts: what classifier-free guidance masks
     guidance: float = 0.0  # classifier-free guidance scale; only backends with `supports_guidance` run it
+    # int64 [B, C]: the columns whose tokens the pass must compute (the masks it may commit; a row with fewer repeats
+    # one of its columns), or None for every column. An exported step graph computes these only: at the others it
+    # returns the input id with confidence -inf. The torch backend computes every column whatever this says.
+    candidates: np.ndarray | None = None
 
     def checked(self, max_seq_len: int) -> StepInput:
         """The input as every engine wants it (int64, C-contiguous, a mask array), or ConfigError naming what is
@@ -68,8 +72,20 @@ class StepInput(NamedTuple):
             raise ConfigError(f"the guidance scale must be a number >= 0, got {self.guidance}")
         if not 0 <= self.prompt_width <= ids.shape[1]:
             raise ConfigError(f"prompt_width {self.prompt_width} lies outside the sequence [0, {ids.shape[1]}]")
+        candidates = None
+        if self.candidates is not None:
+            candidates = np.asarray(self.candidates)
+            if (candidates.ndim != 2 or candidates.shape[0] != ids.shape[0] or candidates.shape[1] == 0
+                    or not np.issubdtype(candidates.dtype, np.integer)):
+                raise ConfigError(f"candidates must be integer columns [batch {ids.shape[0]}, at least 1], got "
+                                  f"{candidates.dtype} {candidates.shape}")
+            if candidates.min() < 0 or candidates.max() >= ids.shape[1]:
+                raise ConfigError(f"candidates must be columns in [0, {ids.shape[1]}), got {candidates.min()} to "
+                                  f"{candidates.max()}")
+            candidates = np.ascontiguousarray(candidates, dtype=np.int64)
         return self._replace(
-            input_ids=np.ascontiguousarray(ids, dtype=np.int64), attention_mask=np.ascontiguousarray(mask, np.int64)
+            input_ids=np.ascontiguousarray(ids, dtype=np.int64), attention_mask=np.ascontiguousarray(mask, np.int64),
+            candidates=candidates,
         )
 
 

@@ -17,3 +17,10 @@ class ConfigError(SeerDeployError):
 
 class ArtifactError(SeerDeployError):
     """An export or engine directory does not match what is being asked of it."""
+
+
+class UnverifiedExport(SeerDeployError):
+    """An export finished and was installed, but its check against torch failed: the work is kept, marked unverified
+    in its manifest, and the run fails (exit code 1: not the user's input, but not a result to trust blindly)."""
+
+    exit_code = 1

@@ -42,9 +42,10 @@ class FixedShapes:
 
 
 def pad_feed(graph: GraphIO, feed: Mapping[str, np.ndarray], batch: int, seq: int) -> dict[str, np.ndarray]:
-    """The feed with every declared BATCH axis grown to `batch` (rows repeat row 0, so every row stays a real one)
-    and every SEQ axis to `seq` (zeros: the attention mask's zeros keep the new columns out of every real position's
-    attention)."""
+    """The feed with every declared BATCH axis grown to `batch` (rows repeat row 0, so every row stays a real one),
+    every SEQ axis to `seq` (zeros: the attention mask's zeros keep the new columns out of every real position's
+    attention) and the CANDIDATES axis to `seq` too (repeating each row's last candidate: the same column computed
+    twice), so that one shape serves every call of a sequence length."""
     padded = {}
     for tensor in graph.inputs:
         value = feed[tensor.name]
@@ -52,10 +53,10 @@ def pad_feed(graph: GraphIO, feed: Mapping[str, np.ndarray], batch: int, seq: in
             have = value.shape[axis]
             if kind is Axis.BATCH and batch > have:
                 value = np.concatenate([value, np.repeat(np.take(value, [0], axis=axis), batch - have, axis)], axis)
-            elif kind is Axis.SEQ and seq > have:
+            elif kind in (Axis.SEQ, Axis.CANDIDATES) and seq > have:
                 widths = [(0, 0)] * value.ndim
                 widths[axis] = (0, seq - have)
-                value = np.pad(value, widths)
+                value = np.pad(value, widths, mode="constant" if kind is Axis.SEQ else "edge")
         padded[tensor.name] = np.ascontiguousarray(value)
     return padded
 

@@ -39,7 +39,17 @@ from seer_deploy.spec.graph_calls import (
     window_feed,
     window_output,
 )
-from seer_deploy.spec.graphs import KV, STEP, WINDOW_STEP, GraphIO, cache_graphs, step_graphs
+from seer_deploy.spec.graphs import (
+    CONFIDENCE,
+    EOS_PROB,
+    KV,
+    SPARSITY,
+    STEP,
+    TOKEN_IDS,
+    WINDOW_STEP,
+    GraphIO,
+    step_graph,
+)
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 GraphOptimization = Literal["disable", "basic", "extended", "all"]
@@ -54,6 +64,10 @@ ProviderEntry = str | tuple[str, dict[str, str]]  # a provider, or a provider wi
 CUDA_GRAPH_OPTION = "enable_cuda_graph"  # the CUDA provider's option for CUDA graph capture
 # The graphs a denoising step runs (the others run once a batch or a block): the ones CUDA graphs pay off for.
 EVERY_STEP: frozenset[str] = frozenset({STEP.name, WINDOW_STEP.name})
+# What each kind of call asks the step graph for (ONNX Runtime computes the graph either way, but copies only these).
+STEP_OUTPUTS: tuple[str, ...] = (TOKEN_IDS.name, CONFIDENCE.name)
+STEP0_OUTPUTS: tuple[str, ...] = (*STEP_OUTPUTS, EOS_PROB.name, SPARSITY.name)
+REFRESH_OUTPUTS: tuple[str, ...] = (*STEP_OUTPUTS, KV.name)
 QUIET_LOG_LEVEL = 3  # errors only: ONNX Runtime's own warnings (unused initializers) are not the user's problem
 
 
@@ -122,6 +136,16 @@ def open_session(graph_file: Path, options: ort.SessionOptions, providers: Seque
                             "damaged or incomplete: re-export it") from exc
 
 
+def share_cpu_arena(options: ort.SessionOptions) -> None:
+    """Let the session allocate its activations from the environment's CPU arena, registered once per process and
+    shared by every session that asks (ONNX Runtime's environment is process-wide; registering it again keeps the
+    first), instead of an arena of its own: sessions run one after another, so one arena serves them all (measured:
+    half the activation memory)."""
+    info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+    ort.create_and_register_allocator(info, None)
+    options.add_session_config_entry("session.use_env_allocators", "1")
+
+
 @dataclass(frozen=True)
 class OrtSessionOptions:
     """How the ONNX Runtime sessions are made. providers None = CUDA when onnxruntime-gpu has it, else CPU."""
@@ -131,9 +155,11 @@ class OrtSessionOptions:
     inter_op_threads: int = 0
     graph_optimization: GraphOptimization = "all"
     verify_hashes: bool = True  # compare the .onnx files with the manifest's sha256 on load (they are small)
-    # CPU only: both sessions read one memory-mapped copy of weights.bin instead of a copy each. Weight prepacking
-    # is turned off for that, so matmuls get somewhat slower: for models whose two copies would not fit in memory.
-    share_weights: bool = False
+    # CPU: every session reads one read-only memory map of weights.bin (the page cache's copy, shared with other
+    # processes too) instead of each prepacking its own copy of the MatMul weights, and the sessions share one
+    # activation arena. None: on with the CPU provider. False trades one more copy of the weights per graph for
+    # faster small matmuls (the window graph's, about 1.3x, shared/reference/ort-shared-weights.md).
+    share_weights: bool | None = None
     # IO binding: inputs written into buffers kept per call shape on the session's device, outputs kept there, only
     # the compact outputs copied to the host (engines.ort_binding). Worth it on CUDA; on CPU it gives the same tokens.
     io_binding: bool = False
@@ -179,7 +205,7 @@ class OrtSessionOptions:
             raise ConfigError(f"--cuda-graph needs the CUDA provider first, got {providers[0]}; install "
                               "onnxruntime-gpu on an NVIDIA GPU and pass --provider CUDAExecutionProvider, or drop "
                               "--cuda-graph")
-        if self.cuda_graph and self.share_weights:
+        if self.cuda_graph and self.share_weights is True:
             raise ConfigError("share_weights is CPU only and --cuda-graph CUDA only; drop one")
 
     def provider_entries(self, cuda_graph: bool = False) -> list[ProviderEntry]:
@@ -208,6 +234,11 @@ class OrtSessionOptions:
                             cuda_graph=self.cuda_graph and cuda_graph,
                             fixed_shapes=FixedShapes(multiple, max_seq) if multiple else None)
 
+    def shares_weights(self) -> bool:
+        """Whether the sessions read one memory map of the weights (share_weights, resolved for the provider)."""
+        on_cpu = self.resolved_providers()[0] == CPU
+        return on_cpu if self.share_weights is None else self.share_weights
+
     def session_options(self) -> ort.SessionOptions:
         self.check()
         so = ort.SessionOptions()
@@ -221,9 +252,12 @@ class OrtSessionOptions:
 
 
 class OrtBackend:
-    """`Backend` over an export directory (step0.onnx, step.onnx, weights.bin, manifest.json), and its KV cache
-    graphs (refresh.onnx, window_step.onnx) where it has them and `kv_cache` is on (off: an engine dir built without
-    them opens none)."""
+    """`Backend` over an export directory (step.onnx, weights.bin, manifest.json), and its KV cache graph
+    (window_step.onnx; the step graph returns the keys and values) where it has it and `kv_cache` is on.
+
+    One step graph serves step zero, every later step and the cache refresh, so a text export opens one session
+    (two with the cache); each is opened on its first call, so a mode that never runs a graph never pays for it. On
+    the CPU the sessions read the weights from one memory map (OrtSessionOptions.share_weights)."""
 
     def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None, *,
                  kv_cache: bool = True) -> None:
@@ -239,27 +273,43 @@ class OrtBackend:
                 "turn it off or choose providers=('CPUExecutionProvider',)"
             )
         self._shared: dict[tuple[int, int, int, tuple[int, ...]], ort.OrtValue] = {}  # outlives the sessions
-        self._step0_io, self._step_io = self._declared_graphs()
-        multimodal = MULTIMODAL_KEY in self.manifest.extra
-        self._refresh_io, self._window_io = cache_graphs(multimodal, self.manifest.model_config().prefix_dlm)
+        self._weights_map: np.memmap | None = None
+        self._step_io = self._declared_step_graph()
+        self._window_io = WINDOW_STEP
         self.supports_cache = self.manifest.has_cache and kv_cache
-        graphs = (self._step0_io, self._step_io) + ((self._refresh_io, self._window_io) if self.supports_cache else ())
+        self._graphs = {io.name: io for io in ((self._step_io, self._window_io) if self.supports_cache
+                                                else (self._step_io,))}
         wanted, on_cuda = self.options.device_cache, providers[0] == CUDA
         self.device_cache = (self.options.io_binding or self.options.cuda_graph) and on_cuda if wanted is None else wanted
         # The graphs captured as CUDA graphs (with --cuda-graph): the step graph, and the window graph unless its cache
         # is device-resident (a fresh binding per call: addresses a captured graph would not follow).
         self.captured_graphs = EVERY_STEP - ({WINDOW_STEP.name} if self.device_cache else set())
-        self._sessions = {io.name: self._session(io) for io in graphs}
-        active = self._sessions[self._step_io.name].get_providers()
-        self.providers: list[str] = active
-        self.name = "onnxruntime-cuda" if active and active[0] == CUDA else "onnxruntime-cpu"
+        self._sessions: dict[str, ort.InferenceSession] = {}
+        self._bound: dict[str, BoundSession | None] = {}
+        self.providers: list[str] = providers
+        self.name = "onnxruntime-cuda" if on_cuda else "onnxruntime-cpu"
         self.max_seq_len: int = self.manifest.max_seq_len
-        self._bound = {io.name: self.options.bound(self._sessions[io.name], io, self.max_seq_len,
-                                                   cuda_graph=io.name in self.captured_graphs)
-                       for io in graphs}
-        on_cuda = active[0] == CUDA
         self._device = ("cuda" if on_cuda else "cpu", self.options.device_id if on_cuda else 0)
         self.sparsity_rows: list[tuple[int, str]] = list(self.manifest.seer.sparsity_rows)
+
+    def open_sessions(self) -> None:
+        """Open every graph's session now (what `seer-deploy build` checks), instead of at its first call."""
+        for io in self._graphs.values():
+            self._session_of(io)
+
+    @property
+    def open_graphs(self) -> list[str]:
+        """The graphs whose sessions are open so far."""
+        return sorted(self._sessions)
+
+    def _session_of(self, io: GraphIO) -> ort.InferenceSession:
+        session = self._sessions.get(io.name)
+        if session is None:
+            session = self._sessions[io.name] = self._session(io)
+            self.providers = session.get_providers()
+            self._bound[io.name] = self.options.bound(session, io, self.max_seq_len,
+                                                      cuda_graph=io.name in self.captured_graphs)
+        return session
 
     def _check_files(self) -> None:
         m = self.manifest
@@ -281,18 +331,19 @@ class OrtBackend:
                     "after export; re-run `seer-deploy export`"
                 )
 
-    def _declared_graphs(self) -> tuple[GraphIO, GraphIO]:
-        """The declarations of the export's step0 and step graphs: a multimodal export's also take the image table, a
-        prefix-DLM model's the prompt width."""
-        return step_graphs(multimodal=MULTIMODAL_KEY in self.manifest.extra,
-                           prefix_dlm=self.manifest.model_config().prefix_dlm)
+    def _declared_step_graph(self) -> GraphIO:
+        """The declaration of the export's step graph: a multimodal export's also takes the image table, a prefix-DLM
+        model's the prompt width, a --kv-cache export's returns the keys and values."""
+        return step_graph(multimodal=MULTIMODAL_KEY in self.manifest.extra,
+                          prefix_dlm=self.manifest.model_config().prefix_dlm, kv_cache=self.manifest.has_cache)
 
     def _session(self, io: GraphIO) -> ort.InferenceSession:
         graph = self.manifest.graphs[io.name]
         providers = self.options.provider_entries(cuda_graph=io.name in self.captured_graphs)
         so = self.options.session_options()
-        if self.options.share_weights:
+        if self.options.shares_weights():
             self._add_shared_initializers(so, self.export_dir / graph.file)
+            share_cpu_arena(so)
         session = open_session(self.export_dir / graph.file, so, providers)
         got = sorted(i.name for i in session.get_inputs())
         if got != sorted(io.input_names) or got != sorted(graph.inputs):
@@ -311,7 +362,9 @@ class OrtBackend:
 
         check_external_data(graph_file)
         weights_file = self.export_dir / self.manifest.weights.file
-        weights = np.memmap(weights_file, dtype=np.uint8, mode="r")
+        if self._weights_map is None:
+            self._weights_map = np.memmap(weights_file, dtype=np.uint8, mode="r")
+        weights = self._weights_map
         proto = onnx.load(str(graph_file), load_external_data=False)
         for init in proto.graph.initializer:
             if init.data_location != onnx.TensorProto.EXTERNAL:
@@ -332,17 +385,19 @@ class OrtBackend:
             so.add_initializer(init.name, self._shared[key])
         so.add_session_config_entry("session.disable_prepacking", "1")
 
-    def _run(self, io: GraphIO, inputs: StepInput) -> dict[str, np.ndarray]:
+    def _run(self, io: GraphIO, inputs: StepInput, outputs: Sequence[str], with_stats: bool = False
+             ) -> dict[str, np.ndarray]:
         checked = inputs.checked(self.max_seq_len)
-        return self._call(io, graph_feed(io, checked, self._image_table(checked)))
+        return self._call(io, graph_feed(io, checked, self._image_table(checked), with_stats=with_stats), outputs)
 
-    def _call(self, io: GraphIO, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One call of a graph: through its IO-bound runner when there is one, else `session.run`."""
+    def _call(self, io: GraphIO, feed: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        """One call of a graph: through its IO-bound runner when there is one (every output), else `session.run`
+        (the outputs asked for)."""
+        session = self._session_of(io)
         bound = self._bound[io.name]
         if bound is not None:
             return bound.run(feed)
-        outputs = self._sessions[io.name].run(io.host_outputs, feed)
-        return dict(zip(io.host_outputs, outputs, strict=True))
+        return dict(zip(outputs, session.run(list(outputs), feed), strict=True))
 
     @property
     def bound_shapes(self) -> dict[str, int]:
@@ -355,18 +410,19 @@ class OrtBackend:
         return None
 
     def step0(self, inputs: StepInput) -> Step0Output:
-        return step0_output(self._run(self._step0_io, inputs))
+        """The step graph with step zero's statistics."""
+        return step0_output(self._run(self._step_io, inputs, STEP0_OUTPUTS, with_stats=True))
 
     def step(self, inputs: StepInput) -> StepOutput:
         """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see spec.sampling)."""
-        return step_output(self._run(self._step_io, inputs))
+        return step_output(self._run(self._step_io, inputs, STEP_OUTPUTS))
 
     def refresh(self, inputs: StepInput) -> RefreshOutput:
         """A step that also returns every layer's keys and values (export --kv-cache); with `device_cache` they
         stay on the session's device, as a torch tensor."""
         self._need_cache()
         if not self.device_cache:
-            return refresh_output(self._run(self._refresh_io, inputs))
+            return refresh_output(self._run(self._step_io, inputs, REFRESH_OUTPUTS))
         import torch
 
         checked = inputs.checked(self.max_seq_len)
@@ -375,8 +431,9 @@ class OrtBackend:
         kind, index = self._device
         kv = torch.empty((cfg.n_layers, 2, batch, cfg.n_kv_heads, seq, cfg.head_dim), dtype=torch.float32,
                          device=torch.device(kind, index))
-        io = self._refresh_io
-        values = run_with_device_tensors(self._sessions[io.name], io, graph_feed(io, checked, self._image_table(checked)),
+        io = self._step_io
+        values = run_with_device_tensors(self._session_of(io), io,
+                                         graph_feed(io, checked, self._image_table(checked)),
                                          device=kind, device_id=index, device_outputs={KV.name: kv})
         picked = step_output(values)
         return RefreshOutput(picked.token_ids, picked.confidence, kv)
@@ -388,14 +445,14 @@ class OrtBackend:
         io = self._window_io
         if is_device_array(checked.kv):  # a device-resident cache: bound where it lies
             kind, index = self._device
-            return window_output(run_with_device_tensors(self._sessions[io.name], io, window_feed(io, checked),
+            return window_output(run_with_device_tensors(self._session_of(io), io, window_feed(io, checked),
                                                          device=kind, device_id=index, device_outputs={}))
-        return window_output(self._call(io, window_feed(io, checked)))
+        return window_output(self._call(io, window_feed(io, checked), io.host_outputs))
 
     def _need_cache(self) -> None:
         if not self.supports_cache and self.manifest.has_cache:
-            raise ConfigError(f"the KV cache graphs of {self.export_dir} were not opened (an engine dir built before "
-                              "the export had them); rebuild it with `seer-deploy build`, or run without --kv-cache")
+            raise ConfigError(f"the KV cache graph of {self.export_dir} was not opened (an engine dir built before "
+                              "the export had it); rebuild it with `seer-deploy build`, or run without --kv-cache")
         if not self.supports_cache:
-            raise ConfigError(f"{self.export_dir} has no KV cache graphs; re-export with `seer-deploy export "
+            raise ConfigError(f"{self.export_dir} has no KV cache graph; re-export with `seer-deploy export "
                               "--kv-cache`, or run without --kv-cache")

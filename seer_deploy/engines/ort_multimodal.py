@@ -11,8 +11,8 @@ from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, file_sha256
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, open_session
-from seer_deploy.models.image_prompts import image_table_np
-from seer_deploy.spec.graphs import IMAGE_EMBEDS, PIXEL_VALUES, VISION, GraphIO, step_graphs
+from seer_deploy.models.image_placeholders import image_table_np
+from seer_deploy.spec.graphs import IMAGE_EMBEDS, PIXEL_VALUES, VISION, GraphIO, step_graph
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 
@@ -26,7 +26,7 @@ class MultimodalOrtBackend(OrtBackend):
     def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None, *,
                  kv_cache: bool = True) -> None:
         super().__init__(export_dir, options, kv_cache=kv_cache)
-        section: dict[str, Any] = self.manifest.extra[MULTIMODAL_KEY]  # _declared_graphs made sure it is there
+        section: dict[str, Any] = self.manifest.extra[MULTIMODAL_KEY]  # _declared_step_graph made sure it is there
         self.multimodal = section
         vision = section[VISION.name]
         file = confined(self.export_dir, vision["file"], "the vision graph", error=ArtifactError)
@@ -46,14 +46,15 @@ class MultimodalOrtBackend(OrtBackend):
         self.image_size = int(section["vision_config"]["image"]["image_size"])
         self._table = np.zeros((1, self.width), dtype=np.float32)
 
-    def _declared_graphs(self) -> tuple[GraphIO, GraphIO]:
+    def _declared_step_graph(self) -> GraphIO:
         section = self.manifest.extra.get(MULTIMODAL_KEY)
         if not isinstance(section, dict) or VISION.name not in section:
             raise ArtifactError(
                 f"{self.export_dir} is a text-only export (no vision graph in its manifest); export a multimodal "
                 "checkpoint, or run it without images"
             )
-        return step_graphs(multimodal=True, prefix_dlm=self.manifest.model_config().prefix_dlm)
+        return step_graph(multimodal=True, prefix_dlm=self.manifest.model_config().prefix_dlm,
+                          kv_cache=self.manifest.has_cache)
 
     def encode_images(self, pixel_values: np.ndarray) -> np.ndarray:
         """float32 [N, 3, H, W] -> float32 [N, tokens_per_image, D] (N = 0 gives an empty array)."""

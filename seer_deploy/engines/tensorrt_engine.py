@@ -1,12 +1,14 @@
-"""Every TensorRT call in seer-deploy: building an engine with one optimization profile per length bucket, and
-running it (`TensorRTBackend`).
+"""Running TensorRT engines (`TensorRTBackend`), built by `engines.tensorrt_build` with either flavour
+(`engines.tensorrt_library`: standard TensorRT or TensorRT-RTX; the engine dir's engine.json says which).
 
-Type-checked against tensorrt-stubs by .ci/mypy-tensorrt.sh; TensorRT itself is only on GPU machines, so this
-module imports without it and `require_tensorrt()` turns its absence into one clear error.
+Type-checked against tensorrt-stubs by .ci/mypy-tensorrt.sh. Deserializing needs a GPU: loading an engine dir checks,
+in this order and each in one line, that the library that built it is installed, that this backend runs it (text
+engines; a multimodal engine dir is refused), that a GPU is visible, and that the GPU is one the engine targets
+(`manifest.check_engine_compatible`: TensorRT-RTX has no Hopper target, for one).
 
 Device buffers are torch CUDA tensors (torch is already a dependency; cuda-python would add one), allocated once
 when an engine loads, as TensorRT's own demos do, never per step: one buffer per input and output, sized for the
-largest shape any profile takes (`buckets.buffer_shapes`, from the graph's declaration in spec.graphs). Every
+largest shape any profile takes (`profiles.buffer_shapes`, from the graph's declaration in spec.graphs). Every
 profile's context gets their addresses once; a call copies its feeds into views of the input buffers, sets the
 input shapes and reads the outputs from views of the output buffers. Execution is enqueued on torch's current
 stream so torch's own ordering stays correct. All of an engine's profiles share these buffers and one
@@ -16,22 +18,22 @@ the outputs to the host, so the per-profile contexts never use them concurrently
 With `cuda_graph` (`generate --cuda-graph`), the step engine's calls are padded to fixed shapes inside their profile
 (`engines.fixed_shapes`) and each (profile, shape) is captured once as a CUDA graph (torch.cuda.CUDAGraph around
 `execute_async_v3`, after one ordinary call) and replayed after: the buffers' addresses never change, so a replay
-reads the new inputs. Unrun here (no TensorRT, no GPU): type-checked against the stubs.
+reads the new inputs. On TensorRT-RTX its built-in CUDA graphs do this instead (`RtxRunOptions`), and its runtime
+cache keeps the kernels it compiled just in time between runs. Unrun here (no GPU that runs either flavour was lent):
+type-checked against the stubs.
 
-An engine dir built from an export with the KV cache graphs also holds refresh.engine (the step graph's profiles, one
-per bucket; its kv output sized like the sequence) and window_step.engine (one profile per (bucket, window length)
-pair of `buckets.WindowLayout`, its buffers at the largest batch, sequence and window): `TensorRTBackend.refresh` and
-`window_step` run them.
+An engine dir built from an export --kv-cache has the step engine's kv output (sized like the sequence) and
+window_step.engine (one profile per (bucket, window length) pair of `profiles.WindowLayout`, its buffers at the largest
+batch, sequence and window): `TensorRTBackend.refresh` and `window_step` run them.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -41,9 +43,20 @@ from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, Step
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import regular_file
 from seer_deploy.core.sparsity import SparsityRow
-from seer_deploy.engines.buckets import Profile, ProfileLayout, WindowLayout, buffer_shapes, choose_profile_for_seq
 from seer_deploy.engines.fixed_shapes import FixedShapes, pad_feed, unpad_outputs
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
+from seer_deploy.engines.profiles import ProfileLayout, WindowLayout, buffer_shapes, choose_profile_for_seq
+from seer_deploy.engines.tensorrt_library import (
+    INSTALL_HINT,
+    RtxRuntimeCache,
+    RtxRuntimeConfig,
+    TensorRTLibrary,
+    gpu_facts,
+    load_library,
+    require_tensorrt,
+    tensorrt_available,
+    tensorrt_version,
+)
 from seer_deploy.spec.graph_calls import (
     graph_feed,
     refresh_output,
@@ -52,159 +65,47 @@ from seer_deploy.spec.graph_calls import (
     window_feed,
     window_output,
 )
-from seer_deploy.spec.graphs import GraphIO, cache_graphs, step_graphs
+from seer_deploy.spec.graphs import VISION, WINDOW_STEP, GraphIO, step_graph
 
-try:
-    import tensorrt as trt
-except (ImportError, OSError):  # no TensorRT (or no driver for it) on this machine
-    if not TYPE_CHECKING:
-        trt = None
+if TYPE_CHECKING:
+    import tensorrt as trt_types  # tensorrt-stubs: the API both flavours share (engines.tensorrt_library)
 
-Progress = Callable[[str], None]
-
-INSTALL_HINT = (
-    "TensorRT is not installed (it needs an NVIDIA GPU); install it with `pip install tensorrt` on a GPU machine, "
-    "or build for ONNX Runtime with --backend ort"
-)
+# What callers outside engines/ import from here (the availability checks live in engines.tensorrt_library).
+__all__ = ["INSTALL_HINT", "RtxRunOptions", "TensorRTBackend", "require_tensorrt", "runtime_facts",
+           "tensorrt_available", "tensorrt_version"]
 
 
-def tensorrt_available() -> bool:
-    """True when the real TensorRT bindings import (the stubs alone install an empty `tensorrt` package)."""
-    return trt is not None and hasattr(trt, "Builder")
-
-
-def require_tensorrt() -> None:
-    if not tensorrt_available():
-        raise ConfigError(INSTALL_HINT)
-
-
-def _logger() -> trt.Logger:
-    """TensorRT's log on stderr: errors only, warnings too when debugging (SEER_DEPLOY_DEBUG=1)."""
-    return trt.Logger(trt.Logger.WARNING if os.environ.get("SEER_DEPLOY_DEBUG") else trt.Logger.ERROR)
-
-
-def tensorrt_version() -> str:
-    require_tensorrt()
-    return str(trt.__version__)
-
-
-def gpu_facts(device: int = 0) -> tuple[str, str]:
-    """(name, "major.minor" compute capability) of the CUDA device engines are built for and run on."""
-    if not torch.cuda.is_available():
-        raise ConfigError("TensorRT needs a CUDA GPU and none is visible (check the driver and CUDA_VISIBLE_DEVICES)")
-    major, minor = torch.cuda.get_device_capability(device)
-    return torch.cuda.get_device_name(device), f"{major}.{minor}"
-
-
-def runtime_facts(device: int = 0) -> RuntimeFacts:
-    """This machine's TensorRT version and GPU, for `check_engine_compatible`."""
+def runtime_facts(lib: TensorRTLibrary, device: int = 0) -> RuntimeFacts:
+    """This machine's TensorRT flavour, version and GPU, for `check_engine_compatible`; ConfigError without a GPU."""
     name, capability = gpu_facts(device)
-    return RuntimeFacts(backend="tensorrt", tensorrt_version=tensorrt_version(), gpu_name=name,
+    return RuntimeFacts(backend="tensorrt", tensorrt_version=lib.version, tensorrt_library=lib.name, gpu_name=name,
                         compute_capability=capability)
 
 
 @dataclass(frozen=True)
-class TensorRTBuildOptions:
-    """Builder settings; the engine's precision is whatever the ONNX carries (strongly typed network)."""
+class RtxRunOptions:
+    """TensorRT-RTX's own run-time features, which replace ours there (unrun here: no RTX GPU was lent).
 
-    workspace_bytes: int | None = None  # None: TensorRT's default (the device's memory)
-    timing_cache: Path | None = None  # loaded when it exists, saved (atomically) after each build
-    optimization_level: int | None = None  # builder_optimization_level 0..5; None: TensorRT's default (3)
+    builtin_cuda_graph: with --cuda-graph, RTX captures and replays each shape's call itself
+    (CudaGraphStrategy.WHOLE_GRAPH_CAPTURE) instead of our torch.cuda.CUDAGraph capture; a call that is itself being
+    captured must not use it, so with it off RTX's strategy is DISABLED and ours captures. runtime_cache: a file
+    holding the kernels RTX compiled just in time on this GPU, loaded when it exists and fits (library version, GPU,
+    driver), written by `TensorRTBackend.close`.
+    """
 
-
-def _progress_monitor(progress: Progress) -> trt.IProgressMonitor:
-    """A TensorRT progress monitor that forwards top-level build phases to `progress` (defined here, not at
-    module level, because its base class exists only where TensorRT is installed)."""
-
-    class Monitor(trt.IProgressMonitor):
-        def __init__(self) -> None:
-            trt.IProgressMonitor.__init__(self)
-
-        def phase_start(self, phase_name: str, parent_phase: str, num_steps: int) -> None:
-            if not parent_phase:
-                progress(f"  {phase_name} ({num_steps} steps)")
-
-        def step_complete(self, phase_name: str, step: int) -> bool:
-            return True  # never cancel the build
-
-        def phase_finish(self, phase_name: str) -> None:
-            pass
-
-    return Monitor()
+    builtin_cuda_graph: bool = True
+    runtime_cache: Path | None = None
 
 
-def _parse_onnx(builder: trt.Builder, logger: trt.ILogger, onnx_path: Path) -> trt.INetworkDefinition:
-    """A strongly typed network from the ONNX file (parse_from_file resolves external weight files)."""
-    flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_path)):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise ArtifactError(f"TensorRT cannot parse {onnx_path}: {errors}; re-export it or check the opset")
-    return network
-
-
-def _check_inputs(network: trt.INetworkDefinition, profiles: Sequence[Profile], onnx_path: Path) -> None:
-    names = {network.get_input(i).name: len(network.get_input(i).shape) for i in range(network.num_inputs)}
-    wanted = profiles[0].shapes
-    if set(names) != set(wanted):
-        raise ArtifactError(
-            f"{onnx_path} has inputs {sorted(names)}, the profiles were planned for {sorted(wanted)}; "
-            f"the export manifest and the graph disagree: re-export"
-        )
-    for name, rank in names.items():
-        if rank != len(wanted[name].min):
-            raise ArtifactError(f"{onnx_path}: input {name} has rank {rank}, expected {len(wanted[name].min)}")
-
-
-def build_serialized_engine(
-    onnx_path: Path, profiles: Sequence[Profile], options: TensorRTBuildOptions, progress: Progress
-) -> bytes:
-    """Parse, add the optimization profiles in order (profile i = bucket i; for window_step, pair i of its
-    WindowLayout), build, return the plan bytes."""
-    require_tensorrt()
-    logger = _logger()
-    builder = trt.Builder(logger)
-    network = _parse_onnx(builder, logger, onnx_path)
-    _check_inputs(network, profiles, onnx_path)
-    config = builder.create_builder_config()
-    if options.workspace_bytes is not None:
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_bytes)
-    if options.optimization_level is not None:
-        config.builder_optimization_level = options.optimization_level
-    cache_bytes = b""
-    if options.timing_cache is not None and options.timing_cache.is_file():
-        cache_bytes = options.timing_cache.read_bytes()
-        progress(f"  timing cache: {options.timing_cache} ({len(cache_bytes)} bytes)")
-    cache = config.create_timing_cache(cache_bytes)
-    if not config.set_timing_cache(cache, False):
-        raise ArtifactError(f"timing cache {options.timing_cache} does not fit this TensorRT/GPU; delete it")
-    for profile in profiles:
-        trt_profile = builder.create_optimization_profile()
-        for name, shape in profile.shapes.items():
-            trt_profile.set_shape(name, trt.Dims(list(shape.min)), trt.Dims(list(shape.opt)), trt.Dims(list(shape.max)))
-        index = config.add_optimization_profile(trt_profile)
-        if index != profile.index:
-            window = f", windows {profile.window_lo}..{profile.window}" if profile.window else ""
-            raise ArtifactError(f"TensorRT rejected the optimization profile for bucket {profile.bucket}{window}")
-    monitor = _progress_monitor(progress)  # held here: the config does not keep the Python object alive
-    config.progress_monitor = monitor
-    plan = builder.build_serialized_network(network, config)
-    if plan is None:
-        raise ArtifactError(
-            f"TensorRT could not build an engine from {onnx_path} (see its log above); a larger --workspace or "
-            f"fewer/smaller buckets may help"
-        )
-    if options.timing_cache is not None:
-        write_bytes_atomic(options.timing_cache, bytes(config.get_timing_cache().serialize()))
-    return bytes(plan)
-
-
-def _dims(dims: trt.Dims) -> tuple[int, ...]:
+def _dims(dims: trt_types.Dims) -> tuple[int, ...]:
     return tuple(dims[i] for i in range(len(dims)))
 
 
-def _torch_dtype(dtype: trt.DataType) -> torch.dtype:
+def _torch_dtype(lib: TensorRTLibrary, dtype: trt_types.DataType) -> torch.dtype:
+    if TYPE_CHECKING:
+        trt = trt_types
+    else:
+        trt = lib.module
     table = {
         trt.DataType.FLOAT: torch.float32,
         trt.DataType.HALF: torch.float16,
@@ -245,14 +146,45 @@ class IOBuffers:
         return self._flat[name][: math.prod(shape)].view(tuple(shape))
 
 
+class _RtxRuntimeCache:
+    """TensorRT-RTX's runtime cache, one for all of a backend's engines: created from the first engine's runtime
+    config (loaded from `path` where it exists and fits this library, GPU and driver), set on every engine's config,
+    written back by `save`."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._cache: RtxRuntimeCache | None = None
+        self.loaded = False
+
+    def attach(self, config: RtxRuntimeConfig) -> None:
+        if self.path is None:
+            return
+        if self._cache is None:
+            self._cache = config.create_runtime_cache()
+            if self.path.is_file():  # a stale or foreign cache is rejected by deserialize and starts empty
+                self.loaded = self._cache.deserialize(self.path.read_bytes())
+        if not config.set_runtime_cache(self._cache):
+            raise ArtifactError(f"TensorRT-RTX refused the runtime cache {self.path}; delete it")
+
+    def save(self) -> None:
+        if self.path is not None and self._cache is not None:
+            write_bytes_atomic(self.path, bytes(self._cache.serialize()))
+
+
 class _Engine:
     """One deserialized engine, an execution context per profile, and the device memory they share."""
 
-    def __init__(self, runtime: trt.Runtime, plan: bytes, graph: GraphIO, layout: ProfileLayout | WindowLayout,
-                 device: torch.device, path: Path) -> None:
+    def __init__(self, lib: TensorRTLibrary, runtime: trt_types.Runtime, plan: bytes, graph: GraphIO,
+                 layout: ProfileLayout | WindowLayout, device: torch.device, path: Path,
+                 rtx: tuple[RtxRunOptions, _RtxRuntimeCache, bool] | None = None) -> None:
+        """`rtx`: TensorRT-RTX's run options, the backend's runtime cache, and whether --cuda-graph asked for graphs."""
+        if TYPE_CHECKING:
+            trt = trt_types
+        else:
+            trt = lib.module
         engine = runtime.deserialize_cuda_engine(plan)
         if engine is None:
-            raise ArtifactError(f"TensorRT cannot load {path}; rebuild it with this TensorRT version on this GPU")
+            raise ArtifactError(f"{lib.title} cannot load {path}; rebuild it with this version for this GPU")
         n_profiles = layout.profile_count  # one per bucket, or per (bucket, window length) pair for window_step
         if engine.num_optimization_profiles != n_profiles:
             raise ArtifactError(
@@ -265,7 +197,7 @@ class _Engine:
         # TensorRT drops graph inputs nothing uses: feed only what the engine has.
         self.inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-        dtypes = {n: _torch_dtype(engine.get_tensor_dtype(n)) for n in names}
+        dtypes = {n: _torch_dtype(lib, engine.get_tensor_dtype(n)) for n in names}
         capacity = buffer_shapes(graph, layout, {n: _dims(engine.get_tensor_shape(n)) for n in names})
         self.buffers = IOBuffers(capacity, dtypes, device)
         size = max(engine.get_device_memory_size_for_profile_v2(i) for i in range(n_profiles))
@@ -273,6 +205,16 @@ class _Engine:
         stream = torch.cuda.current_stream(device).cuda_stream
         config = engine.create_runtime_config()
         config.set_execution_context_allocation_strategy(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+        # With TensorRT-RTX's built-in CUDA graphs it captures each shape's call itself: ours must not capture too.
+        self.builtin_graphs = False
+        if rtx is not None:
+            options, cache, cuda_graph = rtx
+            rtx_config = cast(RtxRuntimeConfig, config)
+            self.builtin_graphs = cuda_graph and options.builtin_cuda_graph
+            strategies = lib.module.CudaGraphStrategy  # RTX only: not in the stubs, so typed Any
+            rtx_config.cuda_graph_strategy = (strategies.WHOLE_GRAPH_CAPTURE if self.builtin_graphs
+                                              else strategies.DISABLED)
+            cache.attach(rtx_config)
         self.contexts = []
         for i in range(n_profiles):
             context = engine.create_execution_context(config)
@@ -300,6 +242,7 @@ class _Engine:
             self.buffers.view(name, host.shape).copy_(host)  # converts the dtype where the engine's differs
         outputs = {name: self.buffers.view(name, _dims(context.get_tensor_shape(name))) for name in self.outputs}
         key = (profile, tuple(tuple(feeds[name].shape) for name in self.inputs))
+        capture = capture and not self.builtin_graphs  # TensorRT-RTX replays its own graph per shape
         graph = self._graphs.get(key) if capture else None
         if graph is not None:
             graph.replay()  # the captured call: same buffers, same shapes, new contents
@@ -309,11 +252,11 @@ class _Engine:
                 self._graphs[key] = self._capture(context, profile)
         return {name: t.cpu().numpy() for name, t in outputs.items()}  # .cpu() waits for the stream
 
-    def _execute(self, context: trt.IExecutionContext, profile: int, stream: torch.cuda.Stream) -> None:
+    def _execute(self, context: trt_types.IExecutionContext, profile: int, stream: torch.cuda.Stream) -> None:
         if not context.execute_async_v3(stream.cuda_stream):
             raise ArtifactError(f"TensorRT failed to run profile {profile} (see its log above)")
 
-    def _capture(self, context: trt.IExecutionContext, profile: int) -> torch.cuda.CUDAGraph:
+    def _capture(self, context: trt_types.IExecutionContext, profile: int) -> torch.cuda.CUDAGraph:
         """A CUDA graph of one call of `context` at its current shapes, captured after an ordinary call (TensorRT
         finishes its shape-dependent setup in the first enqueue); replays read and write the same buffers."""
         graph = torch.cuda.CUDAGraph()
@@ -326,8 +269,9 @@ class _Engine:
 
 
 class TensorRTBackend:
-    """`seer_deploy.core.backend.Backend` over TensorRT: step0.engine and step.engine, context per profile; with the
-    KV cache (`supports_cache`) also refresh.engine and window_step.engine (`core.backend.CacheBackend`).
+    """`seer_deploy.core.backend.Backend` over TensorRT (either flavour: the one engine.json names): step.engine (step
+    zero, every later step and, from an export --kv-cache, the refresh), an execution context per profile; with the
+    KV cache (`supports_cache`) also window_step.engine (`core.backend.CacheBackend`).
 
     The profile is chosen from the call's sequence length (the Backend interface passes only input_ids [B, S]):
     the smallest bucket whose profile covers S, which always exists for S <= max_prompt + largest bucket; a
@@ -337,11 +281,16 @@ class TensorRTBackend:
     name = "tensorrt"
 
     def __init__(self, engine_dir: Path, manifest: EngineManifest, *, sparsity_rows: list[SparsityRow],
-                 max_seq_len: int, device: int = 0, cuda_graph: bool = False, prefix_dlm: bool = False) -> None:
-        require_tensorrt()
+                 max_seq_len: int, device: int = 0, cuda_graph: bool = False, prefix_dlm: bool = False,
+                 rtx: RtxRunOptions | None = None) -> None:
         trt_facts = manifest.tensorrt
         if manifest.backend != "tensorrt" or trt_facts is None:
             raise ArtifactError(f"{engine_dir} holds a {manifest.backend} engine, not a TensorRT one")
+        lib = load_library(trt_facts.library)  # the flavour that built it
+        if TYPE_CHECKING:
+            trt = trt_types
+        else:
+            trt = lib.module
         if trt_facts.profile_index != {b: i for i, b in enumerate(manifest.buckets)}:
             raise ArtifactError(f"{engine_dir}: profiles are not in bucket order ({trt_facts.profile_index}); rebuild")
         self.layout: ProfileLayout = manifest.layout
@@ -351,51 +300,61 @@ class TensorRTBackend:
         # CUDA graphs for the step engine (the one run every denoising step): calls padded to fixed shapes inside
         # their profile, one graph per (profile, padded shape).
         self.fixed_shapes = FixedShapes(max_batch=self.layout.max_batch) if cuda_graph else None
-        self._logger = _logger()
+        self._logger = lib.logger()
         self._runtime = trt.Runtime(self._logger)  # kept: the runtime must outlive the engines it deserialized
-        # Engines are built from text exports only (engines.build); a prefix-DLM model's take prompt_width too.
-        self._step0_io, self._step_io = step_graphs(prefix_dlm=prefix_dlm)
-        self._refresh_io, self._window_io = cache_graphs(prefix_dlm=prefix_dlm)
+        self._runtime_cache = _RtxRuntimeCache((rtx or RtxRunOptions()).runtime_cache if lib.is_rtx else None)
+        run_rtx = (rtx or RtxRunOptions(), self._runtime_cache, cuda_graph) if lib.is_rtx else None
+        # The graphs of the engine dir (engine.json's files): the step graph (step zero with its statistics, every
+        # later step and, built from an export --kv-cache, the refresh with its kv output) and the window graph. Text
+        # engines only; a prefix-DLM model's take prompt_width too.
+        step_io = step_graph(prefix_dlm=prefix_dlm, kv_cache=manifest.has_cache)
+        self._step_io = step_io
+        self._window_io = WINDOW_STEP
         self.windows: WindowLayout | None = manifest.window_layout
         self.supports_cache = self.windows is not None
         self.engine_dir = engine_dir
-        graphs: list[tuple[GraphIO, ProfileLayout | WindowLayout]] = [
-            (self._step0_io, self.layout), (self._step_io, self.layout)]
+        graphs: list[tuple[GraphIO, ProfileLayout | WindowLayout]] = [(step_io, self.layout)]
         if self.windows is not None:
-            graphs += [(self._refresh_io, self.layout), (self._window_io, self.windows)]
+            graphs.append((self._window_io, self.windows))
         self._engines: dict[str, _Engine] = {}
         for graph, layout in graphs:
             path = regular_file(manifest.file(engine_dir, graph.name), "TensorRT engine", error=ArtifactError)
-            self._engines[graph.name] = _Engine(self._runtime, path.read_bytes(), graph, layout, self._device, path)
+            self._engines[graph.name] = _Engine(lib, self._runtime, path.read_bytes(), graph, layout, self._device,
+                                                path, run_rtx)
 
     @classmethod
     def open(cls, engine_dir: Path, export_facts: RuntimeFacts, *, sparsity_rows: list[SparsityRow],
-             max_seq_len: int, device: int = 0, cuda_graph: bool = False, prefix_dlm: bool = False
-             ) -> TensorRTBackend:
-        """Load an engine dir after checking it against the export (fingerprint, graph hashes) and this machine."""
-        require_tensorrt()
+             max_seq_len: int, device: int = 0, cuda_graph: bool = False, prefix_dlm: bool = False,
+             rtx: RtxRunOptions | None = None) -> TensorRTBackend:
+        """Load an engine dir after checking it against the export (fingerprint, graph hashes) and this machine: the
+        library that built it must be installed, the engine must be one this backend runs, and a GPU it targets must
+        be visible (each a one-line error)."""
         manifest = EngineManifest.load(engine_dir)
-        here = runtime_facts(device)
-        facts = RuntimeFacts(
-            model_fingerprint=export_facts.model_fingerprint,
-            graph_hashes=export_facts.graph_hashes,
-            backend="tensorrt",
-            tensorrt_version=here.tensorrt_version,
-            gpu_name=here.gpu_name,
-            compute_capability=here.compute_capability,
-        )
+        if manifest.tensorrt is None:
+            raise ArtifactError(f"{engine_dir} holds a {manifest.backend} engine, not a TensorRT one")
+        lib = load_library(manifest.tensorrt.library)
+        if VISION.name in manifest.files:
+            raise ConfigError(f"{engine_dir} is a multimodal TensorRT engine dir; running one is not implemented yet "
+                              "(its image table): run its export on ONNX Runtime")
+        here = runtime_facts(lib, device)
+        facts = replace(here, model_fingerprint=export_facts.model_fingerprint, graph_hashes=export_facts.graph_hashes)
         check_engine_compatible(manifest, facts)
         return cls(engine_dir, manifest, sparsity_rows=sparsity_rows, max_seq_len=max_seq_len, device=device,
-                   cuda_graph=cuda_graph, prefix_dlm=prefix_dlm)
+                   cuda_graph=cuda_graph, prefix_dlm=prefix_dlm, rtx=rtx)
 
-    def _run(self, graph: GraphIO, inputs: StepInput) -> dict[str, np.ndarray]:
+    def close(self) -> None:
+        """Write TensorRT-RTX's runtime cache (the kernels compiled on this GPU so far), where one was asked for."""
+        self._runtime_cache.save()
+
+    def _run(self, graph: GraphIO, inputs: StepInput, with_stats: bool = False) -> dict[str, np.ndarray]:
         checked = inputs.checked(self.max_seq_len)
         batch, seq = checked.input_ids.shape
         profile = choose_profile_for_seq(seq, self.layout, batch=batch)
-        return self._engines[graph.name].run(profile, graph_feed(graph, checked))
+        return self._engines[graph.name].run(profile, graph_feed(graph, checked, with_stats=with_stats))
 
     def step0(self, inputs: StepInput) -> Step0Output:
-        return step0_output(self._run(self._step0_io, inputs))
+        """The step engine with step zero's statistics on."""
+        return step0_output(self._run(self._step_io, inputs, with_stats=True))
 
     def step(self, inputs: StepInput) -> StepOutput:
         """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see spec.sampling)."""
@@ -413,7 +372,7 @@ class TensorRTBackend:
     def refresh(self, inputs: StepInput) -> RefreshOutput:
         """A step that also returns every layer's keys and values (an engine built from an export --kv-cache)."""
         self._need_cache()
-        return refresh_output(self._run(self._refresh_io, inputs))
+        return refresh_output(self._run(self._step_io, inputs))
 
     def window_step(self, inputs: WindowInput) -> StepOutput:
         """A step over the window's columns only, against a refresh's keys and values: the profile of the sequence

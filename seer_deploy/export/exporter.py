@@ -1,11 +1,13 @@
-"""`export_checkpoint`: checkpoint directory -> export directory (step0.onnx, step.onnx, weights.bin, manifest.json),
+"""`export_checkpoint`: checkpoint directory -> export directory (step.onnx, weights.bin, manifest.json),
 and `ExportRun`, the path every export takes (the multimodal one too, seer_deploy.export.multimodal).
 
 An export is checked before any work starts (`prepare_export`: options, the checkpoint's config, the length, the
 statistics, the destination), then run (`ExportRun.start`). Everything is written into a temporary directory next to
-the destination and renamed into place only after the ONNX checker, the check of every traced graph's inputs and
-outputs against its declaration (spec.graphs) and the ONNX Runtime vs torch comparison passed, so a failed or
-interrupted export leaves nothing at the destination. The installed directory carries this tool's ownership marker
+the destination and renamed into place only after the ONNX checker and the check of every traced graph's inputs and
+outputs against its declaration (spec.graphs) passed, so a failed or interrupted export leaves nothing at the
+destination. The ONNX Runtime vs torch comparison comes last: when it fails, the finished export is installed all the
+same, marked unverified in its manifest with the figures, and the run fails (UnverifiedExport, exit 1): an hour of
+work on an 8B model is kept for the user to judge, never passed off as checked. The installed directory carries this tool's ownership marker
 (core.atomic.claim): a destination that holds another model's export is refused unless forced; one that holds
 anything seer-deploy did not write there is always refused (replacing it would delete the user's files).
 """
@@ -34,18 +36,20 @@ from seer_deploy.core.atomic import (
     remove_stale_temporaries,
     staging_dir,
 )
-from seer_deploy.core.errors import ConfigError, SeerDeployError
+from seer_deploy.core.errors import ConfigError, SeerDeployError, UnverifiedExport
 from seer_deploy.core.files import file_sha256, read_json
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
-from seer_deploy.export.graphs import WindowStepGraph, step_modules
+from seer_deploy.export.graphs import WindowStepGraph, step_module
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.trace import io_specs, trace_graph
 from seer_deploy.export.validate import (
+    ExportValidationError,
     check_graph_files,
     check_interface,
     compare_with_torch,
     make_probes,
     torch_references,
+    with_cast_references,
 )
 from seer_deploy.export.weights import SharedWeightFile
 from seer_deploy.models.checkpoint import (
@@ -68,6 +72,7 @@ from seer_deploy.spec.export_manifest import (
 from seer_deploy.spec.graphs import (
     ATTENTION_MASK,
     CACHE_GRAPH_NAMES,
+    CANDIDATES,
     INPUT_IDS,
     KV,
     PROMPT_WIDTH,
@@ -76,19 +81,18 @@ from seer_deploy.spec.graphs import (
     TEMPERATURE,
     WINDOW_IDS,
     WINDOW_START,
+    WINDOW_STEP,
+    WITH_STATS,
     Axis,
     GraphIO,
     Size,
-    cache_graphs,
-    step_graphs,
+    step_graph,
 )
 
 STAGES: tuple[str, ...] = (
     "loading checkpoint",
     "torch reference",
-    "tracing step0",
     "tracing step",
-    "tracing refresh",  # --kv-cache
     "tracing window_step",  # --kv-cache
     "checking graphs",
     "validating with ONNX Runtime",
@@ -136,15 +140,19 @@ def export_versions() -> dict[str, str]:
 
 
 def step_examples(cfg: ModelConfig, max_seq_len: int) -> dict[str, Tensor]:
-    """Tracing examples for the step graphs' token and sampling inputs: batch 2, up to 8 positions."""
+    """Tracing examples for the step graphs' token and sampling inputs: batch 2, up to 8 positions, candidates of
+    another width than the sequence and the window (so that tracing keeps them apart)."""
     S = min(8, max_seq_len)
     W = max(1, S // 2)
+    C = max(1, S - 3)
     ids = torch.randint(0, cfg.vocab_size, (2, S), generator=torch.Generator().manual_seed(0))
     return {
         INPUT_IDS.name: ids,
         ATTENTION_MASK.name: torch.ones(2, S, dtype=torch.long),
         TEMPERATURE.name: torch.zeros(2),
         SAMPLE_UNIFORM.name: torch.ones(2, S),
+        CANDIDATES.name: torch.arange(S - C, S).expand(2, C).contiguous(),
+        WITH_STATS.name: torch.ones(2, dtype=torch.long),
         WINDOW_IDS.name: ids[:, S - W :],
         WINDOW_START.name: torch.tensor([S - W, 0]),
         KV.name: torch.zeros(cfg.n_layers, 2, 2, cfg.n_kv_heads, S, cfg.head_dim),
@@ -162,7 +170,7 @@ def trace_graphs(
 ) -> tuple[dict[str, GraphRecord], SharedWeightFile]:
     """Trace every graph of the plan into `tmp`, all weights into one shared file, each checked against its spec."""
     bounds = {Axis.BATCH: MAX_TRACE_BATCH, Axis.SEQ: max_seq_len, Axis.IMAGES: MAX_TRACE_BATCH,
-              Axis.IMAGE_TOKENS: MAX_IMAGE_TOKENS, Axis.WINDOW: max_seq_len}
+              Axis.IMAGE_TOKENS: MAX_IMAGE_TOKENS, Axis.WINDOW: max_seq_len, Axis.CANDIDATES: max_seq_len}
     records: dict[str, GraphRecord] = {}
     store = SharedWeightFile(tmp)
     with store:
@@ -306,16 +314,26 @@ class ExportRun:
             report("checking graphs")
             check_graph_files([tmp / record.file for record in records.values()])
             max_diff: dict[str, float] = {}
+            failed: ExportValidationError | None = None
             if options.verify:
                 report("validating with ONNX Runtime")
-                max_diff = plan.validate(tmp)
-                manifest = replace(manifest, extra={**manifest.extra, "validation_max_diff": max_diff})
+                try:
+                    max_diff = plan.validate(tmp)
+                except ExportValidationError as exc:  # the work is kept, marked unverified, and the run fails
+                    failed, max_diff = exc, exc.max_diff
+                verdict = {"verified": failed is None, "max_diff": max_diff,
+                           **({"problems": str(failed), "dtype_noise": failed.noise} if failed else {})}
+                manifest = replace(manifest, extra={**manifest.extra, "validation": verdict})
                 manifest.save(tmp)
 
             report("installing")
             check_replaceable(self.dest, ARTIFACT_KIND, model.fingerprint, options.force)  # again: another process
             claim(tmp, ARTIFACT_KIND, model.fingerprint)
             install_dir(tmp, self.dest)
+        if failed is not None:
+            raise UnverifiedExport(f"{self.dest} was written but is UNVERIFIED (manifest.json: validation.verified is "
+                                   f"false): {failed}. Report it with the checkpoint's config; the graphs may still "
+                                   "answer right (compare `seer-deploy generate` on the export and the checkpoint)")
         return ExportResult(self.dest, manifest, max_diff, time.perf_counter() - started)
 
 
@@ -337,7 +355,7 @@ def export_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLike
 
 
 def _load_text(run: ExportRun, report: Progress) -> Loaded:
-    """A text checkpoint's weights, the torch references (with verify) and the step0 / step graphs to trace."""
+    """A text checkpoint's weights, the torch references (with verify) and the graphs to trace."""
     from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 
     ckpt = load_checkpoint(run.checkpoint, dtype=torch.float32)
@@ -347,17 +365,18 @@ def _load_text(run: ExportRun, report: Progress) -> Loaded:
     if dtype == "fp16":
         model = model.to(torch.float16)
 
-    step0, step = step_graphs(prefix_dlm=cfg.prefix_dlm)
-    refresh, window = cache_graphs(prefix_dlm=cfg.prefix_dlm)
+    if dtype == "fp16" and refs:  # the same model in float16: how far the dtype alone moves each output
+        refs = with_cast_references(refs, model, stats)
 
     def validate(staged: Path) -> dict[str, float]:
         backend = OrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
         return compare_with_torch(backend, refs, cfg, dtype)
 
-    step0_module, step_module, refresh_module = step_modules(model, stats)
-    cache = ((refresh, refresh_module), (window, WindowStepGraph(model))) if run.options.kv_cache else ()
+    kv_cache = run.options.kv_cache
+    cache = ((WINDOW_STEP, WindowStepGraph(model)),) if kv_cache else ()
     plan = GraphPlan(
-        modules=((step0, step0_module), (step, step_module), *cache),
+        modules=((step_graph(prefix_dlm=cfg.prefix_dlm, kv_cache=kv_cache), step_module(model, stats, kv_cache=kv_cache)),
+                 *cache),
         examples=step_examples(cfg, run.max_seq_len),
         sizes={Size.STAT_ROWS: len(stats.sparsity_rows), **cache_sizes(cfg)},
         validate=validate,

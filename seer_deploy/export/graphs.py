@@ -1,32 +1,32 @@
 """The exported graphs as torch modules around `MaskPredictor` (their I/O is declared in spec.graphs): the sampling
 head lives inside the graph.
 
-A step moves B x S numbers to the host rather than B x S x V logits, so argmax, the log-probability of the
-chosen token (the commit score, `models.confidence`), the EOS probability and Seer's sparsity statistics are
-computed here, in forward (no hooks: torch.export rejects them). The same modules are the torch side of export
+One step graph serves every full pass, so an engine holds the weights once: step zero (`with_stats` = 1: Seer's
+sparsity statistics and the EOS probabilities), every later step, and in a --kv-cache export the cache refresh
+(the `kv` output). It does only the work a pass needs:
+  * the LM head, its softmax and the sampling run on the `candidates` columns only (the masks the pass may commit),
+    gathered from the last hidden states; other columns return their input id, confidence -inf, EOS probability 0;
+  * the statistics sit behind a conditional (ONNX If) on `with_stats`, so later steps skip them;
+  * the sampling branch sits behind a conditional on any temperature > 0: a greedy pass never builds the softmax
+    and cumulative sum over the vocabulary.
+A step moves B x S numbers to the host rather than B x S x V logits; the same modules are the torch side of export
 validation, so "ORT matches torch" means these.
 
-Sampling at temperature > 0 (step graph only) is inverse-CDF sampling from softmax(logits / T) with one host-drawn
-uniform number per position: index = #{v : cumsum(p)[v] < u}. That is an exact draw from the distribution LLaDA's
-Gumbel-max `argmax(exp(l) / (-log u)^T)` samples from, needs B x S noise instead of B x S x V, is reproducible from a
-host seed, and uses only Softmax / CumSum / Less / ReduceSum, which ONNX Runtime and TensorRT both run.
+Sampling at temperature > 0 is inverse-CDF sampling from softmax(logits / T) with one host-drawn uniform number per
+position: index = #{v : cumsum(p)[v] < u}. That is an exact draw from the distribution LLaDA's Gumbel-max
+`argmax(exp(l) / (-log u)^T)` samples from, needs B x S noise instead of B x S x V, is reproducible from a host
+seed, and uses only Softmax / CumSum / Less / ReduceSum, which ONNX Runtime and TensorRT both run.
 
-The cache graphs (export --kv-cache): `refresh` is the step graph that also returns every layer's keys and values,
-`window_step` runs a window of columns (a denoising block) against them (Fast-dLLM's dual cache, refreshed by the
-loop at each block's first step).
+`window_step` (export --kv-cache) runs a window of columns (a denoising block) against the keys and values a full
+pass returned (Fast-dLLM's dual cache, refreshed by the loop at each block's first step).
 
-A prefix-DLM model's step graphs (ModelConfig.prefix_dlm, LaViDa: `Prefix*Graph`) take `prompt_width` [B] last: the
-column where each row's response starts (spec.graphs.PROMPT_WIDTH). The multimodal graphs' embedding adapter passes
-prompt_width through, for multimodal prefix variants.
-
-The multimodal step graphs take one more input, the image table: prompt ids at and above the LM's embedding rows
-select a row of it in-graph (models.image_prompts.embed_with_images). The vision graph folds in the SigLIP tower, the
-selected layer, the projector and LLaVA's image_newline, and outputs float32 whatever the export dtype.
+A prefix-DLM model's step graph (ModelConfig.prefix_dlm, LaViDa) takes `prompt_width` [B] last; a multimodal one
+takes the image table before it: prompt ids at and above the LM's embedding rows select a row of it in-graph
+(models.image_prompts.embed_with_images). The vision graph folds in the SigLIP tower, the selected layer, the
+projector and LLaVA's image_newline, and outputs float32 whatever the export dtype.
 """
 
 from __future__ import annotations
-
-from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -34,90 +34,118 @@ from torch import Tensor, nn
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.confidence import greedy_head, log_prob_of
 from seer_deploy.models.image_prompts import embed_with_images
-from seer_deploy.models.llada import MaskPredictor, ModelOutput
+from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.vision import VisionEncoder
 
 
-class Step0Graph(nn.Module):
-    """Step zero: token, confidence, EOS probability per position and the sparsity rows [B, K, S] (layer-major)."""
-
-    def __init__(self, model: MaskPredictor, spec: StatsSpec) -> None:
-        super().__init__()
-        self.model = model
-        self.spec = spec
-        self.eos_id = model.cfg.eos_id
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        return self.outputs(input_ids, attention_mask, None)
-
-    def outputs(self, input_ids: Tensor, attention_mask: Tensor,
-                prompt_width: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        out = self.model(input_ids, attention_mask, stats=self.spec, prompt_width=prompt_width)
-        assert out.stats is not None
-        token_ids, confidence, top, log_total = greedy_head(out.logits)
-        eos_prob = torch.exp(out.logits[..., self.eos_id].float() - top - log_total)
-        B, L, F, S = out.stats.shape
-        return token_ids, confidence, eos_prob, out.stats.reshape(B, L * F, S)
+def _keep_greedy(logits: Tensor, temperature: Tensor, uniform: Tensor, ids: Tensor, conf: Tensor, top: Tensor,
+                 log_total: Tensor) -> tuple[Tensor, Tensor]:
+    return ids.clone(), conf.clone()  # a conditional's branch may not return its inputs themselves
 
 
-def pick_tokens(logits: Tensor, temperature: Tensor, sample_uniform: Tensor) -> tuple[Tensor, Tensor]:
-    """The step graphs' head: token (argmax, or a sample where temperature[b] > 0) and log softmax(logits)[token].
-
-    temperature [B] float32; sample_uniform [B, S] float32 in (0, 1], ignored where temperature[b] == 0.
-    """
-    logits = logits.float()
-    greedy_ids, greedy_conf, top, log_total = greedy_head(logits)
+def _sample(logits: Tensor, temperature: Tensor, uniform: Tensor, ids: Tensor, conf: Tensor, top: Tensor,
+            log_total: Tensor) -> tuple[Tensor, Tensor]:
+    """Rows with temperature > 0 draw from softmax(logits / T) (T = 1 stands in for greedy rows, which keep ids)."""
     hot = temperature > 0
-    # softmax(l / T) for the rows that sample; T = 1 stands in for greedy rows so nothing divides by zero.
     t = torch.where(hot, temperature, torch.ones_like(temperature))[:, None, None]
     cdf = torch.cumsum(torch.softmax(logits / t, dim=-1), dim=-1)
-    drawn = (cdf < sample_uniform[..., None]).sum(dim=-1)
     # float32 rounding can leave cdf[-1] a hair under u: clamp to the last id.
-    drawn = torch.clamp(drawn, max=logits.shape[-1] - 1)
+    drawn = torch.clamp((cdf < uniform[..., None]).sum(dim=-1), max=logits.shape[-1] - 1)
     drawn_conf = log_prob_of(logits, drawn, top, log_total)
     row_hot = hot[:, None]
-    return torch.where(row_hot, drawn, greedy_ids), torch.where(row_hot, drawn_conf, greedy_conf)
+    return torch.where(row_hot, drawn, ids), torch.where(row_hot, drawn_conf, conf)
+
+
+def pick_tokens(logits: Tensor, temperature: Tensor, sample_uniform: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The head over logits [B, C, V]: token (argmax, or a sample where temperature[b] > 0) and log softmax(logits)
+    [token], plus the max logit and log-sum `log_prob_of` needs. sample_uniform [B, C] in (0, 1], ignored where
+    temperature[b] == 0; the sampling branch runs only when some row samples."""
+    logits = logits.float()
+    ids, conf, top, log_total = greedy_head(logits)
+    ids, conf = torch.cond((temperature > 0).any(), _sample, _keep_greedy,
+                           (logits, temperature, sample_uniform, ids, conf, top, log_total))
+    return ids, conf, top, log_total
 
 
 class StepGraph(nn.Module):
-    """A denoising step: `pick_tokens` over the whole sequence."""
+    """Every full pass: (input_ids, attention_mask, temperature, sample_uniform, candidates, with_stats) ->
+    token_ids, confidence, eos_prob, sparsity [B, K, S] (layer-major) and, with `kv_cache`, kv."""
 
-    def __init__(self, model: MaskPredictor) -> None:
+    def __init__(self, model: MaskPredictor, spec: StatsSpec, kv_cache: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.spec = spec
+        self.kv_cache = kv_cache
 
-    def forward(
-        self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        return self.outputs(input_ids, attention_mask, temperature, sample_uniform, None)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor,
+                candidates: Tensor, with_stats: Tensor) -> tuple[Tensor, ...]:
+        return self.outputs(input_ids, None, attention_mask, temperature, sample_uniform, candidates, with_stats)
 
-    def outputs(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor,
-                prompt_width: Tensor | None) -> tuple[Tensor, Tensor]:
-        logits = self.model(input_ids, attention_mask, prompt_width=prompt_width).logits
-        return pick_tokens(logits, temperature, sample_uniform)
+    def outputs(self, input_ids: Tensor, embeds: Tensor | None, attention_mask: Tensor, temperature: Tensor,
+                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor,
+                prompt_width: Tensor | None = None) -> tuple[Tensor, ...]:
+        model = self.model
+        out = model.hidden_states(None if embeds is not None else input_ids, attention_mask, inputs_embeds=embeds,
+                                  stats=self.spec, return_kv=self.kv_cache, prompt_width=prompt_width,
+                                  stats_wanted=(with_stats > 0).any())
+        assert out.stats is not None
+        B, S, D = out.hidden.shape
+        C = candidates.shape[1]
+        rows = torch.gather(out.hidden, 1, model.logit_source(candidates)[..., None].expand(B, C, D))
+        logits = model.logits_of(rows).float()  # [B, C, V]: the LM head on the candidates only
+        uniform = torch.gather(sample_uniform, 1, candidates)
+        ids, conf, top, log_total = pick_tokens(logits, temperature, uniform)
+        eos = torch.exp(logits[..., model.cfg.eos_id] - top - log_total)
+        token_ids = input_ids.scatter(1, candidates, ids)
+        confidence = torch.full((B, S), float("-inf"), device=conf.device).scatter(1, candidates, conf)
+        eos_prob = torch.zeros((B, S), device=eos.device).scatter(1, candidates, eos)
+        _, L, F, _ = out.stats.shape
+        result = (token_ids, confidence, eos_prob, out.stats.reshape(B, L * F, S))
+        return (*result, out.kv) if out.kv is not None else result
 
 
-class RefreshGraph(nn.Module):
-    """A step that also returns every layer's keys and values (kv [L, 2, B, H_kv, S, D], float32): the cache."""
+class PrefixStepGraph(StepGraph):
+    """StepGraph of a prefix-DLM model (ModelConfig.prefix_dlm): prompt_width [B] last (spec.graphs.PROMPT_WIDTH)."""
 
-    def __init__(self, model: MaskPredictor) -> None:
-        super().__init__()
-        self.model = model
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
+                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, prompt_width: Tensor
+                ) -> tuple[Tensor, ...]:
+        return self.outputs(input_ids, None, attention_mask, temperature, sample_uniform, candidates, with_stats,
+                            prompt_width)
 
-    def forward(
-        self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        return self.outputs(input_ids, attention_mask, temperature, sample_uniform, None)
 
-    def outputs(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor,
-                prompt_width: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        out = self.model(input_ids, attention_mask, return_kv=True, prompt_width=prompt_width)
-        assert out.kv is not None
-        return (*pick_tokens(out.logits, temperature, sample_uniform), out.kv)
+class MultimodalStepGraph(StepGraph):
+    """StepGraph with image ids: the image table after with_stats."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
+                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, image_table: Tensor
+                ) -> tuple[Tensor, ...]:
+        embeds = embed_with_images(self.model.embed, input_ids, image_table)
+        return self.outputs(input_ids, embeds, attention_mask, temperature, sample_uniform, candidates, with_stats)
+
+
+class MultimodalPrefixStepGraph(StepGraph):
+    """MultimodalStepGraph of a prefix-DLM model (LaViDa): prompt_width [B] after the image table."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
+                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, image_table: Tensor,
+                prompt_width: Tensor) -> tuple[Tensor, ...]:
+        embeds = embed_with_images(self.model.embed, input_ids, image_table)
+        return self.outputs(input_ids, embeds, attention_mask, temperature, sample_uniform, candidates, with_stats,
+                            prompt_width)
+
+
+def step_module(model: MaskPredictor, spec: StatsSpec, *, multimodal: bool = False, kv_cache: bool = False
+                ) -> StepGraph:
+    """The step module an export traces, declared by spec.graphs.step_graph with the same switches (prefix-DLM from
+    the model's config)."""
+    variants = {(False, False): StepGraph, (False, True): PrefixStepGraph,
+                (True, False): MultimodalStepGraph, (True, True): MultimodalPrefixStepGraph}
+    return variants[multimodal, model.cfg.prefix_dlm](model, spec, kv_cache)
 
 
 class WindowStepGraph(nn.Module):
-    """A cached step: only the window's columns run (`MaskPredictor.forward_window`), the rest comes from kv."""
+    """A cached step: only the window's columns run (`MaskPredictor.window_hidden`), the rest comes from kv."""
 
     def __init__(self, model: MaskPredictor) -> None:
         super().__init__()
@@ -128,127 +156,8 @@ class WindowStepGraph(nn.Module):
         sample_uniform: Tensor,
     ) -> tuple[Tensor, Tensor]:
         logits = self.model.forward_window(window_ids, attention_mask, window_start, kv)
-        return pick_tokens(logits, temperature, sample_uniform)
-
-
-class PrefixStep0Graph(Step0Graph):
-    """Step0Graph of a prefix-DLM model (ModelConfig.prefix_dlm): prompt_width [B] last (spec.graphs.PROMPT_WIDTH)."""
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor,  # type: ignore[override]
-                prompt_width: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        return self.outputs(input_ids, attention_mask, prompt_width)
-
-
-class PrefixStepGraph(StepGraph):
-    """StepGraph of a prefix-DLM model: prompt_width [B] last."""
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
-                sample_uniform: Tensor, prompt_width: Tensor) -> tuple[Tensor, Tensor]:
-        return self.outputs(input_ids, attention_mask, temperature, sample_uniform, prompt_width)
-
-
-class PrefixRefreshGraph(RefreshGraph):
-    """RefreshGraph of a prefix-DLM model: prompt_width [B] last (the prompt's keys and values ignore the response)."""
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
-                sample_uniform: Tensor, prompt_width: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return self.outputs(input_ids, attention_mask, temperature, sample_uniform, prompt_width)
-
-
-def step_modules(model: MaskPredictor, spec: StatsSpec) -> tuple[nn.Module, nn.Module, nn.Module]:
-    """The step0, step and refresh modules of a text export: the prefix-DLM variants for a prefix-DLM model."""
-    if model.cfg.prefix_dlm:
-        return PrefixStep0Graph(model, spec), PrefixStepGraph(model), PrefixRefreshGraph(model)
-    return Step0Graph(model, spec), StepGraph(model), RefreshGraph(model)
-
-
-class _EmbedsModel(nn.Module):
-    """Step0Graph / StepGraph call model(ids, mask, stats=...); this adapter receives embeddings in the ids' place."""
-
-    def __init__(self, lm: MaskPredictor) -> None:
-        super().__init__()
-        self.lm = lm
-        self.cfg = lm.cfg
-
-    def forward(self, embeds: Tensor, attention_mask: Tensor | None = None, *, stats: StatsSpec | None = None,
-                return_kv: bool = False, prompt_width: Tensor | None = None) -> ModelOutput:
-        return self.lm(None, attention_mask, inputs_embeds=embeds, stats=stats,  # type: ignore[no-any-return]
-                       return_kv=return_kv, prompt_width=prompt_width)
-
-
-class MultimodalStep0Graph(nn.Module):
-    """Step0Graph with image ids: (input_ids, attention_mask, image_table) -> token, confidence, EOS prob, sparsity."""
-
-    def __init__(self, lm: MaskPredictor, spec: StatsSpec) -> None:
-        super().__init__()
-        self.head = Step0Graph(cast(MaskPredictor, _EmbedsModel(lm)), spec)  # registers the LM once, inside
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, image_table: Tensor) -> tuple[Tensor, ...]:
-        embeds = embed_with_images(cast(_EmbedsModel, self.head.model).lm.embed, input_ids, image_table)
-        return self.head(embeds, attention_mask)  # type: ignore[no-any-return]
-
-
-class MultimodalStepGraph(nn.Module):
-    """StepGraph with image ids: (input_ids, attention_mask, temperature, sample_uniform, image_table)."""
-
-    def __init__(self, lm: MaskPredictor) -> None:
-        super().__init__()
-        self.head = StepGraph(cast(MaskPredictor, _EmbedsModel(lm)))
-
-    def forward(
-        self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor, image_table: Tensor
-    ) -> tuple[Tensor, ...]:
-        embeds = embed_with_images(cast(_EmbedsModel, self.head.model).lm.embed, input_ids, image_table)
-        return self.head(embeds, attention_mask, temperature, sample_uniform)  # type: ignore[no-any-return]
-
-
-class MultimodalRefreshGraph(nn.Module):
-    """RefreshGraph with image ids: (input_ids, attention_mask, temperature, sample_uniform, image_table)."""
-
-    def __init__(self, lm: MaskPredictor) -> None:
-        super().__init__()
-        self.head = RefreshGraph(cast(MaskPredictor, _EmbedsModel(lm)))
-
-    def forward(
-        self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor, image_table: Tensor
-    ) -> tuple[Tensor, ...]:
-        embeds = embed_with_images(cast(_EmbedsModel, self.head.model).lm.embed, input_ids, image_table)
-        return self.head(embeds, attention_mask, temperature, sample_uniform)  # type: ignore[no-any-return]
-
-
-class MultimodalPrefixStep0Graph(MultimodalStep0Graph):
-    """MultimodalStep0Graph of a prefix-DLM model (LaViDa): prompt_width [B] after the image table."""
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, image_table: Tensor,  # type: ignore[override]
-                prompt_width: Tensor) -> tuple[Tensor, ...]:
-        embeds = embed_with_images(cast(_EmbedsModel, self.head.model).lm.embed, input_ids, image_table)
-        return self.head.outputs(embeds, attention_mask, prompt_width)
-
-
-class MultimodalPrefixStepGraph(MultimodalStepGraph):
-    """MultimodalStepGraph of a prefix-DLM model: prompt_width [B] after the image table."""
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
-                sample_uniform: Tensor, image_table: Tensor, prompt_width: Tensor) -> tuple[Tensor, ...]:
-        embeds = embed_with_images(cast(_EmbedsModel, self.head.model).lm.embed, input_ids, image_table)
-        return self.head.outputs(embeds, attention_mask, temperature, sample_uniform, prompt_width)
-
-
-class MultimodalPrefixRefreshGraph(MultimodalRefreshGraph):
-    """MultimodalRefreshGraph of a prefix-DLM model: prompt_width [B] after the image table."""
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
-                sample_uniform: Tensor, image_table: Tensor, prompt_width: Tensor) -> tuple[Tensor, ...]:
-        embeds = embed_with_images(cast(_EmbedsModel, self.head.model).lm.embed, input_ids, image_table)
-        return self.head.outputs(embeds, attention_mask, temperature, sample_uniform, prompt_width)
-
-
-def multimodal_step_modules(lm: MaskPredictor, spec: StatsSpec) -> tuple[nn.Module, nn.Module, nn.Module]:
-    """The step0, step and refresh modules of a multimodal export (declared by spec.graphs.step_graphs /
-    cache_graphs(multimodal=True, prefix_dlm=lm.cfg.prefix_dlm)): the prefix-DLM variants for a prefix-DLM LM."""
-    if lm.cfg.prefix_dlm:
-        return MultimodalPrefixStep0Graph(lm, spec), MultimodalPrefixStepGraph(lm), MultimodalPrefixRefreshGraph(lm)
-    return MultimodalStep0Graph(lm, spec), MultimodalStepGraph(lm), MultimodalRefreshGraph(lm)
+        ids, conf, _, _ = pick_tokens(logits, temperature, sample_uniform)
+        return ids, conf
 
 
 class VisionGraph(nn.Module):

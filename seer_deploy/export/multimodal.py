@@ -1,17 +1,17 @@
-"""Multimodal export: vision.onnx (pixels -> image embeddings) and image-aware step0.onnx / step.onnx.
+"""Multimodal export: vision.onnx (pixels -> image embeddings) and an image-aware step.onnx (and window_step.onnx).
 
-The step graphs take one extra input, the image table float32 [image_tokens, D] (spec.graphs.IMAGE_TABLE): the
+The step graph takes one extra input, the image table float32 [image_tokens, D] (spec.graphs.IMAGE_TABLE): the
 embeddings of every image of the batch, one row per image token. Prompt ids at and above the LM's embedding rows
 (`image_id_base`) select a row of it in-graph (seer_deploy.export.graphs); every other id is embedded as usual. So the
 runtime loop, Seer's truncation and regrouped batches work on plain ids, and the graphs' other inputs and outputs are
 those of a text-only export. The vision graph outputs float32 whatever the export dtype, so the table's type never
 depends on it.
 
-A prefix-DLM model (LaViDa with prefix-DLM attention: ModelConfig.prefix_dlm) gets the prefix variants of the step
-graphs, which take `prompt_width` [B] after the image table (spec.graphs.step_graphs(prefix_dlm=True)).
+A prefix-DLM model (LaViDa with prefix-DLM attention: ModelConfig.prefix_dlm) gets the prefix variant of the step
+graph, which takes `prompt_width` [B] after the image table (spec.graphs.step_graph(prefix_dlm=True)).
 
 The export directory and manifest are the text export's (written by seer_deploy.export.exporter.ExportRun) with
-the vision graph and the image settings under `extra["multimodal"]`; the weights of all three graphs share one
+the vision graph and the image settings under `extra["multimodal"]`; the weights of all its graphs share one
 weights.bin.
 """
 
@@ -36,9 +36,16 @@ from seer_deploy.export.exporter import (
     checkpoint_config,
     step_examples,
 )
-from seer_deploy.export.graphs import VisionGraph, WindowStepGraph, multimodal_step_modules
+from seer_deploy.export.graphs import VisionGraph, WindowStepGraph, step_module
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.export.validate import ExportValidationError, Probe, compare_with_torch, make_probes, torch_references
+from seer_deploy.export.validate import (
+    ExportValidationError,
+    Probe,
+    compare_with_torch,
+    make_probes,
+    torch_references,
+    with_cast_references,
+)
 from seer_deploy.models.checkpoint import read_config
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.image_prompts import ImageConditionedModel
@@ -50,9 +57,9 @@ from seer_deploy.spec.graphs import (
     INPUT_IDS,
     PIXEL_VALUES,
     VISION,
+    WINDOW_STEP,
     Size,
-    cache_graphs,
-    step_graphs,
+    step_graph,
 )
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
@@ -60,8 +67,8 @@ STAGES: tuple[str, ...] = (
     "loading checkpoint",
     "torch reference",
     "tracing vision",
-    "tracing step0",
     "tracing step",
+    "tracing window_step",  # --kv-cache
     "checking graphs",
     "validating with ONNX Runtime",
     "installing",
@@ -98,7 +105,7 @@ def prepare_multimodal(checkpoint: str | os.PathLike[str], out: str | os.PathLik
 
 def export_multimodal(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
                       options: ExportOptions | None = None, progress: Progress | None = None) -> ExportResult:
-    """Export a LLaDA-V-layout checkpoint (or 'demo-vl'): vision.onnx, step0.onnx, step.onnx, weights.bin, manifest.
+    """Export a LLaDA-V-layout checkpoint (or 'demo-vl'): vision.onnx, step.onnx, weights.bin, manifest.
 
     As the text exporter: written into a temporary directory, checked (declared interfaces, ONNX checker, ONNX Runtime
     vs torch on image-bearing probes and on pixels) and renamed into place only when everything passed.
@@ -108,7 +115,7 @@ def export_multimodal(checkpoint: str | os.PathLike[str], out: str | os.PathLike
 
 def _load_multimodal(run: ExportRun, report: Progress) -> Loaded:
     """The language model and the vision tower, the torch references on pixels and image-bearing probes (with
-    verify), and the vision / step0 / step graphs to trace."""
+    verify), and the vision and step graphs to trace."""
     loaded = load_multimodal(run.checkpoint, dtype=torch.float32)
     cfg, vcfg, stats, max_seq_len = loaded.config, loaded.vision_config, run.stats, run.max_seq_len
     lm, vision = loaded.lm.model, loaded.vision
@@ -124,6 +131,8 @@ def _load_multimodal(run: ExportRun, report: Progress) -> Loaded:
     refs = torch_references(ImageConditionedModel(lm, table), stats, probes) if run.options.verify else []
     if dtype == "fp16":
         lm, vision = lm.to(torch.float16), vision.to(torch.float16)
+        if refs:  # the same model in float16: how far the dtype alone moves each output
+            refs = with_cast_references(refs, ImageConditionedModel(lm, table), stats)
 
     def validate(staged: Path) -> dict[str, float]:
         backend = MultimodalOrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
@@ -141,15 +150,13 @@ def _load_multimodal(run: ExportRun, report: Progress) -> Loaded:
             }
         }
 
-    step0_io, step_io = step_graphs(multimodal=True, prefix_dlm=cfg.prefix_dlm)  # prefix-DLM: + prompt_width
-    refresh_io, window_io = cache_graphs(multimodal=True, prefix_dlm=cfg.prefix_dlm)
-    step0_graph, step_graph, refresh_graph = multimodal_step_modules(lm, stats)
+    kv_cache = run.options.kv_cache
     plan = GraphPlan(
         modules=(
             (VISION, VisionGraph(vision)),
-            (step0_io, step0_graph),
-            (step_io, step_graph),
-            *(((refresh_io, refresh_graph), (window_io, WindowStepGraph(lm))) if run.options.kv_cache else ()),
+            (step_graph(multimodal=True, prefix_dlm=cfg.prefix_dlm, kv_cache=kv_cache),
+             step_module(lm, stats, multimodal=True, kv_cache=kv_cache)),
+            *(((WINDOW_STEP, WindowStepGraph(lm)),) if kv_cache else ()),
         ),
         examples=_examples(cfg, vcfg, max_seq_len),
         sizes={
@@ -182,12 +189,12 @@ def _examples(cfg: ModelConfig, vcfg: VisionConfig, max_seq_len: int) -> dict[st
 def _check_vision(backend: MultimodalOrtBackend, pixels: np.ndarray, want: np.ndarray, dtype: str) -> float:
     got = backend.encode_images(pixels)
     if got.shape != want.shape:
-        raise ExportValidationError(f"vision.onnx returned {got.shape}, torch {want.shape}; nothing was written")
+        raise ExportValidationError(f"vision.onnx returned {got.shape}, torch {want.shape}")
     scale = float(np.abs(want).max(initial=1e-12))
     worst = float(np.abs(got.astype(np.float64) - want).max(initial=0.0)) / scale
     if worst > VISION_ATOL[dtype]:
         raise ExportValidationError(
             f"vision.onnx disagrees with torch: max |diff| {worst:.3g} of the largest embedding value > "
-            f"{VISION_ATOL[dtype]:g} ({dtype} tolerance); nothing was written"
+            f"{VISION_ATOL[dtype]:g} ({dtype} tolerance)", {VISION.name: worst}
         )
     return worst

@@ -37,7 +37,7 @@ def quiet_exporter() -> Iterator[None]:
     levels = [lg.level for lg in loggers]
     try:
         for lg in loggers:
-            lg.setLevel(logging.ERROR)
+            lg.setLevel(logging.CRITICAL)  # torch.export logs unsupported-feature notes at ERROR
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.mlp_stats import mlp_statistics
+from seer_deploy.models.mlp_stats import mlp_statistics, statistics_when
 from seer_deploy.models.moe import MoEMLP
 
 
@@ -34,6 +34,14 @@ class ModelOutput(NamedTuple):
     logits: Tensor  # [B, S, V]
     stats: Tensor | None  # [B, len(spec.layers), len(STAT_NAMES), S] in float32, or None
     kv: Tensor | None = None  # [n_layers, 2, B, n_kv_heads, S, head_dim] in float32 (return_kv), or None
+
+
+
+class HiddenOutput(NamedTuple):
+    hidden: Tensor  # [B, S, D]: the last layer's output, before the final norm and the LM head (`logits_of`)
+    stats: Tensor | None  # as ModelOutput.stats
+    kv: Tensor | None = None  # as ModelOutput.kv
+
 
 KVPair = tuple[Tensor, Tensor]  # one layer's keys and values [B, n_kv_heads, S, head_dim]
 
@@ -113,11 +121,17 @@ class MLP(nn.Module):
         self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
         self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
 
-    def forward(self, x: Tensor, spec: StatsSpec | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, spec: StatsSpec | None = None, wanted: Tensor | None = None
+                ) -> tuple[Tensor, Tensor | None]:
         a = F.silu(self.gate(x))
         h = a * self.up(x)
-        stats = mlp_statistics(h, a, spec) if spec is not None else None
-        return self.down(h), stats
+        if spec is None:
+            return self.down(h), None
+
+        def compute(h: Tensor, a: Tensor) -> Tensor:
+            return mlp_statistics(h, a, spec)
+
+        return self.down(h), statistics_when(wanted, compute, h, a)
 
 
 class TransformerLayer(nn.Module):
@@ -136,10 +150,11 @@ class TransformerLayer(nn.Module):
         key_mask: Tensor | None,
         spec: StatsSpec | None = None,
         cached: KVPair | None = None,
+        stats_wanted: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, KVPair]:
         attn_out, kv = self.attn(self.attn_norm(x), cos, sin, key_mask, cached)
         x = x + attn_out
-        mlp_out, stats = self.mlp(self.mlp_norm(x), spec)
+        mlp_out, stats = self.mlp(self.mlp_norm(x), spec, stats_wanted)
         return x + mlp_out, stats, kv
 
 
@@ -169,6 +184,24 @@ class MaskPredictor(nn.Module):
         """input_ids [B, S] (or inputs_embeds [B, S, D]); attention_mask [B, S] is 1 for real tokens, 0 for padding.
         return_kv: also return every layer's keys and values (what `forward_window` takes as its cache).
         prompt_width [B] (int64; prefix-DLM models only): columns [0, prompt_width) hold the (left-padded) prompt."""
+        out = self.hidden_states(input_ids, attention_mask, inputs_embeds=inputs_embeds, stats=stats,
+                                 return_kv=return_kv, prompt_width=prompt_width)
+        return ModelOutput(self.shifted(self.logits_of(out.hidden), dim=1), out.stats, out.kv)
+
+    def hidden_states(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        *,
+        inputs_embeds: Tensor | None = None,
+        stats: StatsSpec | None = None,
+        return_kv: bool = False,
+        prompt_width: Tensor | None = None,
+        stats_wanted: Tensor | None = None,
+    ) -> HiddenOutput:
+        """`forward` without the LM head: the last layer's hidden states [B, S, D] (unshifted; `logits_of` turns any
+        rows of them into logits), the statistics (shifted like the logits) and the cache.
+        stats_wanted (a 0-d bool tensor): compute the statistics only where it is true (zeros otherwise)."""
         x = self.embed_inputs(input_ids) if inputs_embeds is None else inputs_embeds
         B, S, _ = x.shape
         if attention_mask is None:
@@ -185,17 +218,26 @@ class MaskPredictor(nn.Module):
         collected: list[Tensor] = []
         keys_values: list[Tensor] = []
         for i, layer in enumerate(self.layers):
-            x, layer_stats, kv = layer(x, cos, sin, key_mask, stats if i in wanted else None)
+            x, layer_stats, kv = layer(x, cos, sin, key_mask, stats if i in wanted else None,
+                                       stats_wanted=stats_wanted)
             if layer_stats is not None:
                 collected.append(layer_stats)
             if return_kv:
                 keys_values.append(torch.stack(kv).float())
-        logits = self.shifted(self.lm_head(self.final_norm(x)), dim=1)
         cache = torch.stack(keys_values) if return_kv else None
         if stats is None:
-            return ModelOutput(logits, None, cache)
+            return HiddenOutput(x, None, cache)
         by_layer = dict(zip(sorted(wanted), collected, strict=True))
-        return ModelOutput(logits, self.shifted(torch.stack([by_layer[i] for i in stats.layers], dim=1), dim=-1), cache)
+        return HiddenOutput(x, self.shifted(torch.stack([by_layer[i] for i in stats.layers], dim=1), dim=-1), cache)
+
+    def logits_of(self, hidden: Tensor) -> Tensor:
+        """The LM head on hidden states of any shape [..., D] (the final norm is per position)."""
+        return self.lm_head(self.final_norm(hidden))
+
+    def logit_source(self, columns: Tensor) -> Tensor:
+        """The column whose hidden state gives each column's logits: itself, or with shift_logits (Dream) the one
+        before it (column 0 keeps its own), as `shifted` does."""
+        return (columns - 1).clamp(min=0) if self.cfg.shift_logits else columns
 
     def shifted(self, values: Tensor, dim: int) -> Tensor:
         """With shift_logits (Dream), position i's values are those computed at position i - 1 (position 0 keeps its
@@ -218,7 +260,11 @@ class MaskPredictor(nn.Module):
         return allowed[:, None] if key_mask is None else allowed[:, None] & key_mask
 
     def forward_window(self, window_ids: Tensor, attention_mask: Tensor, window_start: Tensor, kv: Tensor) -> Tensor:
-        """Logits [B, W, V] of the window columns [window_start[b], window_start[b] + W) of a sequence whose keys and
+        """Logits [B, W, V] of the window columns (`window_hidden` and the LM head)."""
+        return self.logits_of(self.window_hidden(window_ids, attention_mask, window_start, kv))
+
+    def window_hidden(self, window_ids: Tensor, attention_mask: Tensor, window_start: Tensor, kv: Tensor) -> Tensor:
+        """Hidden states [B, W, D] of the window columns [window_start[b], window_start[b] + W) of a sequence whose keys and
         values `kv` [n_layers, 2, B, n_kv_heads, S, head_dim] a full pass computed (attention_mask [B, S] is the whole
         sequence's). The window's keys and values are computed fresh; the cached ones of the window are not used."""
         if self.cfg.shift_logits:
@@ -236,7 +282,7 @@ class MaskPredictor(nn.Module):
         key_mask = torch.cat([real & ~in_window, real.gather(1, columns)], dim=1)[:, None, None, :]
         for i, layer in enumerate(self.layers):
             x, _, _ = layer(x, cos, sin, key_mask, cached=(kv[i, 0], kv[i, 1]))
-        return self.lm_head(self.final_norm(x))
+        return x
 
     def embed_inputs(self, input_ids: Tensor | None) -> Tensor:
         """Token embeddings [B, S, D]; a model whose prompts carry other inputs (pictures) embeds those here."""

@@ -8,10 +8,25 @@ Both are computed inside forward, the same code for torch and the exported step-
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-from seer_deploy.core.sparsity import StatsSpec
+from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
+
+
+def statistics_when(wanted: Tensor | None, compute: Callable[..., Tensor], h: Tensor, *operands: Tensor) -> Tensor:
+    """`compute(h, *operands)`, or zeros [B, len(STAT_NAMES), S] where `wanted` (a 0-d bool tensor) is false: the
+    exported step graph runs every pass, and only step zero pays for the statistics (an ONNX If; TensorRT runs it as
+    a conditional). wanted None: always computed (the torch reference)."""
+    if wanted is None:
+        return compute(h, *operands)
+
+    def skip(h: Tensor, *_: Tensor) -> Tensor:
+        return h.new_zeros((h.shape[0], len(STAT_NAMES), h.shape[1]), dtype=torch.float32)
+
+    return torch.cond(wanted, compute, skip, (h, *operands))
 
 
 def mlp_statistics(h: Tensor, a: Tensor, spec: StatsSpec) -> Tensor:

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.mlp_stats import moe_statistics
+from seer_deploy.models.mlp_stats import moe_statistics, statistics_when
 
 
 class Expert(nn.Module):
@@ -50,7 +50,8 @@ class MoEMLP(nn.Module):
         selected = torch.zeros_like(probs).scatter(-1, top_i, torch.ones_like(top_w))
         return weights, selected
 
-    def forward(self, x: Tensor, spec: StatsSpec | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, spec: StatsSpec | None = None, wanted: Tensor | None = None
+                ) -> tuple[Tensor, Tensor | None]:
         weights, selected = self.routing(x)
         out = torch.zeros_like(x)
         hidden, gates = [], []
@@ -62,4 +63,8 @@ class MoEMLP(nn.Module):
                 gates.append(a)
         if spec is None:
             return out, None
-        return out, moe_statistics(torch.stack(hidden, dim=-2), torch.stack(gates, dim=-2), selected, spec)
+
+        def compute(h: Tensor, a: Tensor, selected: Tensor) -> Tensor:
+            return moe_statistics(h, a, selected, spec)
+
+        return out, statistics_when(wanted, compute, torch.stack(hidden, dim=-2), torch.stack(gates, dim=-2), selected)

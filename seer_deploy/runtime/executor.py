@@ -47,6 +47,21 @@ from seer_deploy.seer.plan import BlockPlan, TruncationPlan
 SettledHook = Callable[[int, np.ndarray], None]
 
 
+def mask_columns(x: np.ndarray, hi: np.ndarray | None, mask_id: int) -> np.ndarray:
+    """int64 [B, C]: each row's mask columns before hi[b] (every column with hi None) in column order, C the most any
+    row has (at least 1), a shorter row repeating its last one (column 0 if it has none): a step's candidates."""
+    B, S = x.shape
+    is_mask = x == mask_id
+    if hi is not None:
+        is_mask &= np.arange(S)[None, :] < np.asarray(hi)[:, None]
+    counts = is_mask.sum(axis=1)
+    width = max(1, int(counts.max(initial=0)))
+    order = np.argsort(~is_mask, axis=1, kind="stable")[:, :width]  # mask columns first, in column order
+    last = order[np.arange(B), np.maximum(counts - 1, 0)]
+    return np.ascontiguousarray(np.where(np.arange(width)[None, :] >= counts[:, None], last[:, None], order),
+                                dtype=np.int64)
+
+
 @dataclass(frozen=True)
 class LoopContext:
     """What every step needs besides the sequence: the engine, the host core, the settings and the host RNG."""
@@ -71,9 +86,12 @@ class LoopContext:
         seed = int(self.rng.integers(2**63 - 1)) if self.config.temperature > 0 else None
         return self.config.temperature, seed
 
-    def step_input(self, x: np.ndarray, mask: np.ndarray | None, prompt_width: int) -> StepInput:
-        """The backend's input for one step over x."""
-        return StepInput(x, mask, *self.sampling(), prompt_width, self.config.cfg_scale)
+    def step_input(self, x: np.ndarray, mask: np.ndarray | None, prompt_width: int, hi: np.ndarray | None = None
+                   ) -> StepInput:
+        """The backend's input for one step over x that commits before column hi[b] (None: anywhere): its candidates
+        are the masks it may commit, so an exported graph computes tokens for those columns only."""
+        return StepInput(x, mask, *self.sampling(), prompt_width, self.config.cfg_scale,
+                         mask_columns(x, hi, self.mask_id))
 
     def commit(self, x: np.ndarray, out: StepOutput | Step0Output | RefreshOutput, lo: np.ndarray, hi: np.ndarray,
                k: np.ndarray) -> None:
@@ -308,7 +326,7 @@ class _Group:
         sub = np.ascontiguousarray(self.x[rows, c0:c1])
         sub_real = self.real[rows, c0:c1]
         mask = None if bool(sub_real.all()) else np.ascontiguousarray(sub_real)
-        out = self.ctx.backend.step(self.ctx.step_input(sub, mask, P - c0))
+        out = self.ctx.backend.step(self.ctx.step_input(sub, mask, P - c0, hi[rows] - c0))
         self.ctx.commit(sub, out, np.zeros(rows.size, np.int64), hi[rows] - c0, k[rows])
         self.x[rows, c0:c1] = sub
         self.passes[rows] += 1
@@ -320,7 +338,7 @@ class _Group:
         backend = cast(CacheBackend, self.ctx.backend)
         sub = np.ascontiguousarray(self.x[rows])
         sub_real = np.ascontiguousarray(self.real[rows])
-        out = backend.refresh(self.ctx.step_input(sub, sub_real, self.prompt_width))
+        out = backend.refresh(self.ctx.step_input(sub, sub_real, self.prompt_width, hi[rows]))
         self.ctx.commit(sub, out, np.zeros(rows.size, np.int64), hi[rows], k[rows])
         self.x[rows] = sub
         if self.cache.kv is None:

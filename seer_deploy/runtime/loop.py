@@ -34,7 +34,7 @@ from seer_deploy.core.backend import (
 )
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, left_pad
-from seer_deploy.runtime.executor import LoopContext, Rows, SettledHook, Tally, run_group
+from seer_deploy.runtime.executor import LoopContext, Rows, SettledHook, Tally, mask_columns, run_group
 from seer_deploy.runtime.loopcore import LoopCore, active_core
 from seer_deploy.runtime.scheduler import HybridPlan, StepCost, plan_hybrid, step_cost_of
 from seer_deploy.seer.config import SeerConfig
@@ -52,6 +52,7 @@ class LoopResult:
     batch_sizes: list[int] = field(default_factory=list)  # rows per forward pass, step zero first
     row_steps: list[int] = field(default_factory=list)  # forward passes each request made, step zero included
     step_zero_seconds: float = 0.0  # wall time of step zero (what Seer cannot cut)
+    step_zero_done_at: float = 0.0  # time.perf_counter() when step zero ended: where time to first step stops
 
 
 def check_supported(config: GenerationConfig, backend: Backend) -> None:
@@ -130,7 +131,8 @@ def run_generation(
         out0, kv = step_zero(ctx, x_zero, mask_zero, P, P + first.end, schedule[todo, 0], tally, real[todo],
                              truncating)
         x[todo] = x_zero
-    step_zero_seconds = time.perf_counter() - started
+    step_zero_done_at = time.perf_counter()
+    step_zero_seconds = step_zero_done_at - started
     responses = x[:, P:].copy()
     # The prompts as step zero left them: masks inside a prompt are candidates too, and its commits stand.
     prompts = [x[b, P - len(p) : P].tolist() for b, p in enumerate(prompts)]
@@ -156,7 +158,7 @@ def run_generation(
                                         steps=row_steps[b] if config.parallel or config.kv_cache else None)
                    for b, plan in enumerate(decided)]
     return LoopResult(tokens, tally.steps_run, tally.tokens_processed, reports, hybrid, tally.positions_computed,
-                      tally.batch_sizes, row_steps, step_zero_seconds)
+                      tally.batch_sizes, row_steps, step_zero_seconds, step_zero_done_at)
 
 
 def first_canvas_plans(
@@ -255,15 +257,17 @@ def step_zero(
     B = x.shape[0]
     out0, kv = None, None
     if truncating or (ctx.config.temperature == 0 and not ctx.config.kv_cache):
-        out0 = ctx.backend.step0(StepInput(x, mask, prompt_width=prompt_width, guidance=ctx.config.cfg_scale))
+        # Seer reads step zero's tokens and EOS probabilities over the whole response: every mask is a candidate.
+        out0 = ctx.backend.step0(StepInput(x, mask, prompt_width=prompt_width, guidance=ctx.config.cfg_scale,
+                                           candidates=mask_columns(x, None, ctx.mask_id)))
         tally.count(ctx, real)
     committed: StepOutput | Step0Output | RefreshOutput | None = out0
     if not truncating and ctx.config.kv_cache:
-        committed = cast(CacheBackend, ctx.backend).refresh(ctx.step_input(x, mask, prompt_width))
+        committed = cast(CacheBackend, ctx.backend).refresh(ctx.step_input(x, mask, prompt_width, np.full(B, hi)))
         kv = committed.kv
         tally.count(ctx, real)
     elif ctx.config.temperature > 0:
-        committed = ctx.backend.step(ctx.step_input(x, mask, prompt_width))
+        committed = ctx.backend.step(ctx.step_input(x, mask, prompt_width, np.full(B, hi)))
         tally.count(ctx, real)
     assert committed is not None  # greedy runs commit step zero's own tokens
     ctx.commit(x, committed, np.zeros(B, np.int64), np.full(B, hi, np.int64), k)

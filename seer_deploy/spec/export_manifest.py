@@ -21,13 +21,14 @@ from seer_deploy.core.errors import ArtifactError, CheckpointError, SeerDeployEr
 from seer_deploy.core.files import confined, read_json
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.image import ImageConfig
-from seer_deploy.spec.graphs import CACHE_GRAPH_NAMES, SPARSITY, STEP0, STEP_GRAPH_NAMES
+from seer_deploy.spec.graphs import CACHE_GRAPH_NAMES, KV, SPARSITY, STEP, STEP_GRAPH_NAMES
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 FORMAT = "seer-deploy-export"
-# 2: the graphs' `confidence` output is the log-probability of the chosen token (models.confidence); 1 returned
-# the probability itself, which the runtime would now misread.
-FORMAT_VERSION = 2
+# 3: one step graph serves step zero, the steps and the cache refresh (it takes `candidates` and `with_stats`); 2 had
+# separate step0 / refresh graphs. 2: the graphs' `confidence` output is the log-probability of the chosen token
+# (models.confidence); 1 returned the probability itself, which the runtime would now misread.
+FORMAT_VERSION = 3
 MANIFEST_FILE = "manifest.json"
 DTYPES: tuple[str, ...] = ("fp32", "fp16")
 LAYOUTS: tuple[str, ...] = ("llada", "llama")
@@ -129,8 +130,15 @@ class ExportManifest:
 
     @property
     def has_cache(self) -> bool:
-        """Whether the export has the block-wise KV cache graphs (export --kv-cache)."""
+        """Whether the export has the block-wise KV cache (export --kv-cache: the window graph, and the step graph's
+        kv output)."""
         return all(name in self.graphs for name in CACHE_GRAPH_NAMES)
+
+    @property
+    def verified(self) -> bool | None:
+        """Whether the export passed its check against torch (None: exported with --no-verify)."""
+        verdict = self.extra.get("validation")
+        return bool(verdict.get("verified")) if isinstance(verdict, dict) else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -173,7 +181,7 @@ class ExportManifest:
         return manifest
 
     def named_files(self) -> dict[str, str]:
-        """Every file the manifest names, by the key that names it ('graphs.step0.file': 'step0.onnx')."""
+        """Every file the manifest names, by the key that names it ('graphs.step.file': 'step.onnx')."""
         files = {f"graphs.{name}.file": graph.file for name, graph in self.graphs.items()}
         section = self.extra.get(MULTIMODAL_KEY)
         if isinstance(section, dict):  # from_dict checked its shape
@@ -231,6 +239,7 @@ class ExportManifest:
             extra=dict(extra or {}),
         )
         _check_sparsity_rows(manifest, where)
+        _check_cache(manifest, where)
         return manifest
 
 
@@ -245,20 +254,27 @@ def _format_version(r: _Reader, raw: dict[str, Any]) -> int:
     if version < 1:
         raise ArtifactError(f"{r.where}: format_version {version} is invalid; re-export the model")
     if version < FORMAT_VERSION:
-        raise ArtifactError(
-            f"{r.where}: format_version {version} was written by an older seer-deploy whose graphs return the "
-            "confidence as a probability, not the log-probability this runtime ranks by; re-export the model"
-        )
+        why = ("graphs return the confidence as a probability, not the log-probability this runtime ranks by"
+               if version < 2 else "step0 / step / refresh graphs are three graphs where this runtime runs one")
+        raise ArtifactError(f"{r.where}: format_version {version} was written by an older seer-deploy whose {why}; "
+                            "re-export the model")
     return version
 
 
+def _check_cache(manifest: ExportManifest, where: str) -> None:
+    """The window graph reads the keys and values the step graph returns: a cache export's step graph has kv."""
+    if manifest.has_cache and KV.name not in manifest.graphs[STEP.name].outputs:
+        raise ArtifactError(f"{where}: the export has the window graph but its step graph returns no '{KV.name}'; "
+                            "re-export with --kv-cache")
+
+
 def _check_sparsity_rows(manifest: ExportManifest, where: str) -> None:
-    """The step-zero graph reports one sparsity row per seer.sparsity_rows entry (where its record fixes the count)."""
-    recorded = manifest.graphs[STEP0.name].outputs.get(SPARSITY.name)
+    """The step graph reports one sparsity row per seer.sparsity_rows entry (where its record fixes the count)."""
+    recorded = manifest.graphs[STEP.name].outputs.get(SPARSITY.name)
     rows = recorded.shape[1] if recorded is not None and len(recorded.shape) == 3 else None
     if isinstance(rows, int) and rows != len(manifest.seer.sparsity_rows):
         raise ArtifactError(
-            f"{where}: the step0 graph reports {rows} sparsity rows, seer.sparsity_rows lists "
+            f"{where}: the step graph reports {rows} sparsity rows, seer.sparsity_rows lists "
             f"{len(manifest.seer.sparsity_rows)}; re-export the model"
         )
 

@@ -12,6 +12,7 @@ from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, Step
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.spec.graphs import (
     ATTENTION_MASK,
+    CANDIDATES,
     CONFIDENCE,
     EOS_PROB,
     IMAGE_TABLE,
@@ -25,21 +26,33 @@ from seer_deploy.spec.graphs import (
     WINDOW_IDS,
     WINDOW_START,
     WINDOW_TOKEN_IDS,
+    WITH_STATS,
     GraphIO,
     TensorIO,
 )
 from seer_deploy.spec.sampling import step_feed
 
 
-def graph_feed(graph: GraphIO, checked: StepInput, image_table: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def every_column(batch: int, seq: int) -> np.ndarray:
+    """The candidates of a pass that computes every column: [batch, seq] int64."""
+    return np.ascontiguousarray(np.broadcast_to(np.arange(seq, dtype=np.int64), (batch, seq)))
+
+
+def graph_feed(graph: GraphIO, checked: StepInput, image_table: np.ndarray | None = None, *,
+               with_stats: bool = False) -> dict[str, np.ndarray]:
     """`graph`'s inputs for one call, named and ordered as declared: the ids and mask of a checked StepInput, the
-    step graph's sampling inputs (drawn from its temperature and seed), for the multimodal graphs the table and for
-    the prefix-DLM graphs the prompt width (StepInput.prompt_width, the same for every row)."""
+    step graph's sampling inputs (drawn from its temperature and seed), its candidates (every column unless the input
+    names them) and whether to compute step zero's statistics, for the multimodal graphs the table and for the
+    prefix-DLM graphs the prompt width (StepInput.prompt_width, the same for every row)."""
     assert checked.attention_mask is not None, "pass StepInput.checked(), which always has a mask"
     values = {INPUT_IDS.name: checked.input_ids, ATTENTION_MASK.name: checked.attention_mask}
+    batch, seq = checked.input_ids.shape
     if graph.takes(TEMPERATURE):
-        batch, seq = checked.input_ids.shape
         values.update(step_feed(batch, seq, checked.temperature, checked.seed))
+    if graph.takes(CANDIDATES):
+        values[CANDIDATES.name] = every_column(batch, seq) if checked.candidates is None else checked.candidates
+    if graph.takes(WITH_STATS):
+        values[WITH_STATS.name] = np.full(batch, int(with_stats), dtype=np.int64)
     if image_table is not None:
         values[IMAGE_TABLE.name] = image_table
     if graph.takes(PROMPT_WIDTH):

@@ -23,6 +23,7 @@ class Axis(StrEnum):
     IMAGES = "images"
     IMAGE_TOKENS = "image_tokens"  # rows of the image table: every image token of the batch
     WINDOW = "window"  # the columns a cached pass runs (a denoising block)
+    CANDIDATES = "candidates"  # the columns a step computes tokens for (the masks it may commit)
 
 
 class Size(StrEnum):
@@ -126,13 +127,18 @@ INPUT_IDS = TensorIO("input_ids", "int64", _BS)  # left-padded prompts, then res
 ATTENTION_MASK = TensorIO("attention_mask", "int64", _BS)  # 1 = a real token
 TEMPERATURE = TensorIO("temperature", "float32", (Axis.BATCH,))  # spec.sampling: 0 = greedy, > 0 = sample
 SAMPLE_UNIFORM = TensorIO("sample_uniform", "float32", _BS)  # spec.sampling: one uniform per position
+# The columns whose tokens a pass computes (the masks it may commit; padding repeats a column): the LM head, the
+# head's softmax and sampling run on these columns only. Other columns return their input id, confidence -inf.
+CANDIDATES = TensorIO("candidates", "int64", (Axis.BATCH, Axis.CANDIDATES))
+# 1 = compute Seer's step-zero sparsity statistics (step zero); 0 in every row = skip them (sparsity is zeros).
+WITH_STATS = TensorIO("with_stats", "int64", (Axis.BATCH,))
 IMAGE_TABLE = TensorIO("image_table", "float32", (Axis.IMAGE_TOKENS, Size.D_MODEL))  # ids >= image_id_base pick a row
 PROMPT_WIDTH = TensorIO("prompt_width", "int64", (Axis.BATCH,))  # prefix-DLM graphs: where each row's response starts
 PIXEL_VALUES = TensorIO("pixel_values", "float32", (Axis.IMAGES, 3, Size.IMAGE_SIZE, Size.IMAGE_SIZE))
 
-TOKEN_IDS = TensorIO("token_ids", "int64", _BS)  # x0: the argmax (or a sample) per position
-CONFIDENCE = TensorIO("confidence", "float32", _BS)  # log softmax probability of x0 (models.confidence)
-EOS_PROB = TensorIO("eos_prob", "float32", _BS)
+TOKEN_IDS = TensorIO("token_ids", "int64", _BS)  # x0: the argmax (or a sample) per candidate, the input id elsewhere
+CONFIDENCE = TensorIO("confidence", "float32", _BS)  # log softmax probability of x0 (models.confidence); -inf elsewhere
+EOS_PROB = TensorIO("eos_prob", "float32", _BS)  # softmax probability of EOS per candidate; 0 elsewhere
 SPARSITY = TensorIO("sparsity", "float32", (Axis.BATCH, Size.STAT_ROWS, Axis.SEQ))  # manifest seer.sparsity_rows
 IMAGE_EMBEDS = TensorIO("image_embeds", "float32", (Axis.IMAGES, Size.TOKENS_PER_IMAGE, Size.D_MODEL))
 
@@ -145,33 +151,35 @@ WINDOW_UNIFORM = TensorIO(SAMPLE_UNIFORM.name, "float32", _BW)
 WINDOW_TOKEN_IDS = TensorIO(TOKEN_IDS.name, "int64", _BW)
 WINDOW_CONFIDENCE = TensorIO(CONFIDENCE.name, "float32", _BW)
 
-STEP0 = GraphIO("step0", (INPUT_IDS, ATTENTION_MASK), (TOKEN_IDS, CONFIDENCE, EOS_PROB, SPARSITY))
-STEP = GraphIO("step", (INPUT_IDS, ATTENTION_MASK, TEMPERATURE, SAMPLE_UNIFORM), (TOKEN_IDS, CONFIDENCE))
+# One graph for every full pass, so that an engine holds one copy of the weights: step zero (with_stats = 1: the
+# sparsity rows and EOS probabilities Seer reads), every later step, and in a --kv-cache export the cache refresh
+# (the kv output). Skipped work costs nothing: the statistics and the sampling branch sit behind conditionals, the
+# LM head runs on the candidate columns only.
+STEP = GraphIO("step", (INPUT_IDS, ATTENTION_MASK, TEMPERATURE, SAMPLE_UNIFORM, CANDIDATES, WITH_STATS),
+               (TOKEN_IDS, CONFIDENCE, EOS_PROB, SPARSITY))
 VISION = GraphIO("vision", (PIXEL_VALUES,), (IMAGE_EMBEDS,))
-MULTIMODAL_STEP0 = STEP0.with_inputs(IMAGE_TABLE)
-MULTIMODAL_STEP = STEP.with_inputs(IMAGE_TABLE)
-STEP_GRAPH_NAMES: tuple[str, ...] = (STEP0.name, STEP.name)  # what every export has, text or multimodal
-# The cache graphs (export --kv-cache): a step that also returns the keys and values, and a step over a window only
-# (its keys and values fresh, the rest of the sequence's from `kv`). A window's ids are response tokens: no image table.
-REFRESH = GraphIO("refresh", STEP.inputs, (TOKEN_IDS, CONFIDENCE, KV))
+STEP_GRAPH_NAMES: tuple[str, ...] = (STEP.name,)  # what every export has, text or multimodal
+# The window graph (export --kv-cache): a step over a window only (its keys and values fresh, the rest of the
+# sequence's from `kv`, which the step graph returned). A window's ids are response tokens: no image table.
 WINDOW_STEP = GraphIO(
     "window_step",
     (WINDOW_IDS, ATTENTION_MASK, WINDOW_START, KV, TEMPERATURE, WINDOW_UNIFORM),
     (WINDOW_TOKEN_IDS, WINDOW_CONFIDENCE),
 )
-MULTIMODAL_REFRESH = REFRESH.with_inputs(IMAGE_TABLE)
-CACHE_GRAPH_NAMES: tuple[str, ...] = (REFRESH.name, WINDOW_STEP.name)
+CACHE_GRAPH_NAMES: tuple[str, ...] = (WINDOW_STEP.name,)
 
 
-def step_graphs(multimodal: bool = False, prefix_dlm: bool = False) -> tuple[GraphIO, GraphIO]:
-    """(step0, step) of a text export, or of a multimodal one (which also take the image table); a prefix-DLM
-    model's (ModelConfig.prefix_dlm, LaViDa) take `prompt_width` last."""
-    graphs = (MULTIMODAL_STEP0, MULTIMODAL_STEP) if multimodal else (STEP0, STEP)
-    return (graphs[0].with_inputs(PROMPT_WIDTH), graphs[1].with_inputs(PROMPT_WIDTH)) if prefix_dlm else graphs
+def step_graph(multimodal: bool = False, prefix_dlm: bool = False, kv_cache: bool = False) -> GraphIO:
+    """The step graph of an export: a multimodal one also takes the image table, a prefix-DLM model's
+    (ModelConfig.prefix_dlm, LaViDa) `prompt_width` last; a --kv-cache export's also returns the keys and values."""
+    graph = STEP.with_inputs(IMAGE_TABLE) if multimodal else STEP
+    if prefix_dlm:
+        graph = graph.with_inputs(PROMPT_WIDTH)
+    return replace(graph, outputs=(*graph.outputs, KV)) if kv_cache else graph
 
 
-def cache_graphs(multimodal: bool = False, prefix_dlm: bool = False) -> tuple[GraphIO, GraphIO]:
-    """(refresh, window_step) of a text export, or of a multimodal one (whose refresh also takes the image table); a
-    prefix-DLM model's refresh takes `prompt_width` last (a window is response columns: it attends to everything)."""
-    refresh = MULTIMODAL_REFRESH if multimodal else REFRESH
-    return (refresh.with_inputs(PROMPT_WIDTH) if prefix_dlm else refresh), WINDOW_STEP
+def export_graphs(multimodal: bool = False, prefix_dlm: bool = False, kv_cache: bool = False) -> tuple[GraphIO, ...]:
+    """The denoising graphs of an export, in the order they are traced: the step graph, then (--kv-cache) the window
+    graph."""
+    step = step_graph(multimodal, prefix_dlm, kv_cache)
+    return (step, WINDOW_STEP) if kv_cache else (step,)
