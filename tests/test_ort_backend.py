@@ -254,7 +254,7 @@ def test_shared_weights_give_the_same_outputs_from_one_copy(
         for init in onnx.load(str(out / "step.onnx"), load_external_data=False).graph.initializer
         if init.data_location == onnx.TensorProto.EXTERNAL
     }
-    assert len(ort_backend._shared) == len(step_refs) > 0 and not own_copy._shared
+    assert len(ort_backend.weights.values) == len(step_refs) > 0 and not own_copy.weights.values
     with pytest.raises(ConfigError, match="share_weights needs the CPU provider"):
         OrtBackend(out, OrtSessionOptions(providers=("AzureExecutionProvider", "CPUExecutionProvider"), share_weights=True))
 

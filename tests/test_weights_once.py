@@ -89,12 +89,12 @@ def test_two_sessions_hold_one_copy_of_the_weights(export: Path) -> None:
 def test_every_initializer_is_a_view_of_one_memory_map(export: Path) -> None:
     backend = OrtBackend(export, OrtSessionOptions(providers=("CPUExecutionProvider",)))
     backend.open_sessions()
-    mapping = backend._weights_map
-    assert mapping is not None and backend._shared
+    mapping = backend.weights.mapping
+    assert mapping is not None and backend.weights.values
     start = mapping.ctypes.data
-    for value in backend._shared.values():
+    for value in backend.weights.values.values():
         assert start <= value.data_ptr() < start + mapping.size  # no copy: the address lies in the mapping
     # The two graphs' initializers are the same OrtValues: the window graph's are a subset of the step graph's.
-    assert len(backend._shared) == len({v.data_ptr() for v in backend._shared.values()})
+    assert len(backend.weights.values) == len({v.data_ptr() for v in backend.weights.values.values()})
     ids = np.full((1, 8), 3, dtype=np.int64)
     assert backend.step(StepInput(ids)).token_ids.shape == (1, 8)  # and they run

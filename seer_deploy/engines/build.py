@@ -31,9 +31,10 @@ from seer_deploy.core.atomic import check_replaceable, claim, install_dir, stagi
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, file_sha256, regular_file
 from seer_deploy.engines.buckets import default_window_lengths, plan_buckets
+from seer_deploy.engines.external_data import check_external_data
 from seer_deploy.engines.image_plan import plan_image_axes
 from seer_deploy.engines.manifest import BackendName, EngineManifest, TensorRTFacts
-from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, check_external_data, open_session
+from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, open_session
 from seer_deploy.engines.profiles import Profile, ProfileLayout, WindowLayout, plan_profiles
 from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_MANIFEST_FILE
 from seer_deploy.spec.export_manifest import ExportManifest, GraphRecord, TensorSpec

@@ -1,19 +1,20 @@
-"""The ONNX Runtime backend: runs an export directory's step0 / step graphs behind the runtime's `Backend` interface.
+"""The ONNX Runtime backend: runs an export directory's step graph (and window graph) behind the runtime's `Backend`
+interface.
 
 spec.graphs declares what each graph takes and returns, the manifest what the sparsity rows are; this module checks
 the artifacts against both (graph hashes, weight file size, the sessions' inputs and outputs), feeds the graphs
 (spec.graph_calls) and returns the compact outputs. A graph is opened only after every external-data file it names
-was found inside its own directory (`check_external_data`); ONNX Runtime would open any path a damaged graph names.
+was found inside its own directory (engines.external_data); ONNX Runtime would open any path a damaged graph names.
+On the CPU the sessions share one copy of the weights (engines.ort_weights).
 """
 
 from __future__ import annotations
 
-import itertools
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import onnxruntime as ort
@@ -27,9 +28,11 @@ from seer_deploy.core.backend import (
     is_device_array,
 )
 from seer_deploy.core.errors import ArtifactError, ConfigError
-from seer_deploy.core.files import confined, file_sha256, os_error_fix
+from seer_deploy.core.files import file_sha256
+from seer_deploy.engines.external_data import check_external_data
 from seer_deploy.engines.fixed_shapes import DEFAULT_SEQ_MULTIPLE, FixedShapes
 from seer_deploy.engines.ort_binding import BoundSession, run_with_device_tensors
+from seer_deploy.engines.ort_weights import SharedWeights
 from seer_deploy.spec.export_manifest import ExportManifest
 from seer_deploy.spec.graph_calls import (
     graph_feed,
@@ -77,46 +80,6 @@ def library_logs_wanted() -> bool:
     return bool(os.environ.get("SEER_DEPLOY_DEBUG"))
 
 
-def check_external_data(graph_file: Path) -> None:
-    """ArtifactError unless every external-data location the graph names lies inside the graph's directory
-    (symlinks resolved); checked on the graph structure alone, before ONNX Runtime or TensorRT opens anything."""
-    import onnx
-    from google.protobuf.message import DecodeError
-
-    try:
-        model = onnx.load(str(graph_file), load_external_data=False)
-    except OSError as exc:
-        raise ArtifactError(f"{graph_file} cannot be read ({exc.strerror}); {os_error_fix(exc)}") from exc
-    except (DecodeError, ValueError, RecursionError) as exc:
-        raise ArtifactError(f"{graph_file} is not a readable ONNX graph ({exc}); re-export it") from exc
-    locations = set()
-    functions = (_node_tensors(function.node) for function in model.functions)
-    for tensor in itertools.chain(_graph_tensors(model.graph), *functions):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            entries = {entry.key: entry.value for entry in tensor.external_data}
-            locations.add(entries.get("location", ""))
-    for location in sorted(locations):
-        confined(graph_file.parent, location, f"external data of {graph_file}", error=ArtifactError)
-
-
-def _graph_tensors(graph: Any) -> Iterator[Any]:
-    """Every tensor a graph holds: initializers, sparse initializers, node attributes and subgraphs."""
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield from (sparse.values, sparse.indices)
-    yield from _node_tensors(graph.node)
-
-
-def _node_tensors(nodes: Iterable[Any]) -> Iterator[Any]:
-    for node in nodes:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                yield from _graph_tensors(sub)
-
-
 def open_session(graph_file: Path, options: ort.SessionOptions, providers: Sequence[ProviderEntry]
                  ) -> ort.InferenceSession:
     """An ONNX Runtime session over `graph_file` (by path: external data resolves beside it and protobuf's 2 GB limit
@@ -134,16 +97,6 @@ def open_session(graph_file: Path, options: ort.SessionOptions, providers: Seque
                               "--cuda-graph (IO binding alone still keeps the buffers on the GPU)") from exc
         raise ArtifactError(f"ONNX Runtime cannot open {graph_file} ({detail}); the graph or its weights may be "
                             "damaged or incomplete: re-export it") from exc
-
-
-def share_cpu_arena(options: ort.SessionOptions) -> None:
-    """Let the session allocate its activations from the environment's CPU arena, registered once per process and
-    shared by every session that asks (ONNX Runtime's environment is process-wide; registering it again keeps the
-    first), instead of an arena of its own: sessions run one after another, so one arena serves them all (measured:
-    half the activation memory)."""
-    info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-    ort.create_and_register_allocator(info, None)
-    options.add_session_config_entry("session.use_env_allocators", "1")
 
 
 @dataclass(frozen=True)
@@ -272,8 +225,7 @@ class OrtBackend:
                 f"share_weights needs the CPU provider (sessions on {providers[0]} copy weights to the device each); "
                 "turn it off or choose providers=('CPUExecutionProvider',)"
             )
-        self._shared: dict[tuple[int, int, int, tuple[int, ...]], ort.OrtValue] = {}  # outlives the sessions
-        self._weights_map: np.memmap | None = None
+        self.weights = SharedWeights(self.export_dir / self.manifest.weights.file)  # outlives the sessions
         self._step_io = self._declared_step_graph()
         self._window_io = WINDOW_STEP
         self.supports_cache = self.manifest.has_cache and kv_cache
@@ -342,8 +294,8 @@ class OrtBackend:
         providers = self.options.provider_entries(cuda_graph=io.name in self.captured_graphs)
         so = self.options.session_options()
         if self.options.shares_weights():
-            self._add_shared_initializers(so, self.export_dir / graph.file)
-            share_cpu_arena(so)
+            check_external_data(self.export_dir / graph.file)
+            self.weights.add_to(so, self.export_dir / graph.file)
         session = open_session(self.export_dir / graph.file, so, providers)
         got = sorted(i.name for i in session.get_inputs())
         if got != sorted(io.input_names) or got != sorted(graph.inputs):
@@ -355,35 +307,6 @@ class OrtBackend:
         if missing:
             raise ArtifactError(f"{graph.file} lacks the outputs {missing}; re-run `seer-deploy export`")
         return session
-
-    def _add_shared_initializers(self, so: ort.SessionOptions, graph_file: Path) -> None:
-        """Hand the session every external initializer as a view of one read-only memory map of weights.bin."""
-        import onnx
-
-        check_external_data(graph_file)
-        weights_file = self.export_dir / self.manifest.weights.file
-        if self._weights_map is None:
-            self._weights_map = np.memmap(weights_file, dtype=np.uint8, mode="r")
-        weights = self._weights_map
-        proto = onnx.load(str(graph_file), load_external_data=False)
-        for init in proto.graph.initializer:
-            if init.data_location != onnx.TensorProto.EXTERNAL:
-                continue
-            ext = {e.key: e.value for e in init.external_data}
-            try:
-                offset, length = int(ext.get("offset") or 0), int(ext.get("length") or -1)
-                key = (offset, length, init.data_type, tuple(init.dims))
-                if ext.get("location") != self.manifest.weights.file or not 0 <= offset <= offset + length <= weights.size:
-                    raise ValueError(f"bytes {offset}..{offset + length} of {ext.get('location')}")
-                if key not in self._shared:
-                    dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
-                    array = weights[offset : offset + length].view(dtype).reshape(tuple(init.dims))
-                    self._shared[key] = ort.OrtValue.ortvalue_from_numpy(array)
-            except (ValueError, TypeError, KeyError) as exc:
-                raise ArtifactError(f"{graph_file}: initializer {init.name} does not fit {weights_file} ({exc}); "
-                                    "re-export the model") from exc
-            so.add_initializer(init.name, self._shared[key])
-        so.add_session_config_entry("session.disable_prepacking", "1")
 
     def _run(self, io: GraphIO, inputs: StepInput, outputs: Sequence[str], with_stats: bool = False
              ) -> dict[str, np.ndarray]:
