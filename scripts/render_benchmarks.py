@@ -31,6 +31,8 @@ RESULTS_VL = ROOT / "benchmarks" / "results-vl"
 RESULTS_FAST = ROOT / "benchmarks" / "results-fast"
 RESULTS_GPU = ROOT / "benchmarks" / "results-gpu"  # scripts/gpu_check.py: gpu_check.md (from a GPU run), notes.md
 RESULTS_SERVE = ROOT / "benchmarks" / "results-serve"  # benchmarks/load_generator.py: notes.md
+RESULTS_TRT = ROOT / "benchmarks" / "results-trt"  # benchmarks/trt_build_cost.py's table and its reading: notes.md
+RESULTS_LLAMA = ROOT / "benchmarks" / "results-llama"  # benchmarks/llama_cpp/compare.py's run: notes.md
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
      "python benchmarks/bench_loopcore.py"),
@@ -42,6 +44,8 @@ SCRIPTS = (
      ("seer-deploy bench demo --gen-lengths 64 --batch-sizes 1,8 --prompts 8 --repeats 3 --threads 1 --no-scaling "
       "--no-tensorrt --out DIR, at c69385e and at c222a3d (one after the other, 2-core Xeon), then "
       "python benchmarks/compare_runs.py BEFORE/bench.json AFTER/bench.json --labels c69385e,c222a3d")),
+    ("step_graph.md", "One step graph for every pass (issues 37, 30): a pass with and without the work it can skip",
+     "python benchmarks/step_graph_cost.py EXPORT --prompt 32 --response 256 --masked 128 --threads 2 --repeats 5"),
     ("redesign_check.md", "The core redesign (issue 20): the same bench before and after, on one machine",
      ("seer-deploy bench demo --gen-lengths 64,256 --batch-sizes 1,8 --prompts 8 --repeats 3 --threads 0 --no-scaling "
       "--tail-context 0 --no-tensorrt --out DIR, at a47acab and after the redesign, then "
@@ -70,6 +74,7 @@ def main() -> None:
         path = RESULTS_GPU / name
         parts += [path.read_text().strip() if path.is_file() else f"(no GPU run recorded: benchmarks/results-gpu/{name} "
                   "is missing)", ""]
+    parts += _section("TensorRT-RTX builds", RESULTS_TRT / "notes.md")
     serve = RESULTS_SERVE / "notes.md"
     parts += ["# Serving: seer-deploy serve under load", "",
               serve.read_text().strip() if serve.is_file() else "(not measured: benchmarks/results-serve/notes.md is "
@@ -81,9 +86,15 @@ def main() -> None:
         parts += [f"## {title}", "", f"Command: `{command}`", ""]
         path = RESULTS / name
         parts += [path.read_text().strip() if path.is_file() else f"(not measured: {path.name} is missing)", ""]
+    parts += _section("Against llama.cpp", RESULTS_LLAMA / "notes.md")
     text = "\n".join(parts)
     write_atomic(ROOT / "BENCHMARKS.md", lambda p: p.write_text(text))
     print(f"wrote {ROOT / 'BENCHMARKS.md'}")
+
+
+def _section(title: str, notes: Path) -> list[str]:
+    """A hand-written section kept beside its results, under its title (named as missing, never dropped)."""
+    return [f"# {title}", "", notes.read_text().strip() if notes.is_file() else f"(not measured: {notes} is missing)", ""]
 
 
 if __name__ == "__main__":
