@@ -44,6 +44,10 @@ SCRIPTS = (
      ("seer-deploy bench demo --gen-lengths 64 --batch-sizes 1,8 --prompts 8 --repeats 3 --threads 1 --no-scaling "
       "--no-tensorrt --out DIR, at c69385e and at c222a3d (one after the other, 2-core Xeon), then "
       "python benchmarks/compare_runs.py BEFORE/bench.json AFTER/bench.json --labels c69385e,c222a3d")),
+    ("issue37_check.md", "Issues 37 and 30 (one step graph, weights once): the same bench before and after",
+     ("seer-deploy bench demo --gen-lengths 64 --batch-sizes 1,8 --prompts 8 --repeats 3 --threads 1 --no-scaling "
+      "--no-tensorrt --out DIR, at 83bf335 and at 78fea59 (one after the other, 2-core Xeon, 2026-12-06), then "
+      "python benchmarks/compare_runs.py BEFORE/bench.json AFTER/bench.json --labels 83bf335,HEAD")),
     ("step_graph.md", "One step graph for every pass (issues 37, 30): a pass with and without the work it can skip",
      "python benchmarks/step_graph_cost.py EXPORT --prompt 32 --response 256 --masked 128 --threads 2 --repeats 5"),
     ("redesign_check.md", "The core redesign (issue 20): the same bench before and after, on one machine",
