@@ -4,7 +4,6 @@ while a graph that computes something else is caught, kept and marked unverified
 
 from __future__ import annotations
 
-from copy import deepcopy
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,12 @@ import torch
 from conftest import tiny_model
 
 from seer_deploy.core.errors import UnverifiedExport
-from seer_deploy.export import exporter as exporter_module
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
+from seer_deploy.export.streamed_weights import ExportedWeight
 from seer_deploy.export.validate import NOISE_FACTOR, TOLERANCES
 from seer_deploy.models.checkpoint import save_checkpoint
 from seer_deploy.models.demo_tasks import write_tokenizer
-from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.spec.export_manifest import ExportManifest
 
 MODERATE = {"d_model": 512, "n_layers": 4, "n_heads": 8, "n_kv_heads": 8, "mlp_hidden": 1408, "vocab_size": 4096,
@@ -54,17 +52,16 @@ def test_a_moderate_model_passes_its_own_check(checkpoint: Path, tmp_path: Path,
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_a_broken_graph_is_caught_and_kept_unverified(checkpoint: Path, tmp_path: Path, dtype: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The references come from the model as loaded (and cast); the step graph is traced from a copy whose last MLP
-    is 15% off: what a wrong kernel, cast or fusion in an export would look like."""
-    real = exporter_module.step_module
+    """The references come from the checkpoint; the weights file is written with the last MLP's up projection 15%
+    off: what a wrong conversion, kernel or fusion in an export would look like."""
+    real = ExportedWeight.tensor
+    last = f"blocks.{MODERATE['n_layers'] - 1}.up_proj.weight"
 
-    def broken(model: MaskPredictor, *args: object, **kwargs: object) -> object:
-        copy = deepcopy(model)
-        with torch.no_grad():
-            copy.layers[-1].mlp.up.weight.mul_(1.15)  # type: ignore[union-attr,operator]
-        return real(copy, *args, **kwargs)  # type: ignore[arg-type]
+    def off(self: ExportedWeight) -> torch.Tensor:
+        tensor = real(self)
+        return tensor * 1.15 if self.source.name.endswith(last) else tensor
 
-    monkeypatch.setattr(exporter_module, "step_module", broken)
+    monkeypatch.setattr(ExportedWeight, "tensor", off)
     with pytest.raises(UnverifiedExport, match="UNVERIFIED.*disagrees with torch"):
         export_checkpoint(checkpoint, tmp_path / "broken", ExportOptions(dtype=dtype))
     manifest = ExportManifest.load(tmp_path / "broken")

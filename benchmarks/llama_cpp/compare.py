@@ -45,20 +45,17 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # benchmarks/llada_checkpoint.py
+from llada_checkpoint import BOS, EOS, SPECIALS, Shape, is_current, write_checkpoint
+from measured import run_measured
+
 PY = sys.executable
 # The seer-deploy CLI of the interpreter running this script (the repo's venv, installed -e: this working tree).
 SEER_CLI = ([str(Path(PY).parent / "seer-deploy")] if (Path(PY).parent / "seer-deploy").is_file()
             else [PY, "-c", "from seer_deploy.cli import main; main()"])
 GiB = 2**30
 
-# LLaDA-8B-Instruct's special tokens and ids (its tokenizer.json / config.json).
-SPECIALS = {"<|startoftext|>": 126080, "<|endoftext|>": 126081, "<|mdm_mask|>": 126336, "<|eot_id|>": 126348}
-BOS, EOS, MASK = 126080, 126081, 126336
-# The chat template written into tokenizer_config.json (and so into the GGUF): the prompt unchanged. llama-diffusion-cli
-# always formats its prompt with the model's template (ChatML when there is none), and has no flag to turn that off.
-IDENTITY_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 PROMPT_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "seven", "wizards", "quietly", "judge", "boxing", "matches", "near", "the", "old", "river", "bank", "and", "count", "every", "step", "of", "the", "long", "way", "home", "before", "the", "night", "falls", "again", "over", "the", "silent", "hills"]
-STAMP_FORMAT = 2  # bump when the checkpoint writer changes: an older checkpoint (and its GGUF files) is rewritten
 AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
@@ -68,50 +65,6 @@ AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 def log(msg: str) -> None:
     print(f"[{datetime.now(UTC).strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-@dataclass
-class Proc:
-    rc: int
-    wall_s: float
-    peak_rss: int  # bytes, the process's high-water mark (wait4 ru_maxrss)
-    out: str
-    err: str
-    spawn: float  # time.time() just before the process was forked
-
-
-# Peak RSS needs a small parent: Linux carries the memory high-water mark of the process that forks (or vforks) into
-# the child's ru_maxrss across exec, so a child spawned straight from this script (torch imported, checkpoint written)
-# would report at least this script's peak. This launcher, a bare interpreter, forks the measured command itself and
-# reports its child's ru_maxrss and the time just before the fork.
-RSS_LAUNCHER = """
-import os, sys, time
-start = time.time()
-pid = os.fork()
-if pid == 0:
-    os.execvp(sys.argv[2], sys.argv[2:])
-_, status, usage = os.wait4(pid, 0)
-with open(sys.argv[1], "w") as f:
-    f.write(f"{usage.ru_maxrss} {start!r}")
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
-
-
-def run_measured(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> Proc:
-    """Run `cmd` as one process (through RSS_LAUNCHER): its wall time, peak RSS and output."""
-    import tempfile
-
-    with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f, \
-            tempfile.NamedTemporaryFile("r", suffix=".rss") as rss_f:
-        p = subprocess.Popen([PY, "-S", "-c", RSS_LAUNCHER, rss_f.name, *cmd], stdout=out_f, stderr=err_f, env=env,
-                             cwd=cwd)
-        rc = p.wait()
-        end = time.time()
-        rss_kib, spawn = rss_f.read().split()
-        out_f.seek(0)
-        err_f.seek(0)
-        return Proc(rc, end - float(spawn), int(rss_kib) * 1024, out_f.read().decode(errors="replace"),
-                    err_f.read().decode(errors="replace"), float(spawn))
 
 
 def check(cmd: list[str], what: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -133,140 +86,6 @@ def median(xs: list[float]) -> float | None:
 
 # ---------------------------------------------------------------------------------------------------------------------
 # 1. the checkpoint
-
-
-@dataclass(frozen=True)
-class Shape:
-    d_model: int
-    n_layers: int
-    mlp_hidden: int
-    n_heads: int
-    vocab: int
-
-    @property
-    def tag(self) -> str:
-        return f"d{self.d_model}-l{self.n_layers}-m{self.mlp_hidden}-h{self.n_heads}-v{self.vocab}"
-
-    @property
-    def params(self) -> int:
-        d, m = self.d_model, self.mlp_hidden
-        return 2 * self.vocab * d + d + self.n_layers * (4 * d * d + 3 * d * m + 2 * d)
-
-
-def llada_config(shape: Shape, max_seq_len: int) -> dict[str, Any]:
-    """LLaDA-8B-Instruct's config.json, keys and values, with this shape (no auto_map: nothing runs remote code)."""
-    return {
-        "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
-        "attention_dropout": 0.0, "attention_layer_norm": False, "attention_layer_norm_with_affine": True,
-        "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "d_model": shape.d_model,
-        "embedding_dropout": 0.0, "embedding_size": shape.vocab, "eos_token_id": EOS, "flash_attention": False,
-        "include_bias": False, "include_qkv_bias": False, "init_cutoff_factor": None, "init_device": "meta",
-        "init_fn": "mitchell", "init_std": 0.02, "input_emb_norm": False, "layer_norm_type": "rms",
-        "layer_norm_with_affine": True, "mask_token_id": MASK, "max_sequence_length": max_seq_len,
-        "mlp_hidden_size": shape.mlp_hidden, "mlp_ratio": 4, "model_type": "llada", "multi_query_attention": None,
-        "n_heads": shape.n_heads, "n_kv_heads": shape.n_heads, "n_layers": shape.n_layers, "pad_token_id": EOS,
-        "precision": "amp_bf16", "residual_dropout": 0.0, "rms_norm_eps": 1e-05, "rope": True,
-        "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False, "torch_dtype": "bfloat16",
-        "transformers_version": "4.46.3", "use_cache": False, "vocab_size": shape.vocab, "weight_tying": False,
-    }
-
-
-def training_corpus(limit: int = 6 * 2**20) -> list[str]:
-    """Deterministic English-and-code text for the BPE trainer: the Python standard library's sources."""
-    import sysconfig
-
-    texts, size = [], 0
-    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        text = path.read_text(errors="ignore")
-        texts.append(text)
-        size += len(text)
-        if size >= limit:
-            break
-    return texts
-
-
-def write_tokenizer(ckpt: Path, vocab_size: int, bpe_vocab: int) -> None:
-    """A byte-level BPE tokenizer.json (GPT-2 pre-tokenizer regex) trained by `tokenizers`, LLaDA's special tokens at
-    LLaDA's ids, filler tokens `<idN>` for the other ids up to the vocabulary size, BOS prepended by the
-    post-processor; and a tokenizer_config.json for llama.cpp's converter (special tokens, identity chat template)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=bpe_vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(training_corpus(), trainer)
-    data = json.loads(tok.to_str())
-    vocab = data["model"]["vocab"]
-    assert max(vocab.values()) < min(SPECIALS.values()), "trained vocabulary overlaps LLaDA's special ids"
-    assert max(SPECIALS.values()) < vocab_size, f"vocabulary {vocab_size} too small for LLaDA's special ids"
-    # Every other id below the vocabulary size gets a filler token of its own (no merge makes one, so no prompt
-    # holds one) whose text names the id: answers then print the same on both sides, id for id.
-    specials = set(SPECIALS.values())
-    vocab.update({f"<id{i}>": i for i in range(len(vocab), vocab_size) if i not in specials})
-    vocab.update(SPECIALS)
-    data["added_tokens"] = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-                             "normalized": False, "special": True} for t, i in sorted(SPECIALS.items(), key=lambda x: x[1])]
-    tok = Tokenizer.from_str(json.dumps(data))
-    tok.post_processor = processors.TemplateProcessing(single="<|startoftext|> $A", pair="<|startoftext|> $A $B",
-                                                       special_tokens=[("<|startoftext|>", BOS)])
-    for t, i in SPECIALS.items():
-        assert tok.token_to_id(t) == i, (t, tok.token_to_id(t), i)
-    tok.save(str(ckpt / "tokenizer.json"))
-    (ckpt / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>",
-        "pad_token": "<|endoftext|>", "mask_token": "<|mdm_mask|>", "add_bos_token": True, "add_eos_token": False,
-        "clean_up_tokenization_spaces": False, "model_max_length": 4096, "chat_template": IDENTITY_TEMPLATE,
-    }, indent=2))
-    (ckpt / "special_tokens_map.json").write_text(json.dumps({
-        "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-        "mask_token": "<|mdm_mask|>"}, indent=2))
-
-
-def write_checkpoint(ckpt: Path, shape: Shape, max_seq_len: int, seed: int, bpe_vocab: int) -> None:
-    """Random weights (normal, std 0.02; norms 1) in LLaDA's original tensor names, bf16, two shards + index."""
-    import torch
-    from safetensors.torch import save_file
-
-    tmp = ckpt.with_name(ckpt.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    g = torch.Generator().manual_seed(seed)
-    d, m, v = shape.d_model, shape.mlp_hidden, shape.vocab
-
-    def rnd(*dims: int) -> torch.Tensor:
-        return (torch.randn(*dims, generator=g) * 0.02).to(torch.bfloat16)
-
-    def block(i: int) -> dict[str, torch.Tensor]:
-        p = f"model.transformer.blocks.{i}."
-        return {p + "attn_norm.weight": torch.ones(d, dtype=torch.bfloat16), p + "q_proj.weight": rnd(d, d),
-                p + "k_proj.weight": rnd(d, d), p + "v_proj.weight": rnd(d, d), p + "attn_out.weight": rnd(d, d),
-                p + "ff_norm.weight": torch.ones(d, dtype=torch.bfloat16), p + "ff_proj.weight": rnd(m, d),
-                p + "up_proj.weight": rnd(m, d), p + "ff_out.weight": rnd(d, m)}
-
-    half = (shape.n_layers + 1) // 2
-    shards = [{"model.transformer.wte.weight": rnd(v, d)}, {}]
-    for i in range(shape.n_layers):
-        shards[0 if i < half else 1].update(block(i))
-    shards[1]["model.transformer.ln_f.weight"] = torch.ones(d, dtype=torch.bfloat16)
-    shards[1]["model.transformer.ff_out.weight"] = rnd(v, d)
-    weight_map, total = {}, 0
-    for k, tensors in enumerate(shards, 1):
-        name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        save_file(tensors, str(tmp / name), metadata={"format": "pt"})
-        weight_map.update({t: name for t in tensors})
-        total += sum(t.numel() * t.element_size() for t in tensors.values())
-    (tmp / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2))
-    (tmp / "config.json").write_text(json.dumps(llada_config(shape, max_seq_len), indent=2))
-    (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": BOS, "eos_token_id": EOS,
-                                                            "pad_token_id": EOS}, indent=2))
-    write_tokenizer(tmp, shape.vocab, bpe_vocab)
-    (tmp / "stamp.json").write_text(json.dumps({"shape": shape.__dict__, "seed": seed, "bpe_vocab": bpe_vocab,
-                                                "max_seq_len": max_seq_len, "format": STAMP_FORMAT}))
-    shutil.rmtree(ckpt, ignore_errors=True)
-    tmp.rename(ckpt)
 
 
 def pick_prompt(ckpt: Path, n_tokens: int) -> tuple[str, list[int]]:
@@ -714,12 +533,10 @@ def main() -> None:
 
     # 1. checkpoint
     ckpt = run_dir / "checkpoint"
-    stamp = {"shape": shape.__dict__, "seed": args.seed, "bpe_vocab": args.bpe_vocab, "max_seq_len": 4096,
-             "format": STAMP_FORMAT}
     t = time.perf_counter()
-    if not ((ckpt / "stamp.json").is_file() and json.loads((ckpt / "stamp.json").read_text()) == stamp):
+    if not is_current(ckpt, shape, args.seed, args.bpe_vocab, 4096):
         log("writing the random checkpoint (bf16 shards, BPE tokenizer)")
-        write_checkpoint(ckpt, shape, 4096, args.seed, args.bpe_vocab)
+        write_checkpoint(ckpt, shape, 4096, args.seed, args.bpe_vocab, log=log)
         for f in run_dir.glob("*.gguf"):
             f.unlink()  # made from another checkpoint
     else:

@@ -80,7 +80,14 @@ def run_demo(work_dir: Path, gen_length: int, repeats: int, threads: int, say: S
     session = OrtSessionOptions(providers=("CPUExecutionProvider",), intra_op_threads=threads)
     export = prepare_export("demo", work_dir / "export", export_options())  # refuses a directory that is not ours
     stage("export: demo checkpoint -> ONNX (step), checked against torch")
-    exported = export.start(progress=lambda s: stage(f"export: {s}"))
+    stages: list[str] = []
+
+    def export_stage(name: str, /, *, done: int = 0, total: int = 0, item: str = "") -> None:
+        if not stages or stages[-1] != name:  # each stage once (the weights stage reports every tensor)
+            stages.append(name)
+            stage(f"export: {name}")
+
+    exported = export.start(progress=export_stage)
     m = exported.manifest
     say(f"exported {m.model.source} ({m.model.config['n_layers']} layers, d_model {m.model.config['d_model']}, "
         f"{m.weights.bytes / 2**20:.1f} MiB of weights) to {exported.out} in {exported.seconds:.1f}s")

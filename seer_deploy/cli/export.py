@@ -6,10 +6,53 @@ embeddings (seer_deploy.export.multimodal)."""
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import click
+
+GiB = 2**30
+
+
+class StageProgress:
+    """What `export` shows of a long run: a line per stage with its time and, while the weights file is written, a
+    bar of bytes with the tensor being written; with `as_json`, one JSON object per event on stderr instead."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.stage = ""
+        self.started = self.stage_started = time.perf_counter()
+        self.bar: Any = None
+
+    def __call__(self, stage: str, /, *, done: int = 0, total: int = 0, item: str = "") -> None:
+        now = time.perf_counter()
+        if self.as_json:
+            event = {"stage": stage, "elapsed_s": round(now - self.started, 3)}
+            if total:
+                event |= {"bytes_done": done, "bytes_total": total, **({"tensor": item} if item else {})}
+            click.echo(json.dumps(event), err=True)
+            return
+        if stage != self.stage:
+            self.finish()
+            self.stage, self.stage_started = stage, now
+            if total:
+                self.bar = click.progressbar(length=total, label=f"  {stage}", file=sys.stderr, show_eta=True,
+                                             item_show_func=lambda name: name)
+                self.bar.__enter__()
+            else:
+                click.echo(f"  {stage} ...", err=True)
+        if self.bar is not None and done:
+            self.bar.update(done - self.bar.pos, f"{done / GiB:.2f}/{total / GiB:.2f} GiB {item}")
+
+    def finish(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+        if self.stage and not self.as_json:
+            click.echo(f"  {self.stage}: {time.perf_counter() - self.stage_started:.1f}s", err=True)
 
 
 @click.command("export")
@@ -35,6 +78,10 @@ import click
               "A comparison that fails keeps the export, marked unverified in its manifest, and exits 1.")
 @click.option("--kv-cache", is_flag=True, help="Also export the block-wise KV cache: window_step.onnx, and keys and "
               "values from step.onnx, which `generate --kv-cache` runs: each block's later steps run only the block.")
+@click.option("--no-resource-check", is_flag=True, help="Start even when the free disk or the available memory looks "
+              "too small for the export (checked from the checkpoint's tensor shapes before anything is written).")
+@click.option("--json", "as_json", is_flag=True, help="Progress as JSON lines on stderr and the result as one JSON "
+              "object on stdout, for scripts.")
 @click.option("--build", "build", type=click.Choice(["ort", "tensorrt"]), default=None,
               help="Then build an engine dir for this backend into OUT/engine (default build settings).")
 def command(
@@ -47,6 +94,8 @@ def command(
     force: bool,
     no_verify: bool,
     kv_cache: bool,
+    no_resource_check: bool,
+    as_json: bool,
     build: str | None,
 ) -> None:
     """Export CHECKPOINT (a local directory, 'demo' or 'demo-vl') to ONNX graphs in --out, checked against torch.
@@ -54,7 +103,7 @@ def command(
     A multimodal CHECKPOINT (LLaDA-V's layout) also gets vision.onnx: pixels -> image embeddings."""
     from seer_deploy.core.errors import ConfigError
     from seer_deploy.engines.build import BuildOptions, build_engines
-    from seer_deploy.export.exporter import STAGES, prepare_export
+    from seer_deploy.export.exporter import prepare_export
     from seer_deploy.export.multimodal import prepare_multimodal
     from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
     from seer_deploy.models.multimodal_files import is_multimodal_checkpoint
@@ -68,6 +117,7 @@ def command(
         verify=not no_verify,
         force=force,
         kv_cache=kv_cache,
+        check_resources=not no_resource_check,
     )
     options.validate()
     multimodal = is_multimodal_checkpoint(checkpoint)
@@ -82,28 +132,34 @@ def command(
     run = (prepare_multimodal if multimodal else prepare_export)(checkpoint, out, options)
     if build is not None:
         build_options.layout(run.max_seq_len)  # the default profiles fit the export's length
-    with click.progressbar(
-        length=len(STAGES), label="exporting", file=sys.stderr, item_show_func=lambda s: s, show_eta=False
-    ) as bar:
-        done = [0]
-
-        def progress(stage: str) -> None:
-            index = STAGES.index(stage) if stage in STAGES else done[0]
-            bar.update(max(index - done[0], 0), stage)
-            done[0] = max(index, done[0])
-
+    progress = StageProgress(as_json)
+    try:
         result = run.start(progress)
-        bar.update(len(STAGES) - done[0], "done")
+    finally:
+        progress.finish()
     m = result.manifest
-    weights_mb = m.weights.bytes / 2**20
+    vision = [VISION_FILE] if multimodal else []
+    files = vision + [g.file for g in m.graphs.values()] + [m.weights.file]
+    built = None
+    if build is not None:
+        say = (lambda message: None) if as_json else (lambda message: click.echo(f"  {message}", err=True))
+        built = build_engines(result.out, result.out / "engine", build_options, progress=say)
+    if as_json:
+        click.echo(json.dumps({
+            "out": str(result.out), "source": m.model.source, "layout": m.model.layout, "dtype": m.dtype,
+            "opset": m.opset, "max_seq_len": m.max_seq_len, "seconds": round(result.seconds, 3), "files": files,
+            "weights_bytes": m.weights.bytes, "sparsity_rows": len(m.seer.sparsity_rows),
+            "verified": bool(result.max_diff), "max_diff": result.max_diff,
+            **({"engine_dir": str(built.out), "buckets": list(built.manifest.buckets)} if built else {}),
+        }))
+        return
     click.echo(
         f"exported {m.model.source} ({m.model.layout} layout, {m.dtype}, opset {m.opset}, max_seq_len {m.max_seq_len}) "
         f"to {result.out} in {result.seconds:.1f}s"
     )
-    vision = [VISION_FILE] if multimodal else []
     click.echo(
-        f"  {', '.join(vision + [g.file for g in m.graphs.values()])}, {m.weights.file} ({weights_mb:.1f} MiB, one "
-        f"copy for every graph), {len(m.seer.sparsity_rows)} sparsity rows"
+        f"  {', '.join(files[:-1])}, {m.weights.file} ({m.weights.bytes / 2**20:.1f} MiB, one copy for every graph), "
+        f"{len(m.seer.sparsity_rows)} sparsity rows"
     )
     if result.max_diff:
         own = {k: v for k, v in result.max_diff.items() if "torch itself" in k}
@@ -113,8 +169,6 @@ def command(
             click.echo("  allowed for " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(own.items())))
     else:
         click.echo("  not compared with torch (--no-verify)")
-    if build is not None:
-        say = lambda message: click.echo(f"  {message}", err=True)
-        built = build_engines(result.out, result.out / "engine", build_options, progress=say)
+    if built is not None:
         click.echo(f"  engine dir: {built.out} ({build}, buckets {list(built.manifest.buckets)}) in {built.seconds:.1f}s; "
                    f"run it with: seer-deploy generate {built.out} -p PROMPT")

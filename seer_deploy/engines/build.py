@@ -203,7 +203,7 @@ def _build_ort(export_dir: Path, export: ExportManifest, options: BuildOptions, 
             # Weights go to a side file: an inline >2 GB model cannot be serialized.
             so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                         f"{files[name]}.data")
-            open_session(export_dir / export.graphs[name].file, so, backend.providers)
+            open_session(export_dir / export.graphs[name].file, so, backend.providers, backend.disabled_optimizers())
     session = {
         "providers": list(backend.providers),
         "intra_op_threads": options.ort_session.intra_op_threads,

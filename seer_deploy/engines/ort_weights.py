@@ -27,9 +27,10 @@ class SharedWeights:
         self.mapping: np.memmap | None = None  # opened with the first session
         self.values: dict[TensorKey, ort.OrtValue] = {}
 
-    def add_to(self, options: ort.SessionOptions, graph_file: Path) -> None:
+    def add_to(self, options: ort.SessionOptions, graph_file: Path, arena: bool = True) -> None:
         """Hand the session every external initializer of `graph_file` (whose external data was checked to lie in
-        its directory) as a view of the mapping, turn prepacking off and share the environment's arena."""
+        its directory) as a view of the mapping, turn prepacking off and (with `arena`) share the environment's
+        arena."""
         import onnx
 
         if self.mapping is None:
@@ -54,7 +55,8 @@ class SharedWeights:
                                     "re-export the model") from exc
             options.add_initializer(init.name, self.values[key])
         options.add_session_config_entry("session.disable_prepacking", "1")
-        share_cpu_arena(options)
+        if arena:
+            share_cpu_arena(options)
 
 
 def share_cpu_arena(options: ort.SessionOptions) -> None:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import onnx_ir as ir
 import torch
@@ -41,26 +41,27 @@ from seer_deploy.core.files import file_sha256, read_json
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.export.graphs import WindowStepGraph, step_module
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.export.trace import io_specs, trace_graph
+from seer_deploy.export.resources import check_resources, footprint
+from seer_deploy.export.streamed_reference import streamed_references
+from seer_deploy.export.trace import StreamedWeights, io_specs, trace_graph
 from seer_deploy.export.validate import (
     ExportValidationError,
     check_graph_files,
     check_interface,
     compare_with_torch,
     make_probes,
-    torch_references,
-    with_cast_references,
 )
 from seer_deploy.export.weights import SharedWeightFile
 from seer_deploy.models.checkpoint import (
     DEMO_NAMES,
     checkpoint_fingerprint,
-    load_checkpoint,
+    checkpoint_weights,
     read_config,
     resolve_checkpoint,
 )
 from seer_deploy.models.config import ModelConfig, config_from_dict
 from seer_deploy.models.tokenizer import special_ids_from_tokenizer_file
+from seer_deploy.models.weight_sources import shaped_model, weight_sources
 from seer_deploy.spec import sampling
 from seer_deploy.spec.export_manifest import (
     ExportManifest,
@@ -93,15 +94,28 @@ STAGES: tuple[str, ...] = (
     "loading checkpoint",
     "torch reference",
     "tracing step",
+    "writing weights",
     "tracing window_step",  # --kv-cache
     "checking graphs",
     "validating with ONNX Runtime",
     "installing",
 )
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}  # export.options.EXPORT_DTYPES as torch types
 MAX_TRACE_BATCH = 4096  # the batch and image dims are dynamic; these only bound torch.export's symbolic ranges
 MAX_IMAGE_TOKENS = 1 << 20
 ARTIFACT_KIND = "export"  # the ownership marker's kind (core.atomic.claim)
-Progress = Callable[[str], None]  # called with the name of each stage as it starts
+
+
+class Progress(Protocol):
+    """Hears each stage as it starts, and while the weights file is written each tensor: `done` bytes of `total`
+    written so far, `item` the tensor just written."""
+
+    def __call__(self, stage: str, /, *, done: int = 0, total: int = 0, item: str = "") -> None: ...
+
+
+def quiet(stage: str, /, *, done: int = 0, total: int = 0, item: str = "") -> None:
+    """A Progress that hears nothing."""
+
 NESTED_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.\w+-\d+-[0-9a-f]{8}(?:\.old)?$")  # core.atomic.temp_dir_beside's
 
 
@@ -122,6 +136,7 @@ class GraphPlan:
     sizes: Mapping[Size, int]  # the declared Size dims, for this model (what the traced graphs must show)
     validate: Callable[[Path], dict[str, float]]  # the staged export dir -> max |diff| per output, or raise
     manifest_extra: Callable[[dict[str, GraphRecord]], dict[str, Any]] = field(default=lambda records: {})
+    weights: StreamedWeights | None = None  # the modules are fake, their weights streamed from the checkpoint
 
 
 def export_versions() -> dict[str, str]:
@@ -172,12 +187,16 @@ def trace_graphs(
     bounds = {Axis.BATCH: MAX_TRACE_BATCH, Axis.SEQ: max_seq_len, Axis.IMAGES: MAX_TRACE_BATCH,
               Axis.IMAGE_TOKENS: MAX_IMAGE_TOKENS, Axis.WINDOW: max_seq_len, Axis.CANDIDATES: max_seq_len}
     records: dict[str, GraphRecord] = {}
-    store = SharedWeightFile(tmp)
+    total = plan.weights.nbytes() if plan.weights is not None else 0
+    store = SharedWeightFile(tmp, on_write=lambda done, item: progress("writing weights", done=done, total=total,
+                                                                       item=item))
     with store:
         for graph, module in plan.modules:
             progress(f"tracing {graph.name}")
             args = tuple(plan.examples[name] for name in graph.input_names)
-            onnx_model = trace_graph(module, args, graph, options.opset, bounds)
+            onnx_model = trace_graph(module, args, graph, options.opset, bounds, plan.weights)
+            if not store.size:
+                progress("writing weights", total=total)
             store.externalize(onnx_model, options.inline_limit_bytes)
             path = tmp / graph.file
             ir.save(onnx_model, path)
@@ -270,7 +289,7 @@ class ExportRun:
 
     def start(self, progress: Progress | None = None) -> ExportResult:
         """Load the checkpoint, then trace, check, validate and install (write); `progress` hears each stage."""
-        report = progress or (lambda stage: None)
+        report = progress or quiet
         started = time.perf_counter()
         report("loading checkpoint")
         fingerprint = self.fingerprint or checkpoint_fingerprint(self.checkpoint)
@@ -345,7 +364,11 @@ def prepare_export(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
     options.validate()  # flags first: before the checkpoint is read
     path = resolve_checkpoint(checkpoint)
     source = str(checkpoint) if str(checkpoint) in DEMO_NAMES else str(path.absolute())
-    return ExportRun.check(path, source, checkpoint_config(path), out, options, _load_text)
+    run = ExportRun.check(path, source, checkpoint_config(path), out, options, _load_text)
+    if options.check_resources:
+        need = footprint(weight_sources(checkpoint_weights(path)), TORCH_DTYPES[options.dtype], options.verify)
+        check_resources(need, run.dest, options.verify)
+    return run
 
 
 def export_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
@@ -355,23 +378,32 @@ def export_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLike
 
 
 def _load_text(run: ExportRun, report: Progress) -> Loaded:
-    """A text checkpoint's weights, the torch references (with verify) and the graphs to trace."""
+    """A text checkpoint streamed: the torch references (with verify) one layer at a time, the graphs traced on a
+    fake model whose weights are read from the checkpoint as the weights file is written (export.streamed_weights)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 
-    ckpt = load_checkpoint(run.checkpoint, dtype=torch.float32)
-    cfg, model, dtype, stats = ckpt.config, ckpt.model, run.options.dtype, run.stats
-    report("torch reference")
-    refs = torch_references(model, stats, make_probes(cfg, run.max_seq_len)) if run.options.verify else []
-    if dtype == "fp16":
-        model = model.to(torch.float16)
-
-    if dtype == "fp16" and refs:  # the same model in float16: how far the dtype alone moves each output
-        refs = with_cast_references(refs, model, stats)
+    weights = checkpoint_weights(run.checkpoint)
+    sources = weight_sources(weights)
+    cfg, dtype, stats = weights.config, run.options.dtype, run.stats
+    torch_dtype = TORCH_DTYPES[dtype]
+    refs = []
+    if run.options.verify:
+        report("torch reference")
+        probes = make_probes(cfg, run.max_seq_len)
+        refs = streamed_references(cfg, sources, stats, probes)
+        if torch_dtype != torch.float32:  # the model in the export's dtype: how far the dtype alone moves each output
+            cast = streamed_references(cfg, sources, stats, probes, torch_dtype)
+            refs = [replace(ref, cast=c) for ref, c in zip(refs, cast, strict=True)]
 
     def validate(staged: Path) -> dict[str, float]:
         backend = OrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
         return compare_with_torch(backend, refs, cfg, dtype)
 
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_mode:
+        model = shaped_model(cfg, torch_dtype)
     kv_cache = run.options.kv_cache
     cache = ((WINDOW_STEP, WindowStepGraph(model)),) if kv_cache else ()
     plan = GraphPlan(
@@ -380,5 +412,6 @@ def _load_text(run: ExportRun, report: Progress) -> Loaded:
         examples=step_examples(cfg, run.max_seq_len),
         sizes={Size.STAT_ROWS: len(stats.sparsity_rows), **cache_sizes(cfg)},
         validate=validate,
+        weights=StreamedWeights(fake_mode, sources, torch_dtype),
     )
-    return Loaded(ckpt.layout, plan)
+    return Loaded(weights.layout, plan)

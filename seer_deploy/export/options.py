@@ -77,6 +77,7 @@ class ExportOptions:
     verify: bool = True
     force: bool = False
     kv_cache: bool = False  # also trace the block-wise KV cache graphs (refresh, window_step): --kv-cache
+    check_resources: bool = True  # refuse up front when the disk or the memory cannot hold it (export.resources)
     inline_limit_bytes: int = INLINE_LIMIT_BYTES  # initializers at least this large go to the shared weights file
 
     def validate(self) -> None:

@@ -8,9 +8,11 @@ exporter ran rather than what the graph computes, so they are dropped: the same 
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import onnx_ir as ir
@@ -18,6 +20,8 @@ import torch
 from torch import nn
 
 from seer_deploy.export.options import check_opset
+from seer_deploy.export.streamed_weights import bind_weights, keeps_weights_lazy
+from seer_deploy.models.weight_sources import WeightSource
 from seer_deploy.spec.export_manifest import TensorSpec
 from seer_deploy.spec.graphs import Axis, GraphIO
 
@@ -46,14 +50,32 @@ def quiet_exporter() -> Iterator[None]:
             lg.setLevel(level)
 
 
+@dataclass(frozen=True)
+class StreamedWeights:
+    """A module built under `fake_mode` (no weights in memory) and where its parameters' data is: what
+    `trace_graph` binds the traced initializers to (export.streamed_weights)."""
+
+    fake_mode: Any  # torch._subclasses.fake_tensor.FakeTensorMode
+    sources: Mapping[str, WeightSource]
+    dtype: torch.dtype
+
+    def nbytes(self) -> int:
+        """What the weights take in the export's dtype (the weights file, less alignment and small constants)."""
+        size = torch.empty((), dtype=self.dtype).element_size()
+        return sum(math.prod(source.shape) * size for source in self.sources.values())
+
+
 def trace_graph(
     module: nn.Module,
     example_args: tuple[torch.Tensor, ...],
     graph: GraphIO,
     opset: int,
     bounds: Mapping[Axis, int],
+    weights: StreamedWeights | None = None,
 ) -> ir.Model:
-    """Export `module` under `graph`'s input and output names, its declared axes dynamic up to `bounds`."""
+    """Export `module` under `graph`'s input and output names, its declared axes dynamic up to `bounds`. With
+    `weights`, the module is a fake one: traced without its data, then bound to the checkpoint's tensors (read when
+    the weights file is written) before the optimizer runs."""
     check_opset(opset)
     dims: dict[Axis, torch.export.Dim] = {}
     for axes in graph.dynamic_axes().values():
@@ -62,7 +84,7 @@ def trace_graph(
     dynamic_shapes: dict[str, Any] = {
         name: {index: dims[axis] for index, axis in axes.items()} for name, axes in graph.dynamic_axes().items()
     }
-    with quiet_exporter(), torch.no_grad():
+    with quiet_exporter(), torch.no_grad(), weights.fake_mode if weights is not None else nullcontext():
         program = torch.onnx.export(
             module,
             example_args,
@@ -71,13 +93,21 @@ def trace_graph(
             output_names=graph.output_names,
             dynamic_shapes=dynamic_shapes,
             opset_version=opset,
-            optimize=True,
+            optimize=weights is None,
             verbose=False,
             report=False,
         )
     if program is None:  # only the legacy exporter returns None
         raise RuntimeError("torch.onnx.export returned no program")
     model = program.model
+    if weights is not None:
+        import onnxscript
+        from onnxscript.rewriter import onnx_fusions
+
+        bind_weights(model, weights.sources, weights.dtype)
+        with quiet_exporter():
+            onnxscript.optimizer.optimize_ir(model, should_fold=keeps_weights_lazy)
+            onnx_fusions.fuse(model)
     strip_metadata(model)
     return model
 

@@ -1,7 +1,9 @@
 """One external-data file for both graphs: every initializer is written once and referenced by offset.
 
 Both graphs hold the same weights (the exporter folds e.g. transposed projections into new initializers with
-graph-local names), so tensors are deduplicated by content, not by name. Keeping the weights out of the .onnx
+graph-local names), so tensors are deduplicated by content, not by name; a weight streamed from the checkpoint
+(export.streamed_weights) by its source instead, and written straight from the buffer it was read into, so the file
+grows one tensor at a time and `on_write` hears each (bytes written, the tensor's name). Keeping the weights out of the .onnx
 protobuf also keeps every graph far below protobuf's 2 GB limit, whatever the model size. Offsets are aligned so
 that ONNX Runtime can memory-map large tensors; padding is zeros, so the file is byte-for-byte reproducible.
 """
@@ -9,11 +11,15 @@ that ONNX Runtime can memory-map large tensors; padding is zeros, so the file is
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import numpy as np
 import onnx_ir as ir
+
+from seer_deploy.export.streamed_weights import CheckpointTensor
 
 WEIGHTS_FILE = "weights.bin"
 INLINE_LIMIT_BYTES = 1024  # initializers smaller than this (shape constants, scalars) stay inside the .onnx
@@ -25,22 +31,26 @@ _FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BF
 class SharedWeightFile:
     """Appends tensor bytes to DIR/weights.bin, returning (offset, length); identical bytes are stored once."""
 
-    def __init__(self, directory: Path, name: str = WEIGHTS_FILE) -> None:
+    def __init__(self, directory: Path, name: str = WEIGHTS_FILE,
+                 on_write: Callable[[int, str], None] | None = None) -> None:
         self.directory = directory
         self.name = name
+        self.on_write = on_write
         self._fh = open(directory / name, "wb")  # noqa: SIM115 (closed by close() / the context manager)
-        self._offsets: dict[tuple[str, int], int] = {}
+        self._offsets: dict[Hashable, int] = {}
         self._hash = hashlib.sha256()
         self.size = 0
         self.tensors_written = 0
         self.tensors_shared = 0
 
-    def add(self, data: bytes) -> tuple[int, int]:
-        key = (hashlib.sha256(data).hexdigest(), len(data))
+    def add(self, data: bytes | memoryview, key: Hashable | None = None, name: str = "") -> tuple[int, int]:
+        """Append `data` (once per `key`: by default its content) -> (offset, length)."""
+        length = len(data) if isinstance(data, bytes) else data.nbytes
+        key = (hashlib.sha256(data).hexdigest(), length) if key is None else key
         if key in self._offsets:
             self.tensors_shared += 1
-            return self._offsets[key], len(data)
-        align = _LARGE_ALIGN if len(data) >= _LARGE else _SMALL_ALIGN
+            return self._offsets[key], length
+        align = _LARGE_ALIGN if length >= _LARGE else _SMALL_ALIGN
         pad = -self.size % align
         if pad:
             self._write(b"\0" * pad)
@@ -48,12 +58,14 @@ class SharedWeightFile:
         self._write(data)
         self._offsets[key] = offset
         self.tensors_written += 1
-        return offset, len(data)
+        if self.on_write is not None:
+            self.on_write(self.size, name)
+        return offset, length
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | memoryview) -> None:
         self._fh.write(data)
         self._hash.update(data)
-        self.size += len(data)
+        self.size += len(data) if isinstance(data, bytes) else data.nbytes
 
     def sha256(self) -> str:
         return self._hash.hexdigest()
@@ -82,7 +94,12 @@ class SharedWeightFile:
             tensor = value.const_value
             if tensor is None or tensor.dtype not in _FLOAT_TYPES or tensor.nbytes < max(inline_limit_bytes, 1):
                 continue
-            offset, length = self.add(tensor.tobytes())
+            if isinstance(tensor, CheckpointTensor):  # read now, written from its buffer, then dropped
+                array = np.ascontiguousarray(tensor.weight.array())
+                offset, length = self.add(memoryview(array.data).cast("B"), key=tensor.weight, name=name)
+                del array
+            else:
+                offset, length = self.add(tensor.tobytes(), name=name)
             value.const_value = ir.ExternalTensor(
                 self.name, offset, length, tensor.dtype, shape=ir.Shape(tensor.shape.numpy()), name=name, base_dir=self.directory
             )

@@ -124,13 +124,22 @@ class LoadedCheckpoint:
     path: Path
 
 
-def load_checkpoint(
-    name_or_path: str | os.PathLike[str],
-    dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
-    ignore_prefixes: tuple[str, ...] = MULTIMODAL_PREFIXES,
-) -> LoadedCheckpoint:
-    """Load a local checkpoint of either layout into a MaskPredictor in eval mode."""
+@dataclass(frozen=True)
+class CheckpointWeights:
+    """Where a checkpoint's language-model weights are, read from its files without loading any: what loading and a
+    streamed export both start from."""
+
+    path: Path
+    config: ModelConfig
+    layout: Layout
+    names: dict[str, str]  # internal parameter name -> the checkpoint's weight name
+    files: dict[str, Path]  # the checkpoint's weight name -> the safetensors file that holds it
+
+
+def checkpoint_weights(name_or_path: str | os.PathLike[str],
+                       ignore_prefixes: tuple[str, ...] = MULTIMODAL_PREFIXES) -> CheckpointWeights:
+    """The config, layout and weight names of a local checkpoint, every weight the model needs present and no
+    other (CheckpointError naming them otherwise)."""
     from seer_deploy.models.tokenizer import special_ids_from_tokenizer_file
 
     path = resolve_checkpoint(name_or_path)
@@ -154,7 +163,18 @@ def load_checkpoint(
     if unexpected:
         raise CheckpointError(f"{path}: unexpected weights (not part of a {cfg.family} model in the {layout} "
                               f"layout): {_list(unexpected)}")
+    return CheckpointWeights(path, cfg, layout, expected, {name: files[name] for name in wanted})
 
+
+def load_checkpoint(
+    name_or_path: str | os.PathLike[str],
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    ignore_prefixes: tuple[str, ...] = MULTIMODAL_PREFIXES,
+) -> LoadedCheckpoint:
+    """Load a local checkpoint of either layout into a MaskPredictor in eval mode."""
+    weights = checkpoint_weights(name_or_path, ignore_prefixes)
+    path, cfg, layout, expected, files = weights.path, weights.config, weights.layout, weights.names, weights.files
     with torch.device("meta"):
         model = MaskPredictor(cfg)
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
