@@ -37,6 +37,7 @@ from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
+from seer_deploy.serve.connections import GuardedH11
 from seer_deploy.serve.engine import Row
 from seer_deploy.service import Service, ServiceOptions
 
@@ -371,11 +372,20 @@ def test_the_row_balance_holds_in_every_scrape(export_dir: Path) -> None:
     assert total(final, "seer_serve_rows_settled_total", outcome="cancelled") <= left
 
 
-def test_a_half_sent_request_is_closed_within_the_read_timeout(export_dir: Path) -> None:
+@pytest.mark.parametrize("http", ["auto", "h11"])
+def test_a_half_sent_request_is_closed_within_the_read_timeout(export_dir: Path, http: str) -> None:
     """--read-timeout 1: half the headers, or the headers and half the body, get 408 in OpenAI's shape and the
-    connection closed; a connection that sends nothing is closed; the deadline is not stretched by trickling."""
-    with serve(export_dir, read_timeout_s=1.0) as running:
+    connection closed; a connection that sends nothing is closed; the deadline is not stretched by trickling;
+    malformed HTTP gets 400 in OpenAI's shape. On uvicorn's default protocol (httptools here) and on h11."""
+    running = serve(export_dir, read_timeout_s=1.0)
+    if http == "h11":
+        running.server.config.http = GuardedH11  # before it starts: uvicorn loads the protocol class then
+    with running:
         url = running.url
+        garbage = raw(running)
+        garbage.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        malformed = read_to_close(garbage)
+        garbage.close()
         answers = []
         for sent in (b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: appl",
                      post_head("/v1/completions", 500) + b'{"prompt": "sort 12'):
@@ -400,6 +410,9 @@ def test_a_half_sent_request_is_closed_within_the_read_timeout(export_dir: Path)
         error = json.loads(body)["error"]
         assert set(error) == {"message", "type", "param", "code"} and "--read-timeout" in error["message"]
         assert seconds < 30  # 1 s asked; generous for a loaded machine
+    head, _, rest = malformed.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and json.loads(rest)["error"]["type"] == "invalid_request_error"
+    assert total(sample, "seer_serve_requests_total", route="other", status="400") == 1
     assert not stretched  # closed while a byte still came every 0.1 s (the whole trickle takes about 20 s)
     assert total(sample, "seer_serve_requests_total", status="408") >= 2
 

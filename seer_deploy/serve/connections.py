@@ -104,6 +104,7 @@ class Guarded:
             self.transport.write(_raw_response(400, "Bad Request", error_body(
                 400, "the request is not valid HTTP/1.1; send a well-formed request", "invalid_request_error")))
             self.transport.close()
+        self.started = self.started or time.monotonic()  # the parser may fail before a request was seen to begin
         self._record(400)
 
     def _arm(self) -> None:
