@@ -86,7 +86,8 @@ class Guarded:
             self.started = 0.0
         if self.reading_headers():  # a request began and its headers are not complete
             self.started = self.started or time.monotonic()
-            self._arm()
+            if self.cycle is None or self.cycle.response_complete:  # (a pipelined one waits for the answer before)
+                self._arm()
 
     def reading_headers(self) -> bool:
         raise NotImplementedError
