@@ -6,6 +6,17 @@ Seer on and off, beside the same prompts run through the CLI (`seer-deploy gener
 It starts the server itself (a subprocess on 127.0.0.1, port 0) unless --url names one, sends exactly --requests
 requests per setting (the demo's held-out prompts, cycled), checks every answer against the CLI's for the same
 prompt and setting, and writes results.json and results.md. Loopback only; it stops by itself.
+
+    python benchmarks/load_generator.py demo-onnx --faults --requests 10000 --concurrency 1,8,32,64
+
+--faults (issue 39) drives a server it starts (with --api-key and --read-timeout 1) as careless and hostile clients
+would, --requests in all spread over the concurrencies: normal and streamed requests on both endpoints mixed with
+clients that leave (right after sending, after the first streamed piece, halfway through the headers or the body),
+half-sent requests left to time out, malformed bodies, wrong paths, methods and keys. Then it checks the server:
+every normal answer equal to the same request alone (sent first, one at a time; temperature 0), every refusal the
+status it should be in OpenAI's error shape, no 5xx seen or counted, /metrics' request total = requests sent, rows
+admitted = settled, RSS before and after, the log free of tracebacks and asyncio task warnings, and SIGTERM's exit.
+It writes faults.json and faults.md and exits 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -34,14 +45,23 @@ from seer_deploy.models.demo_tasks import heldout_examples
 CLI = [sys.executable, "-c", "from seer_deploy.cli import main; main()"]
 
 
-def start_server(target: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
-    """`seer-deploy serve TARGET` on a free loopback port; returns the process and its URL."""
+def start_server(target: str, args: argparse.Namespace, *extra: str, log: list[str] | None = None
+                 ) -> tuple[subprocess.Popen[str], str]:
+    """`seer-deploy serve TARGET` on a free loopback port; returns the process and its URL. log: where its stderr
+    lines go (else the access log is off)."""
     cmd = [*CLI, "serve", target, "--port", "0", "--gen-length", str(args.gen_length), "--max-batch",
-           str(args.max_batch), "--threads", str(args.threads), "--no-access-log", "--max-queue", "4096",
-           "--timeout", "600"]
+           str(args.max_batch), "--threads", str(args.threads), "--max-queue", "4096", "--timeout", "600",
+           *([] if log is not None else ["--no-access-log"]), *extra]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr or []], daemon=True).start()
+
+    def read() -> None:
+        for line in proc.stderr or []:
+            if log is not None:
+                log.append(line)
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
     while True:
         line = lines.get(timeout=120)
         if line.startswith("{") and '"serving"' in line:
@@ -113,10 +133,17 @@ def main() -> None:
     parser.add_argument("--tail-context", default=None, metavar="N|all",
                         help="Seer's tail context for the Seer-on rows [default: the target's config]")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results-serve"))
+    parser.add_argument("--faults", action="store_true", help="the faults mode (see above): faults.json, faults.md")
     args = parser.parse_args()
     if not 1 <= args.requests <= 10_000:
         parser.error("--requests must be from 1 to 10000 (the load is bounded)")
     levels = [int(c) for c in args.concurrency.split(",")]
+    if args.faults:
+        if args.url:
+            parser.error("--faults starts its own server (it reads its log and memory); drop --url")
+        from faults import run_faults  # benchmarks/faults.py, beside this script
+
+        sys.exit(run_faults(args, levels, start_server))
     prompts = [e.prompt for e in heldout_examples(40)]
     batch = [prompts[i % len(prompts)] for i in range(args.requests)]
     load_before = os.getloadavg()

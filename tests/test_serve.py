@@ -294,6 +294,8 @@ def test_limits_auth_deadline_and_operations(export_dir: Path, capsys: pytest.Ca
             threading.Event().wait(0.01)
         assert _sample(metrics, "seer_serve_rows_dropped_total") == 2 and 'reason="cancelled"' in metrics
         assert batcher.admitted == batcher.settled == 2
+        for outcome, rows in (("answered", 0), ("refused", 0), ("expired", 1), ("cancelled", 1)):
+            assert f'seer_serve_rows_settled_total{{outcome="{outcome}"}} {rows}.0' in metrics
 
 
 def main_exit(argv: list[str]) -> int:

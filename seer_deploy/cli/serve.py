@@ -63,6 +63,10 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
 @click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True,
               help="Per-request deadline in seconds, queueing included (504 past it).")
 @click.option("--max-body-bytes", type=int, default=8 << 20, show_default=True, help="Larger bodies get 413.")
+@click.option("--read-timeout", "read_timeout_s", type=float, default=30.0, show_default=True,
+              help="Seconds a request's headers, then its body, may take to arrive (408 and the connection closed).")
+@click.option("--max-connections", type=int, default=512, show_default=True,
+              help="Open connections; a request on one beyond it gets 503 (put a reverse proxy in front for more).")
 @click.option("--max-prompts", type=int, default=32, show_default=True,
               help="Prompts one /v1/completions request may list.")
 @click.option("--retry-after", "retry_after_s", type=int, default=1, show_default=True,
@@ -81,8 +85,9 @@ def command(target: str, host: str, port: int, gen_length: int, steps: int | Non
             factor: float, kv_cache: bool, gen_lengths: str | None, backend_name: BackendChoice | None,
             use_seer: bool | None, seer_config: Path | None, tail_context: str | None, providers: tuple[str, ...],
             threads: int | None, max_batch: int, max_wait_ms: float, max_queue: int, timeout_s: float,
-            max_body_bytes: int, max_prompts: int, retry_after_s: int, api_key: str | None, model_name: str | None, access_log: bool, use_ray: bool,
-            replicas: int, max_replicas: int | None) -> None:
+            max_body_bytes: int, read_timeout_s: float, max_connections: int, max_prompts: int, retry_after_s: int,
+            api_key: str | None, model_name: str | None, access_log: bool, use_ray: bool, replicas: int,
+            max_replicas: int | None) -> None:
     """Serve TARGET (a checkpoint, 'demo', 'demo-vl', an export or engine directory) over HTTP with OpenAI's
     /v1/completions and /v1/chat/completions, dynamic batching through the generation service, /health, /ready
     and /metrics."""
@@ -91,7 +96,8 @@ def command(target: str, host: str, port: int, gen_length: int, steps: int | Non
     name = model_name or Path(target.rstrip("/")).name or target
     serve_options = ServeOptions(model_name=name, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
                                  timeout_s=timeout_s, max_body_bytes=max_body_bytes, max_prompts=max_prompts,
-                                 retry_after_s=retry_after_s,
+                                 retry_after_s=retry_after_s, read_timeout_s=read_timeout_s,
+                                 max_connections=max_connections,
                                  gen_lengths=parse_sizes(gen_lengths), api_key=api_key,
                                  access_log=sys.stderr if access_log else None)
     serve_options.check()

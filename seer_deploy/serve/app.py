@@ -18,6 +18,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as RoutingError
+from starlette.requests import ClientDisconnect
 
 from seer_deploy.core.errors import ConfigError, SeerDeployError
 from seer_deploy.models.requests import Request as Prompt
@@ -37,11 +39,12 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message],
 
 
 class HTTPError(Exception):
-    """A refusal with its status, OpenAI error type and extra headers."""
+    """A refusal with its status, OpenAI error type, the field at fault (`param`) and extra headers."""
 
-    def __init__(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None,
+                 param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.kind, self.headers = status, kind, headers or {}
+        self.status, self.kind, self.headers, self.param = status, kind, headers or {}, param
 
 
 class ClientGone(Exception):
@@ -61,6 +64,19 @@ class ServeState:
         generation = service.options.generation
         self.sizes = supported_sizes(options.gen_lengths, generation.gen_length, service.backend.max_seq_len)
         self.draining = False
+        self.metrics.watch(self.batcher.balance)
+
+    def record(self, method: str, path: str, status: int, seconds: float, client: str) -> None:
+        """Count one request in /metrics and write its access-log line (each request once, whatever its end)."""
+        route = path if path in ROUTES else "other"
+        self.metrics.requests.labels(route, str(status)).inc()
+        self.metrics.latency.labels(route).observe(seconds)
+        log, replica = self.options.access_log, self.options.replica
+        if log is not None:
+            log.write(json.dumps({"ts": round(time.time(), 3), "method": method, "path": path, "status": status,
+                                  "ms": round(seconds * 1000, 1), "client": client,
+                                  **({"replica": replica} if replica else {})}) + "\n")
+            log.flush()
 
     def drain(self) -> None:
         """Shutdown began (SIGTERM): /ready says no; work already accepted still runs (see server.py)."""
@@ -100,7 +116,11 @@ class ServeState:
         try:
             timeout = max(0.0, min(j.deadline for j in jobs) - time.monotonic())
             waiting: set[asyncio.Future[Any]] = {gathered, gone}
-            done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # the response went away (a closed stream): its rows are not wanted
+                self.batcher.cancel(jobs)
+                raise
             if gathered in done:
                 results: list[Result] = gathered.result()
                 for result in results:
@@ -130,24 +150,39 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 once it passes `limit` bytes (declared or streamed)."""
+    """The JSON request body: 415 for another Content-Type (OpenAI's API takes JSON only; a form or text body would
+    otherwise be read as JSON by luck), 413 once it passes `limit` bytes (declared or streamed), ClientGone if the
+    client leaves while sending it."""
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json":
+        given = f"Content-Type '{media}'" if media else "no Content-Type"
+        raise HTTPError(415, f"the body was sent with {given}; send JSON with 'Content-Type: application/json'",
+                        "invalid_request_error")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPError(413, f"the request body is {declared} bytes, above this server's {limit} (--max-body-bytes); "
                              "send a smaller request (scale pictures down)", "invalid_request_error")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPError(413, f"the request body is above this server's {limit} bytes (--max-body-bytes); send a "
-                                 "smaller request (scale pictures down)", "invalid_request_error")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(413, f"the request body is above this server's {limit} bytes (--max-body-bytes); send "
+                                     "a smaller request (scale pictures down)", "invalid_request_error")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client's network, not the server's fault: a 499 like any other departure
+        raise ClientGone() from None
     return b"".join(chunks)
 
 
-def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status,
-                        headers=headers)
+def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None,
+           param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, kind, param), status, headers=headers)
 
 
 def _sse(data: object) -> str:
@@ -155,7 +190,10 @@ def _sse(data: object) -> str:
 
 
 class Observe:
-    """ASGI middleware: per-request metrics, the access log (one JSON line a request), the replica header."""
+    """ASGI middleware: per-request metrics, the access log (one JSON line a request), the replica header, and the
+    body's read deadline (--read-timeout, from the end of the headers: 408, and the connection closed).
+
+    A request whose response was not sent to its end is counted 499 (the client left), however far it got."""
 
     def __init__(self, app: ASGIApp, state: ServeState) -> None:
         self.app, self.state = app, state
@@ -165,37 +203,46 @@ class Observe:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        start, status = time.monotonic(), 499  # 499: the client left before any answer
+        start, status, finished = time.monotonic(), 499, False  # 499: the client left before the whole answer
         replica = self.state.options.replica
+        read_by, body_read = start + self.state.options.read_timeout_s, False
+
+        async def receiving() -> Message:
+            nonlocal body_read
+            if body_read:  # after the body, only the disconnect is left to hear: no deadline
+                return await receive()
+            try:
+                async with asyncio.timeout(read_by - time.monotonic()):
+                    message = await receive()
+            except TimeoutError:
+                raise HTTPError(408, f"the request body did not arrive within {self.state.options.read_timeout_s:g} s "
+                                     "(--read-timeout); send it whole and promptly", "invalid_request_error",
+                                {"Connection": "close"}) from None
+            body_read = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
 
         async def sending(message: Message) -> None:
-            nonlocal status
+            nonlocal status, finished
             if message["type"] == "http.response.start":
                 status = message["status"]
                 if replica is not None:
                     message["headers"] = [*message.get("headers", []), (b"x-seer-replica", replica.encode())]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                finished = True
             await send(message)
 
         metrics = self.state.metrics
         metrics.inflight.inc()
         try:
-            await self.app(scope, receive, sending)
+            await self.app(scope, receiving, sending)
         except Exception:
-            status = 500
+            status, finished = 500, True
             raise
         finally:
             metrics.inflight.dec()
-            seconds = time.monotonic() - start
-            route = scope["path"] if scope["path"] in ROUTES else "other"
-            metrics.requests.labels(route, str(status)).inc()
-            metrics.latency.labels(route).observe(seconds)
-            log = self.state.options.access_log
-            if log is not None:
-                client = scope.get("client") or ("", 0)
-                log.write(json.dumps({"ts": round(time.time(), 3), "method": scope["method"], "path": scope["path"],
-                                      "status": status, "ms": round(seconds * 1000, 1), "client": client[0],
-                                      **({"replica": replica} if replica else {})}) + "\n")
-                log.flush()
+            client = scope.get("client") or ("", 0)
+            self.state.record(scope["method"], scope["path"], status if finished else 499, time.monotonic() - start,
+                              client[0])
 
 
 def create_app(service: Service, options: ServeOptions | None = None) -> FastAPI:
@@ -229,13 +276,31 @@ def create_app(service: Service, options: ServeOptions | None = None) -> FastAPI
 
     @app.exception_handler(HTTPError)
     async def http_error(request: Request, exc: HTTPError) -> JSONResponse:
-        return _error(exc.status, str(exc), exc.kind, exc.headers)
+        return _error(exc.status, str(exc), exc.kind, exc.headers, exc.param)
+
+    @app.exception_handler(RoutingError)
+    async def routing(request: Request, exc: RoutingError) -> JSONResponse:
+        """The router's 404 and 405 (its Allow header kept), in OpenAI's shape like every other refusal."""
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:
+            message = f"no route {where}; this server answers {', '.join(ROUTES)}"
+        elif exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "")
+            message = f"{where} is not allowed; {request.url.path} takes {allowed or 'another method'}"
+        else:
+            message = f"{where}: {exc.detail}"
+        return _error(exc.status_code, message, "invalid_request_error", dict(exc.headers or {}))
 
     @app.exception_handler(SeerDeployError)
     async def refused(request: Request, exc: SeerDeployError) -> JSONResponse:
         if isinstance(exc, ConfigError):  # the request's fault: the CLI's one-line message
-            return _error(400, " ".join(str(exc).split()), "invalid_request_error")
+            return _error(400, " ".join(str(exc).split()), "invalid_request_error", param=getattr(exc, "param", None))
         return _error(500, " ".join(str(exc).split()), "server_error")
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception) -> JSONResponse:
+        """A bug: OpenAI's shape for the client (the traceback still goes to the log)."""
+        return _error(500, f"internal error ({type(exc).__name__}); see the server's log", "server_error")
 
     @app.exception_handler(DeadlineExceeded)
     async def deadline(request: Request, exc: DeadlineExceeded) -> JSONResponse:
@@ -275,16 +340,20 @@ def create_app(service: Service, options: ServeOptions | None = None) -> FastAPI
         told: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
         rows = [dataclasses.replace(r, on_text=partial(_tell, loop, told, i)) for i, r in enumerate(rows)]
         waiter = asyncio.ensure_future(state.wait(request, state.submit(rows)))
+        waiter.add_done_callback(_retrieve)  # its ClientGone is an outcome, seen or not
         first = asyncio.ensure_future(told.get())
         either: set[asyncio.Future[Any]] = {waiter, first}
-        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        if not first.done():
-            first.cancel()
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not first.done():
+                first.cancel()
+        if first.cancelled():
             results = await waiter  # raises the request's HTTP error, if any
-            return StreamingResponse(_stream(rid, options.model_name, chat, results), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return StreamingResponse(_live(rid, options.model_name, chat, len(rows), first.result(), told, waiter),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            return Streaming(_stream(rid, options.model_name, chat, results), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+        return Streaming(_live(rid, options.model_name, chat, len(rows), first.result(), told, waiter),
+                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -324,6 +393,20 @@ def create_app(service: Service, options: ServeOptions | None = None) -> FastAPI
     return app
 
 
+class Streaming(StreamingResponse):
+    """A stream whose generator is closed when the response ends, however it ends (a client that leaves cancels
+    the sending, which may leave the generator suspended; its cleanup then runs here, not at garbage collection)."""
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+                       send: Callable[[Message], Awaitable[None]]) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
+
+
 def _tell(loop: asyncio.AbstractEventLoop, told: asyncio.Queue[tuple[int, str]], index: int, text: str) -> None:
     """From the engine's thread: hand a row's settled text to its request's event loop."""
     loop.call_soon_threadsafe(told.put_nowait, (index, text))
@@ -336,25 +419,33 @@ async def _live(rid: str, model: str, chat: bool, n: int, first: tuple[int, str]
     answer with its finish reason (and usage), then [DONE]."""
     created = int(time.time())
     sent = [""] * n
-    if chat:
-        yield _sse(protocol.chunk(rid, model, created, chat, 0, role=True))
-    pending: tuple[int, str] | None = first
-    while True:
-        while pending is not None:
-            index, text = pending
-            if text.startswith(sent[index]) and len(text) > len(sent[index]):
-                yield _sse(protocol.chunk(rid, model, created, chat, index, text=text[len(sent[index]):]))
-                sent[index] = text
-            pending = told.get_nowait() if not told.empty() else None
-        if waiter.done():
-            break
-        getter = asyncio.ensure_future(told.get())
-        either: set[asyncio.Future[Any]] = {getter, waiter}
-        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        if getter.done():
-            pending = getter.result()
-        else:
+    getter: asyncio.Future[tuple[int, str]] | None = None
+    try:
+        if chat:
+            yield _sse(protocol.chunk(rid, model, created, chat, 0, role=True))
+        pending: tuple[int, str] | None = first
+        while True:
+            while pending is not None:
+                index, text = pending
+                if text.startswith(sent[index]) and len(text) > len(sent[index]):
+                    yield _sse(protocol.chunk(rid, model, created, chat, index, text=text[len(sent[index]):]))
+                    sent[index] = text
+                pending = told.get_nowait() if not told.empty() else None
+            if waiter.done():
+                break
+            getter = asyncio.ensure_future(told.get())
+            either: set[asyncio.Future[Any]] = {getter, waiter}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                pending = getter.result()
+            else:
+                getter.cancel()
+            getter = None
+    finally:  # closed early (the client left): nothing may outlive the response, pending or unretrieved
+        if getter is not None:
             getter.cancel()
+        if not waiter.done():
+            waiter.cancel()  # its rows leave the queue, or their results are dropped
     try:
         results = waiter.result()
     except Exception as exc:  # noqa: BLE001  # the status line is sent: the error travels as an event

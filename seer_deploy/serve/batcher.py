@@ -5,7 +5,12 @@ to `max_wait_ms` (or until `max_batch` rows of its kind are queued), and runs ev
 together, in arrival order: one kind = one generation setting = one `Service.generate` call, where the hybrid
 scheduler batches their different kept lengths. The engine is not thread-safe, so nothing but the worker calls it.
 A full queue refuses at once (429); a row past its deadline is dropped before it runs (504); a cancelled row
-(its client went away) leaves the queue; `close()` stops taking rows and drains the ones already taken.
+(its client went away) leaves the queue, or if it is running its result is discarded; `close()` stops taking rows
+and drains the ones already taken.
+
+Every admitted row settles exactly once, with one outcome: answered (run to a result), refused (the engine answered
+it with an error), expired (its deadline passed) or cancelled (its client went away). `balance()` reads the counts
+under the queue's lock, so admitted = settled + in flight holds in every reading.
 """
 
 from __future__ import annotations
@@ -13,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 Row = TypeVar("Row")
+OUTCOMES = ("answered", "refused", "expired", "cancelled")
+GIVEN_UP = {"cancelled": "cancelled", "deadline": "expired"}  # cancel()'s reason -> the row's outcome
 
 
 class QueueFull(Exception):
@@ -51,6 +58,7 @@ class Job(Generic[Row]):
     future: asyncio.Future[Any]
     queued_at: float = field(default_factory=time.monotonic)
     state: str = "queued"  # queued -> running -> done, or -> cancelled / expired
+    given_up: str | None = None  # set while running: its handler left (cancel()'s reason); the result is discarded
 
     def settle(self, value: Any = None, error: BaseException | None = None) -> None:
         """Resolve the handler's future from any thread (a no-op if the handler already gave up)."""
@@ -83,7 +91,8 @@ class Batcher(Generic[Row]):
         self._queue: list[Job[Row]] = []
         self._cond = threading.Condition()
         self._closing = False
-        self.admitted = self.settled = 0  # rows taken into the queue, and rows answered (run, dropped or failed)
+        self.admitted = 0  # rows taken into the queue
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)  # how the admitted rows settled
         self._thread = threading.Thread(target=self._work, name="seer-serve-worker", daemon=True)
         self._thread.start()
 
@@ -94,6 +103,15 @@ class Batcher(Generic[Row]):
     @property
     def accepting(self) -> bool:
         return not self._closing and self.alive
+
+    @property
+    def settled(self) -> int:
+        return sum(self.outcomes.values())
+
+    def balance(self) -> tuple[int, Mapping[str, int]]:
+        """Rows admitted and how many settled with each outcome, read together (one consistent reading)."""
+        with self._cond:
+            return self.admitted, dict(self.outcomes)
 
     def submit(self, rows: Sequence[tuple[Row, Hashable]], deadline: float) -> list[Job[Row]]:
         """Queue rows (all or none) on the calling event loop; QueueFull or Closed refuses them."""
@@ -112,14 +130,19 @@ class Batcher(Generic[Row]):
         return jobs
 
     def cancel(self, jobs: Sequence[Job[Row]], reason: str = "cancelled") -> int:
-        """Take queued rows out (their client went away, or their deadline passed); rows already running finish
-        and their results are dropped. Returns how many rows left the queue."""
+        """Take queued rows out (reason: their client went away, "cancelled", or their deadline passed, "deadline");
+        rows already running finish and their results are dropped (they settle then). Returns how many rows left
+        the queue."""
+        outcome = GIVEN_UP[reason]
         with self._cond:
             taken = [j for j in jobs if j.state == "queued"]
             for job in taken:
-                job.state = reason
+                job.state = outcome
                 self._queue.remove(job)
-            self.settled += len(taken)
+            for job in jobs:
+                if job.state == "running" and job.given_up is None:
+                    job.given_up = reason
+            self.outcomes[outcome] += len(taken)
             if taken:
                 self._report("dropped", reason, len(taken))
                 self._report("queue_depth", len(self._queue))
@@ -158,7 +181,7 @@ class Batcher(Generic[Row]):
                     self._queue.remove(job)
                     job.settle(error=DeadlineExceeded("the request waited past its deadline"))
                 if expired:
-                    self.settled += len(expired)
+                    self.outcomes["expired"] += len(expired)
                     self._report("dropped", "deadline", len(expired))
                 if not self._queue:
                     continue
@@ -180,12 +203,20 @@ class Batcher(Generic[Row]):
             except Exception as exc:  # noqa: BLE001  # a bug or a broken engine: each row of the batch is told
                 results = [exc] * len(batch)
             seconds = time.monotonic() - start
+            with self._cond:  # counted before any handler hears: a handler that has its answer sees it settled
+                given_up: dict[str, int] = {}
+                for job, result in zip(batch, results, strict=True):
+                    job.state = "done"
+                    if job.given_up is not None:
+                        given_up[job.given_up] = given_up.get(job.given_up, 0) + 1
+                        self.outcomes[GIVEN_UP[job.given_up]] += 1
+                    else:
+                        self.outcomes["refused" if isinstance(result, BaseException) else "answered"] += 1
+            for reason, rows in given_up.items():
+                self._report("dropped", reason, rows)
             for job, result in zip(batch, results, strict=True):
-                job.state = "done"
                 if isinstance(result, BaseException):
                     job.settle(error=result)
                 else:
                     job.settle(result)
-            with self._cond:
-                self.settled += len(batch)
             self._report("batch", len(batch), seconds, [start - j.queued_at for j in batch])

@@ -3,9 +3,11 @@ collide, and nothing global is touched)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from seer_deploy.serve.engine import Result
 
@@ -70,5 +72,28 @@ class Metrics:
             self.tokens.inc(tokens)
             self.full_tokens.inc(tokens)
 
+    def watch(self, balance: Callable[[], tuple[int, Mapping[str, int]]]) -> None:
+        """Expose the batcher's row balance (admitted, settled by outcome, in flight), read at each scrape."""
+        self.registry.register(RowBalance(balance))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RowBalance(Collector):
+    """Rows admitted, settled (by outcome) and in flight from one reading of the batcher, so that
+    admitted = settled + in flight holds in every scrape (separate counters could be read between two updates)."""
+
+    def __init__(self, balance: Callable[[], tuple[int, Mapping[str, int]]]) -> None:
+        self.balance = balance
+
+    def collect(self) -> Iterator[Metric]:
+        admitted, outcomes = self.balance()
+        yield CounterMetricFamily("seer_serve_rows_admitted", "Rows taken into the queue", value=admitted)
+        settled = CounterMetricFamily("seer_serve_rows_settled", "Admitted rows settled, by outcome (answered, "
+                                      "refused, expired, cancelled)", labels=["outcome"])
+        for outcome, rows in outcomes.items():
+            settled.add_metric([outcome], rows)
+        yield settled
+        yield GaugeMetricFamily("seer_serve_rows_in_flight", "Admitted rows not yet settled (queued or running)",
+                                value=admitted - sum(outcomes.values()))

@@ -23,6 +23,8 @@ class ServeOptions:
     max_queue: int = 256  # rows waiting (not running); beyond it new requests get 429
     timeout_s: float = 60.0  # per-request deadline, queueing included; past it 504
     max_body_bytes: int = 8 << 20  # request bodies above this get 413 (a data-URL picture is most of it)
+    read_timeout_s: float = 30.0  # a request's headers, then its body, must arrive within this (408, or closed)
+    max_connections: int = 512  # open connections; beyond it a request gets 503 and its connection is closed
     max_prompts: int = 32  # prompts in one /v1/completions request (each is one row)
     gen_lengths: tuple[int, ...] = ()  # sizes max_tokens rounds up to; () = powers of two from 16 that fit
     api_key: str | None = None  # bearer token for /v1/* and /metrics; None = no auth
@@ -34,13 +36,16 @@ class ServeOptions:
         """ConfigError naming the flag, before anything loads."""
         for name, value, low in (("--max-batch", self.max_batch, 1), ("--max-queue", self.max_queue, 1),
                                  ("--max-body-bytes", self.max_body_bytes, 1024), ("--max-prompts", self.max_prompts, 1),
-                                 ("--retry-after", self.retry_after_s, 0)):
+                                 ("--retry-after", self.retry_after_s, 0), ("--max-connections", self.max_connections, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name} is {value!r}; it must be an integer >= {low}")
         if not 0 <= self.max_wait_ms <= 10_000:
             raise ConfigError(f"--max-wait-ms is {self.max_wait_ms!r}; it must be from 0 to 10000")
         if not 0 < self.timeout_s <= 86_400:
             raise ConfigError(f"--timeout is {self.timeout_s!r}; it must be a number of seconds above 0 (at most a day)")
+        if not 0 < self.read_timeout_s <= 3600:
+            raise ConfigError(f"--read-timeout is {self.read_timeout_s!r}; it must be a number of seconds above 0 (at "
+                              "most an hour)")
         if any(not isinstance(g, int) or g < 1 for g in self.gen_lengths):
             raise ConfigError(f"--gen-lengths {','.join(map(str, self.gen_lengths))} must be positive integers, "
                               "e.g. 32,64,128")

@@ -2,13 +2,15 @@
 
 Bodies are parsed strictly: an unknown field is refused (a typo such as `tail_contxt` would otherwise be silently
 ignored), except the OpenAI sampling fields that have no meaning for this model (top_p, penalties, ...), which
-clients send by default and which are accepted and ignored. A chat request holds one user message (the model's
+clients send by default and which are accepted and ignored; and types are not coerced, as OpenAI's API refuses them
+(pydantic's strict mode: `max_tokens: true`, `"16"` or `16.0` is not an integer, `stream: 1` not a boolean). A chat request holds one user message (the model's
 prompt template has one user turn); its image_url parts become `<image>` placeholders where they stand, unless its
 text already places them (as `seer-deploy generate --prompt '<image> ...'` does).
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Literal
@@ -23,10 +25,18 @@ from seer_deploy.serve.engine import Result
 from seer_deploy.serve.images import decode_data_url
 
 
+class BadField(ConfigError):
+    """A request field with a wrong type or value; `param` names it (OpenAI's error `param`)."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class Body(BaseModel):
     """Fields both endpoints share."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -133,11 +143,22 @@ def parse(model: type[Body], raw: bytes) -> Any:
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(p) for p in error["loc"]) or "the body"
+        param = str(error["loc"][0]) if error["loc"] else None
         if error["type"] == "json_invalid":
             raise ConfigError(f"the body is not valid JSON ({error['msg']}); send a JSON object") from exc
+        if error["type"] == "model_type":
+            raise ConfigError("the body is not a JSON object; send one, e.g. {\"prompt\": \"...\"}") from exc
         if error["type"] == "extra_forbidden":
-            raise ConfigError(f"unknown field '{where}'; see docs/serving.md for the fields this server takes") from exc
-        raise ConfigError(f"{where}: {error['msg']}") from exc
+            raise BadField(f"unknown field '{where}'; see docs/serving.md for the fields this server takes",
+                           param) from exc
+        given = f" (got {json.dumps(error['input'])})" if error["type"].endswith("_type") and _short(error) else ""
+        raise BadField(f"{where}: {error['msg']}{given}", param) from exc
+
+
+def _short(error: Any) -> bool:
+    """Whether an error's input is worth quoting in a one-line message (a scalar, not a picture's data URL)."""
+    value = error.get("input")
+    return value is None or isinstance(value, bool | int | float) or (isinstance(value, str) and len(value) <= 40)
 
 
 def new_id(prefix: str) -> str:

@@ -1,6 +1,9 @@
 """Running the app on uvicorn: in the foreground (the `serve` verb) or in a background thread (tests, the load
 generator), on a socket bound before the server starts (so port 0 gives a known free port).
 
+The HTTP protocol is uvicorn's, guarded (serve/connections.py): a read deadline for headers (--read-timeout) and a
+cap on open connections (--max-connections).
+
 Shutdown (SIGTERM, SIGINT or `stop()`): /ready turns 503 at once, the listening socket closes, requests already
 received run to their answers (the worker keeps batching them), then the app's lifespan closes the batcher.
 """
@@ -16,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from seer_deploy.serve.app import ServeState
+from seer_deploy.serve.connections import protocol_class
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -38,7 +42,7 @@ class DrainingServer(uvicorn.Server):
 
     def __init__(self, app: FastAPI) -> None:
         super().__init__(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                                        timeout_keep_alive=5))
+                                        timeout_keep_alive=5, http=protocol_class()))
         self.state: ServeState = app.state.serve
         self.serving = threading.Event()
 
