@@ -18,6 +18,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -97,14 +98,18 @@ class ChatTemplate:
     def raw(self) -> bool:
         return self.text is None
 
+    @cached_property
+    def compiled(self) -> jinja2.Template:
+        """The template compiled once (a server renders it per request)."""
+        return compile_template(self.text or "", self.source)
+
     def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The prompt text of `messages`; ConfigError with the template's own message when it refuses them."""
         if self.text is None:
             raise ConfigError("this model takes raw text (no chat template): send one prompt, or give a template "
                               "with --chat-template FILE")
-        template = compile_template(self.text, self.source)
         try:
-            return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, tools=None,
+            return self.compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt, tools=None,
                                    documents=None, **self.tokens)
         except jinja2.exceptions.TemplateError as exc:
             raise ConfigError(f"the chat template ({self.source}) cannot take these messages: {exc}; send the roles "
