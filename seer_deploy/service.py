@@ -23,12 +23,13 @@ from PIL import Image
 from seer_deploy.core.backend import Backend, ImageBackend
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.models.chat_template import read_template_file
 from seer_deploy.models.families import IMAGES_UNSUPPORTED
 from seer_deploy.models.image_placeholders import encode_pictures, expand_placeholders
 from seer_deploy.models.requests import Request, check_request_images, load_pictures
 from seer_deploy.runtime.loop import check_supported, run_generation
 from seer_deploy.runtime.openers import open_target
-from seer_deploy.runtime.targets import BackendChoice, TargetOptions, find_seer_config, target_kind
+from seer_deploy.runtime.targets import BackendChoice, TargetOptions, TemplateChoice, find_seer_config, target_kind
 from seer_deploy.seer.config import SeerConfig, TailContext
 from seer_deploy.seer.plan import SeerReport
 
@@ -52,10 +53,24 @@ class ServiceOptions:
     tail_context: TailContext | None = None  # overrides the Seer config's
     first_canvas: int | None = None  # overrides the Seer config's (progressive step zero; 0: off)
     seed: int = 0
+    chat_template: Path | None = None  # a Jinja chat template file instead of the target's own
+    raw_prompts: bool = False  # prompts as raw text, no chat template (base models)
+
+    def template_choice(self) -> TemplateChoice | None:
+        """The chat template chosen instead of the target's own; None keeps the target's."""
+        if self.raw_prompts:
+            return TemplateChoice(None, "--no-chat-template")
+        if self.chat_template is not None:
+            return TemplateChoice(read_template_file(Path(self.chat_template)), str(self.chat_template))
+        return None
 
     def check(self) -> None:
         """ConfigError for settings no target can run, before anything loads."""
         self.generation.validate()
+        if self.raw_prompts and self.chat_template is not None:
+            raise ConfigError("--chat-template and --no-chat-template contradict each other; give one")
+        if self.chat_template is not None:
+            read_template_file(Path(self.chat_template))
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.seed < 0:
@@ -151,7 +166,7 @@ class Service:
         )
         check_supported(self.options.generation, self.backend)
         self.seer = self.info.seer_for_engine(seer)
-        self.tokenizer = self.info.tokenizer()
+        self.tokenizer = self.info.tokenizer(self.options.template_choice())
         self.load_seconds = time.perf_counter() - opening  # the start of time to first step (`Run`)
 
     @property
@@ -227,7 +242,7 @@ class Service:
         """The prompts' token ids (an `<image>` still one placeholder id); ConfigError for a prompt that, its
         pictures' tokens included, leaves no room for gen_length (anyres: each picture's own count, so the pictures
         are read when not given)."""
-        ids = [self.tokenizer.encode_prompt(r.prompt) for r in requests]
+        ids = [self.tokenizer.encode_request(r.prompt, r.messages) for r in requests]
         images = self.info.images
         if images is None:
             extra = [0] * len(requests)

@@ -65,8 +65,9 @@ def test_each_kind_opens_its_own_backend_with_the_artifacts_ids(artifacts: dict[
         assert info.config == cfg
     # The engine dir's recorded session settings are used: CPU, one thread.
     assert engine_backend.providers == ["CPUExecutionProvider"] and engine_backend.options.intra_op_threads == 1
-    # Exports carry no tokenizer.json: it comes from the source checkpoint.
-    assert export_info.tokenizer_file == artifacts["ckpt"] / "tokenizer.json" == engine_info.tokenizer_file
+    # Exports carry the checkpoint's tokenizer.json (issue 36); an engine reads its export's.
+    assert export_info.tokenizer_dir == artifacts["export"] == engine_info.tokenizer_dir
+    assert (artifacts["export"] / "tokenizer.json").read_bytes() == (artifacts["ckpt"] / "tokenizer.json").read_bytes()
     assert export_info.checkpoint == str(artifacts["ckpt"].absolute())
     tok = engine_info.tokenizer()
     assert tok.encode_prompt("reverse 12") == ckpt_info.tokenizer().encode_prompt("reverse 12")

@@ -18,7 +18,7 @@ def test_demo_tokenizer_round_trip(tmp_path: Path) -> None:
     write_tokenizer(tmp_path / "tokenizer.json")
     ids = special_ids_from_tokenizer_file(tmp_path / "tokenizer.json")
     assert ids == {"mask": VOCAB.index("<|mdm_mask|>"), "eos": VOCAB.index("<|endoftext|>"),
-                   "bos": VOCAB.index("<|startoftext|>")}
+                   "bos": VOCAB.index("<|startoftext|>"), "text_tokens": len(VOCAB)}
     tok = Tokenizer(tmp_path / "tokenizer.json", eos_id=ids["eos"])
     prompt = tok.encode_prompt("reverse 3141")
     assert [VOCAB[i] for i in prompt] == ["<|startoftext|>", "reverse", "3", "1", "4", "1", "="]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from seer_deploy.cli.options import decoding_options, generation_config, generation_options
+from seer_deploy.cli.options import decoding_options, generation_config, generation_options, template_options
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.requests import assign_images, image_name, read_prompts_file
@@ -128,12 +128,14 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
               help="One JSON object per prompt (with Seer: boundary, kept length, steps, tokens processed vs full), "
                    "with the run's time to first step on each: load_s (seconds to open the target) and first_step_s "
                    "(seconds from opening it to the end of the first batch's step zero, load_s included).")
+@template_options
 def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen_length: int, steps: int | None,
             block_length: int | None, temperature: float, remasking: str, cfg_scale: float, seed: int,
             decode: str, threshold: float, factor: float, kv_cache: bool, backend_name: BackendChoice | None,
             batch_size: int, use_seer: bool | None, seer_config: Path | None,
             tail_context: str | None, first_canvas: int | None, providers: tuple[str, ...], threads: int | None,
-            device: str | None, io_binding: bool, cuda_graph: bool, images: tuple[str, ...], as_json: bool) -> None:
+            device: str | None, io_binding: bool, cuda_graph: bool, images: tuple[str, ...], as_json: bool,
+            chat_template: Path | None, raw_prompts: bool) -> None:
     """Generate answers for prompts with TARGET: a checkpoint directory, 'demo' or 'demo-vl' (torch), an export
     directory (ONNX Runtime) or an engine directory (ONNX Runtime or TensorRT); with --image, about pictures."""
     requests = read_requests(prompt, images, prompts_file)
@@ -144,7 +146,7 @@ def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen
         io_binding=io_binding, cuda_graph=cuda_graph, seer=use_seer,
         seer_config=seer_config, tail_context=None if tail_context is None else parse_tail_context(tail_context),
         first_canvas=first_canvas,
-        seed=seed,
+        seed=seed, chat_template=chat_template, raw_prompts=raw_prompts,
     )
     service = Service(target, options, warn=lambda message: click.echo(message, err=True))
     show = not as_json and len(requests) > service.batch_size

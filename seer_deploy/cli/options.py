@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -89,3 +90,17 @@ def generation_config(
     )
     config.validate()
     return config
+
+
+def template_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--chat-template FILE, --no-chat-template: replace the target's own chat template, or send raw text."""
+    options = [
+        click.option("--chat-template", "chat_template", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="A Jinja chat template file to build prompts with, instead of the checkpoint's own "
+                          "(tokenizer_config.json's chat_template, carried into the export)."),
+        click.option("--no-chat-template", "raw_prompts", is_flag=True,
+                     help="Send prompts as raw text, without a chat template (base models)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func

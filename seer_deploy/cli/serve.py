@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from seer_deploy.cli.options import decoding_options, generation_config, generation_options
+from seer_deploy.cli.options import decoding_options, generation_config, generation_options, template_options
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.runtime.targets import BACKEND_CHOICES, BackendChoice
 from seer_deploy.seer.config import parse_tail_context
@@ -80,6 +80,7 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
               "replica; a local loopback cluster unless RAY_ADDRESS names one.")
 @click.option("--replicas", type=int, default=1, show_default=True, help="--ray: replicas (engines).")
 @click.option("--max-replicas", type=int, default=None, help="--ray: autoscale from --replicas up to this.")
+@template_options
 def command(target: str, host: str, port: int, gen_length: int, steps: int | None, block_length: int | None,
             temperature: float, remasking: str, cfg_scale: float, seed: int, decode: str, threshold: float,
             factor: float, kv_cache: bool, gen_lengths: str | None, backend_name: BackendChoice | None,
@@ -87,7 +88,7 @@ def command(target: str, host: str, port: int, gen_length: int, steps: int | Non
             threads: int | None, max_batch: int, max_wait_ms: float, max_queue: int, timeout_s: float,
             max_body_bytes: int, read_timeout_s: float, max_connections: int, max_prompts: int, retry_after_s: int,
             api_key: str | None, model_name: str | None, access_log: bool, use_ray: bool, replicas: int,
-            max_replicas: int | None) -> None:
+            max_replicas: int | None, chat_template: Path | None, raw_prompts: bool) -> None:
     """Serve TARGET (a checkpoint, 'demo', 'demo-vl', an export or engine directory) over HTTP with OpenAI's
     /v1/completions and /v1/chat/completions, dynamic batching through the generation service, /health, /ready
     and /metrics."""
@@ -106,7 +107,7 @@ def command(target: str, host: str, port: int, gen_length: int, steps: int | Non
                                      decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache),
         backend=backend_name, batch_size=max_batch, providers=providers or None, threads=threads, seer=use_seer,
         seer_config=seer_config, tail_context=None if tail_context is None else parse_tail_context(tail_context),
-        seed=seed,
+        seed=seed, chat_template=chat_template, raw_prompts=raw_prompts,
     )
     service_options.check()
     if not is_loopback(host) and api_key is None:

@@ -60,7 +60,7 @@ from seer_deploy.models.checkpoint import (
     resolve_checkpoint,
 )
 from seer_deploy.models.config import ModelConfig, config_from_dict
-from seer_deploy.models.tokenizer import special_ids_from_tokenizer_file
+from seer_deploy.models.tokenizer import export_tokenizer, special_ids_from_tokenizer_file
 from seer_deploy.models.weight_sources import shaped_model, weight_sources
 from seer_deploy.spec import sampling
 from seer_deploy.spec.export_manifest import (
@@ -326,6 +326,7 @@ class ExportRun:
                     "tensors_in_weights_file": store.tensors_written,
                     "tensors_shared": store.tensors_shared,
                     **plan.manifest_extra(records),
+                    **export_tokenizer(self.checkpoint, tmp),  # tokenizer.json, chat template, special ids' sources
                 },
             )
             manifest.save(tmp)

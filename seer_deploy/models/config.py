@@ -304,7 +304,7 @@ def _check_architecture(raw: dict[str, Any], style: str) -> None:
         )
 
 
-def config_from_dict(raw: dict[str, Any], special_ids: dict[str, int] | None = None) -> ModelConfig:
+def config_from_dict(raw: dict[str, Any], special_ids: dict[str, Any] | None = None) -> ModelConfig:
     """Build a ModelConfig from either field style and any family (models.families); `special_ids` (from the
     tokenizer) fills ids the config lacks."""
     family, prefix_dlm = detect_family(raw), prefix_dlm_setting(raw)
@@ -342,7 +342,8 @@ def config_from_dict(raw: dict[str, Any], special_ids: dict[str, int] | None = N
     if fields["eos_id"] is None:
         raise CheckpointError("the EOS token id is unknown: set 'eos_token_id' in config.json or in tokenizer.json")
     check_model_fields(fields, keys, source="config.json")
-    fields.update(family_options(family, raw, fields["d_model"] // fields["n_heads"], fields["vocab_size"]),
-                  prefix_dlm=prefix_dlm)
+    text_tokens = special.get("text_tokens")  # len(tokenizer): MMaDA's image-code base (models.families)
+    fields.update(family_options(family, raw, fields["d_model"] // fields["n_heads"], fields["vocab_size"],
+                                 text_tokens if isinstance(text_tokens, int) else None), prefix_dlm=prefix_dlm)
     check_model_fields(fields, {**keys, **OPTION_KEYS}, source="config.json")
     return ModelConfig(**fields)

@@ -86,19 +86,25 @@ def check_family(family: str, raw: dict[str, Any]) -> None:
         _check_moe(raw)
 
 
-def family_options(family: str, raw: dict[str, Any], head_dim: int, vocab_size: int) -> dict[str, Any]:
-    """The ModelConfig options of `family` from its config.json fields (checked by `check_family`)."""
+def family_options(family: str, raw: dict[str, Any], head_dim: int, vocab_size: int,
+                   text_tokens: int | None = None) -> dict[str, Any]:
+    """The ModelConfig options of `family` from its config.json fields (checked by `check_family`). MMaDA's image
+    codes start at `text_tokens`, the length of its text tokenizer, as Gen-Verse/MMaDA inference_mmu.py offsets
+    them (llm_vocab_size without a tokenizer). LLaDA-MoE's top-k weights are never renormalised: its public
+    modeling code (modeling_lladamoe.py, LLaDAMoESparseMoeBlock) fixes norm_topk_prob to False whatever
+    config.json says."""
     options: dict[str, Any] = {"family": family}
     if family in ("dream", "dimple"):
         options.update(qkv_bias=True, shift_logits=True)
     elif family == "mmada":
         codes = raw.get("codebook_size", MMADA_CODEBOOK)
-        base = raw.get("llm_vocab_size", vocab_size - codes if isinstance(codes, int) else None)
+        base = text_tokens if text_tokens is not None else raw.get(
+            "llm_vocab_size", vocab_size - codes if isinstance(codes, int) else None)
         options.update(image_codes=codes, image_code_base=base)
     elif family == "llada_moe":
         factor = raw.get("partial_rotary_factor", 1.0)
         options.update(num_experts=raw["num_experts"], experts_per_token=raw["num_experts_per_tok"],
-                       norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+                       norm_topk_prob=False,
                        qk_norm=bool(raw.get("qk_layernorm", True)),
                        rotary_dim=None if factor == 1 else int(head_dim * factor))
     return options
@@ -128,6 +134,13 @@ def _check_moe(raw: dict[str, Any]) -> None:
         if refused:
             raise CheckpointError(f"config.json {key}={raw[key]!r} is not supported for LLaDA-MoE (routed experts "
                                   "only: no shared expert, expert bias, router groups or scaling, every layer MoE)")
+    score = raw.get("moe_router_score_function")
+    if score not in (None, "softmax"):
+        raise CheckpointError(f"config.json moe_router_score_function={score!r} is not supported for LLaDA-MoE (the "
+                              "router is a softmax over the experts, as its public code runs it); use 'softmax'")
+    if raw.get("clip_qkv") is not None:
+        raise CheckpointError(f"config.json clip_qkv={raw['clip_qkv']!r} is not supported for LLaDA-MoE (queries, keys "
+                              "and values are not clamped); set it to null")
     for key in ("num_experts", "num_experts_per_tok", "expert_intermediate_size"):
         if raw.get(key) is None:
             raise CheckpointError(f"config.json (LLaDA-MoE) is missing '{key}'; add it to the checkpoint's config.json")

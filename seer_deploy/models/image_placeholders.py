@@ -17,6 +17,7 @@ from PIL import Image
 
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.models.anyres import AnyresConfig, anyres_pixels, merge_views
+from seer_deploy.models.chat_template import ChatTemplate
 from seer_deploy.models.image import ImageConfig, pixel_batch
 from seer_deploy.models.multimodal_files import IMAGE_TOKEN
 from seer_deploy.models.tokenizer import Tokenizer
@@ -28,22 +29,24 @@ if TYPE_CHECKING:
 class MultimodalTokenizer(Tokenizer):
     """A Tokenizer whose prompts may contain `<image>`: each becomes the placeholder id `image_token_index`."""
 
-    def __init__(self, file: str | os.PathLike[str], eos_id: int, eot_id: int | None, image_token_index: int) -> None:
-        super().__init__(file, eos_id, eot_id)
+    def __init__(self, file: str | os.PathLike[str], eos_id: int, eot_id: int | None, image_token_index: int,
+                 template: ChatTemplate | None = None) -> None:
+        super().__init__(file, eos_id, eot_id, template=template)
         self.image_token_index = image_token_index
         # Checkpoints whose tokenizer lacks '<image>' (LLaVA splits the text on it instead) get it as a special token
         # here, so it is never split into pieces; its id is replaced by the placeholder below.
         if self._tok.token_to_id(IMAGE_TOKEN) is None:
             self._tok.add_special_tokens([IMAGE_TOKEN])
         self._image_id = self._tok.token_to_id(IMAGE_TOKEN)
+        self._specials = [t for t in self._specials if t != IMAGE_TOKEN]  # the placeholder is meant to be typed
 
     @classmethod
     def for_checkpoint(cls, loaded: LoadedMultimodal) -> MultimodalTokenizer:
         cfg = loaded.config
         return cls(loaded.path / "tokenizer.json", cfg.eos_id, cfg.eot_id, loaded.vision_config.image_token_index)
 
-    def encode_prompt(self, text: str) -> list[int]:
-        return [self.image_token_index if t == self._image_id else t for t in super().encode_prompt(text)]
+    def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        return [self.image_token_index if t == self._image_id else t for t in super()._ids(text, add_special_tokens)]
 
 
 def count_placeholders(ids: Sequence[int], image_token_index: int) -> int:

@@ -26,11 +26,14 @@ ImageSource = str | os.PathLike[str] | Image.Image  # a picture's file, or the p
 
 @dataclass(frozen=True)
 class Request:
-    """One prompt and its pictures in `<image>` order; `where` names it in error messages."""
+    """One prompt and its pictures in `<image>` order; `where` names it in error messages. A chat request also
+    holds its conversation, (role, content) pairs rendered by the model's chat template (Tokenizer.encode_request);
+    its `prompt` is then the contents joined, which its `<image>` placeholders are counted in."""
 
     prompt: str
     images: tuple[ImageSource, ...] = ()
     where: str = "the prompt"
+    messages: tuple[tuple[str, str], ...] = ()
 
 
 def read_prompts_file(file: Path) -> list[Request]:

@@ -1,47 +1,53 @@
-"""Tokenizers loaded from a checkpoint's `tokenizer.json`, with the family's special tokens resolved.
+"""Tokenizers as checkpoints ship them (models.tokenizer_files), prompts built through the checkpoint's own chat
+template (models.chat_template): the one place every backend's text goes through.
 
-Prompts are checked here, the one place every backend's text goes through: a prompt must be non-empty text, and
-special-token text typed into it (`<|mdm_mask|>` would become a real mask the model fills in) is refused.
-
-Chat templates follow the tokenizer's special tokens: LLaDA's header tokens give LLaDA's template, ChatML's
-`<|im_start|>` (Dream, Dimple) gives ChatML with Qwen2.5's default system line. MMaDA prompts may carry pre-tokenized
-image codes, written `<image_codes>12 7 4095</image_codes>` (whitespace-separated integers, each below the
-codebook size); the tokenizer expands them in place to `<|mmu|><|soi|>` + the codes' ids + `<|eoi|>`, as MMaDA's
-multimodal-understanding prompts hold them (code c is token image_code_base + c).
+A prompt must be non-empty text, and special-token text typed into it (`<|mdm_mask|>` would become a real mask the
+model fills in; LLaDA's `<role>`) is refused: every token the tokenizer or its configs mark special. A request is a
+prompt (one user turn) or a conversation (role, content pairs, the server's chat messages); both are rendered by the
+same template (`encode_request`). MMaDA prompts may carry pre-tokenized image codes, written
+`<image_codes>12 7 4095</image_codes>` (whitespace-separated integers, each below the codebook size); they are put in
+front of the templated text as `<|mmu|><|soi|>` + the codes' ids + `<|eoi|>`, as Gen-Verse/MMaDA's inference_mmu.py
+builds its ids: code c is token len(text tokenizer) + c, and the marks are the tokenizer's `<|mmu|>`, `<|soi|>`,
+`<|eoi|>` where it has them, else the reserved ids its UniversalPrompting(use_reserved_token=True) uses.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
-
-from tokenizers import Tokenizer as HFTokenizer
+from typing import Any
 
 from seer_deploy.core.errors import CheckpointError, ConfigError, SeerDeployError
-from seer_deploy.core.files import read_text
+from seer_deploy.models.chat_template import ChatTemplate, chat_messages, find_template
+from seer_deploy.models.tokenizer_files import (
+    ADDED,
+    MERGES,
+    SPECIAL_MAP,
+    TOKENIZER_CONFIG,
+    TOKENIZER_JSON,
+    VOCAB,
+    has_tokenizer,
+    load_tokenizer,
+    manifest_tokenizer_entry,
+    resolve_special_ids,
+    special_texts,
+    text_tokens,
+)
 
-# LLaDA's special token strings (the demo's tokenizer uses the same ones).
-SPECIAL_TOKENS: dict[str, str] = {
-    "mask": "<|mdm_mask|>",
-    "eos": "<|endoftext|>",
-    "bos": "<|startoftext|>",
-    "eot": "<|eot_id|>",
-}
-# Other families' spellings, tried after LLaDA's: Dream's mask and BOS, ChatML's end of turn (Dream, Dimple).
-ALTERNATIVE_TOKENS: dict[str, tuple[str, ...]] = {"mask": ("<|mask|>",), "bos": ("<|beginoftext|>",),
-                                                  "eot": ("<|im_end|>",)}
-_IM_START, _IM_END = "<|im_start|>", "<|im_end|>"
-CHATML_SYSTEM = "You are a helpful assistant."  # Qwen2.5's default system line, which Dream's template keeps
-MMADA_TOKENS = ("<|mmu|>", "<|soi|>", "<|eoi|>")  # MMaDA's multimodal-understanding task and image delimiters
 IMAGE_CODES = re.compile(r"<image_codes>(.*?)</image_codes>", re.DOTALL)
-_HEADER_START, _HEADER_END = "<|start_header_id|>", "<|end_header_id|>"
-# Text a prompt may not contain, with what it means to the model.
+MMADA_TOKENS = ("<|mmu|>", "<|soi|>", "<|eoi|>")  # MMaDA's multimodal-understanding task and image delimiters
+# Gen-Verse/MMaDA training/prompting_utils.py reserved_token_mapping (LLaDA's <|reserved_token_5|>, _0, _1).
+MMADA_RESERVED = {"<|mmu|>": 126089, "<|soi|>": 126084, "<|eoi|>": 126085}
+# Text a prompt may not contain whatever the tokenizer says, with what it means to the model.
 RESERVED_TEXTS: dict[str, str] = {
-    **{text: f"{name} token" for name, text in SPECIAL_TOKENS.items()},
-    _HEADER_START: "chat-template header token",
-    _HEADER_END: "chat-template header token",
+    "<|mdm_mask|>": "mask token", "<|endoftext|>": "eos token", "<|startoftext|>": "bos token",
+    "<|eot_id|>": "eot token", "<|start_header_id|>": "chat-template header token",
+    "<|end_header_id|>": "chat-template header token",
 }
+Messages = Sequence[tuple[str, str]]  # (role, content), in order
 
 
 def check_prompt(text: object, where: str = "the prompt") -> str:
@@ -65,33 +71,49 @@ def check_prompt(text: object, where: str = "the prompt") -> str:
     return text
 
 
-def special_ids_from_tokenizer_file(file: Path) -> dict[str, int]:
-    """The ids of LLaDA's special tokens that this tokenizer.json knows (an empty dict if there is no file)."""
-    if not file.is_file():
+def special_ids_from_tokenizer_file(file: Path) -> dict[str, Any]:
+    """The special ids of the checkpoint beside this tokenizer file, in models.tokenizer_files' stated order, and
+    "text_tokens" (len(tokenizer), where MMaDA's image codes start) when it has a tokenizer; {} without one."""
+    directory = file.parent
+    if not has_tokenizer(directory):
+        return resolve_special_ids(directory).ids
+    tok = load_tokenizer(directory)
+    return {**resolve_special_ids(directory, tok).ids, "text_tokens": text_tokens(tok)}
+
+
+def export_tokenizer(checkpoint: Path, out: Path) -> dict[str, Any]:
+    """Write the checkpoint's tokenizer.json into the export `out` (converted from the slow BPE files where it ships
+    none); return the manifest's extra entry: the files read, the chat template, the special tokens and where each
+    special id came from. {} for a checkpoint without tokenizer files (an export of ids only)."""
+    if not has_tokenizer(checkpoint):
         return {}
-    tok = _load(file)
-    found: dict[str, int] = {}
-    for name, text in SPECIAL_TOKENS.items():
-        for spelling in (text, *ALTERNATIVE_TOKENS.get(name, ())):
-            token_id = tok.token_to_id(spelling)
-            if token_id is not None:
-                found[name] = token_id
-                break
-    return found
+    tok = load_tokenizer(checkpoint)
+    if (checkpoint / TOKENIZER_JSON).is_file():
+        shutil.copyfile(checkpoint / TOKENIZER_JSON, out / TOKENIZER_JSON)
+        read = [TOKENIZER_JSON]
+    else:
+        (out / TOKENIZER_JSON).write_text(tok.to_str(pretty=False))
+        read = [VOCAB, MERGES]
+    read += [n for n in (ADDED, TOKENIZER_CONFIG, SPECIAL_MAP, "generation_config.json") if (checkpoint / n).is_file()]
+    return {"tokenizer": {"read": read, "converted": TOKENIZER_JSON not in read,
+                          **find_template(checkpoint, tok).manifest_entry(),
+                          "special_tokens": sorted(special_texts(checkpoint)),
+                          "special_ids_from": resolve_special_ids(checkpoint, tok).sources}}
 
 
-def image_codes_beside(file: Path) -> tuple[int, int] | None:
+def image_codes_beside(directory: Path) -> tuple[int, int] | None:
     """MMaDA's image-code range (first id, count) from the config.json (a checkpoint) or manifest.json (an export)
-    beside a tokenizer file; None for every other model, or when neither file says."""
+    in `directory`; None for every other model, or when neither file says."""
     import json
 
     from seer_deploy.models.config import config_from_dict
 
     try:
-        if (file.parent / "config.json").is_file():
-            return config_from_dict(json.loads((file.parent / "config.json").read_text())).image_code_range
-        if (file.parent / "manifest.json").is_file():
-            config = json.loads((file.parent / "manifest.json").read_text())["model"]["config"]
+        if (directory / "config.json").is_file():
+            raw = json.loads((directory / "config.json").read_text())
+            return config_from_dict(raw, special_ids_from_tokenizer_file(directory / TOKENIZER_JSON)).image_code_range
+        if (directory / "manifest.json").is_file():
+            config = json.loads((directory / "manifest.json").read_text())["model"]["config"]
             base, codes = config.get("image_code_base"), config.get("image_codes", 0)
             return (base, codes) if codes and isinstance(base, int) else None
     except (SeerDeployError, OSError, ValueError, KeyError, TypeError):
@@ -99,75 +121,92 @@ def image_codes_beside(file: Path) -> tuple[int, int] | None:
     return None
 
 
-def _load(file: Path) -> HFTokenizer:
-    text = read_text(file, "tokenizer", error=CheckpointError,
-                     fix="the checkpoint needs a tokenizer.json to encode prompts")
-    try:
-        return HFTokenizer.from_str(text)
-    except Exception as exc:  # the tokenizers library raises a bare Exception on malformed files
-        raise CheckpointError(f"{file} is not a readable tokenizer.json ({exc}); re-download it") from exc
-
-
 class Tokenizer:
-    """Text <-> ids. LLaDA-Instruct checkpoints (header tokens present) get LLaDA's chat template, ChatML tokenizers
-    (Dream, Dimple) ChatML's; `image_codes` (base id, codebook size) enables MMaDA's image-code syntax."""
+    """Text <-> ids for a tokenizer.json file or a checkpoint / export directory (its tokenizer as shipped), with
+    its chat template (`template` instead: --chat-template / --no-chat-template); `image_codes` (base id, codebook
+    size) enables MMaDA's image-code syntax."""
 
-    def __init__(self, file: str | os.PathLike[str], eos_id: int, eot_id: int | None = None,
-                 image_codes: tuple[int, int] | None = None) -> None:
-        self._tok = _load(Path(file))
+    def __init__(self, path: str | os.PathLike[str], eos_id: int, eot_id: int | None = None,
+                 image_codes: tuple[int, int] | None = None, template: ChatTemplate | None = None) -> None:
+        path = Path(path)
+        directory = path if path.is_dir() else path.parent
+        self._tok = load_tokenizer(path)
         self.eos_id = eos_id
         self.eot_id = eot_id
-        self.chat = self._tok.token_to_id(_HEADER_START) is not None
-        self.chatml = self._tok.token_to_id(_IM_START) is not None
-        self.image_codes = image_codes if image_codes is not None else image_codes_beside(Path(file))
-        self._specials = [t.content for t in self._tok.get_added_tokens_decoder().values()
-                          if t.special and t.content.startswith("<|") and t.content.endswith("|>")]
+        self.template = template if template is not None else find_template(directory, self._tok)
+        self.image_codes = image_codes if image_codes is not None else image_codes_beside(directory)
+        entry = manifest_tokenizer_entry(directory)
+        named = set(entry.get("special_tokens") or []) if entry is not None else special_texts(directory)
+        added = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
+        # A one-character special token (the demo's '=') is ordinary text too: refusing it would refuse plain prompts.
+        self._specials = sorted(t for t in named | added if len(t) > 1)
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str | os.PathLike[str], eos_id: int, eot_id: int | None = None,
                         image_codes: tuple[int, int] | None = None) -> Tokenizer:
-        return cls(Path(checkpoint_dir) / "tokenizer.json", eos_id, eot_id, image_codes)
+        return cls(Path(checkpoint_dir), eos_id, eot_id, image_codes)
+
+    @property
+    def chat(self) -> bool:
+        """Whether prompts go through a chat template (False: raw text)."""
+        return not self.template.raw
 
     def encode_prompt(self, text: str) -> list[int]:
-        """Prompt ids as the model expects them (chat template for Instruct checkpoints, image codes expanded)."""
+        """Prompt ids as the model expects them: one user turn through the chat template (raw text without one),
+        image codes expanded."""
         check_prompt(text)
-        pieces = IMAGE_CODES.split(text)  # text, codes, text, codes, ..., text
-        for piece in pieces[::2]:
-            self._check_specials(piece)
-        if len(pieces) > 1:
-            return self._with_codes(pieces)
-        if self.chatml:
-            text = (f"{_IM_START}system\n{CHATML_SYSTEM}{_IM_END}\n{_IM_START}user\n{text}{_IM_END}\n"
-                    f"{_IM_START}assistant\n")
-            return list(self._tok.encode(text, add_special_tokens=False).ids)
-        if self.chat:
-            text = (
-                f"{SPECIAL_TOKENS['bos']}{_HEADER_START}user{_HEADER_END}\n\n{text}{SPECIAL_TOKENS['eot']}"
-                f"{_HEADER_START}assistant{_HEADER_END}\n\n"
-            )
-            return list(self._tok.encode(text, add_special_tokens=False).ids)
-        return list(self._tok.encode(text).ids)
+        return self.encode_chat([("user", text)])
 
-    def _check_specials(self, text: str) -> None:
+    def encode_chat(self, messages: Messages) -> list[int]:
+        """A conversation's prompt ids, through the chat template with the assistant's turn opened; a raw-text model
+        takes one user message as is. Every content is checked for typed special tokens first."""
+        if not messages:
+            raise ConfigError("no messages; send at least one user message")
+        images: list[int] = []
+        plain: list[tuple[str, str]] = []
+        for i, (role, content) in enumerate(messages):
+            where = "the prompt" if len(messages) == 1 else f"messages[{i}].content"
+            check_prompt(content, where)
+            pieces = IMAGE_CODES.split(content)  # text, codes, text, codes, ..., text
+            for piece in pieces[::2]:
+                self._check_specials(piece, where)
+            images += self._codes(pieces[1::2])
+            text = content if len(pieces) == 1 else " ".join(p.strip() for p in pieces[::2] if p.strip())
+            if text:
+                plain.append((role, text))
+        if not plain:
+            return images
+        if self.template.raw:
+            if len(plain) != 1 or plain[0][0] != "user":
+                raise ConfigError(f"this model takes raw text ({self.template.source}): send one user message, or "
+                                  "give a chat template with --chat-template FILE")
+            return images + self._ids(plain[0][1], add_special_tokens=True)
+        return images + self._ids(self.template.render(chat_messages(plain)), add_special_tokens=False)
+
+    def encode_request(self, prompt: str, messages: Messages = ()) -> list[int]:
+        """The one way a request becomes ids: its conversation when it has one, else its prompt as a user turn."""
+        return self.encode_chat(messages) if messages else self.encode_prompt(prompt)
+
+    def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def _check_specials(self, text: str, where: str = "the prompt") -> None:
         for token in self._specials:
             if token in text:
-                raise ConfigError(f"the prompt contains {token!r}, a special token of this model's tokenizer: "
+                raise ConfigError(f"{where} contains {token!r}, a special token of this model's tokenizer: "
                                   "special-token text cannot be typed into a prompt; remove it")
 
-    def _with_codes(self, pieces: list[str]) -> list[int]:
-        """A prompt with `<image_codes>` blocks: each block becomes <|mmu|><|soi|> codes <|eoi|>, the text around
-        it goes through the chat template (the codes first, as MMaDA's understanding prompts put the image)."""
+    def _codes(self, blocks: Sequence[str]) -> list[int]:
+        """`<image_codes>` blocks as MMaDA's ids: <|mmu|><|soi|> codes <|eoi|> per block."""
+        if not blocks:
+            return []
         if self.image_codes is None:
             raise ConfigError("this model takes no image codes (<image_codes>...</image_codes> is MMaDA's syntax for "
                               "pre-tokenized VQ images); remove the block")
         base, size = self.image_codes
-        marks = [self._tok.token_to_id(t) for t in MMADA_TOKENS]
-        if any(m is None for m in marks):
-            raise CheckpointError(f"tokenizer.json lacks MMaDA's image tokens {', '.join(MMADA_TOKENS)}; use the "
-                                  "checkpoint's own tokenizer.json")
-        mmu, soi, eoi = (int(m) for m in marks if m is not None)
+        mmu, soi, eoi = self.mmada_marks()
         images: list[int] = []
-        for block in pieces[1::2]:
+        for block in blocks:
             codes = block.split()
             bad = next((c for c in codes if not (c.isdigit() and int(c) < size)), None)
             if not codes or bad is not None:
@@ -175,8 +214,20 @@ class Tokenizer:
                                   f"{size - 1} (the VQ codebook)" if codes else "<image_codes> is empty; give the "
                                   "image's VQ codes")
             images += [mmu, soi, *(base + int(c) for c in codes), eoi]
-        text = " ".join(p.strip() for p in pieces[::2] if p.strip())
-        return images + (self.encode_prompt(text) if text else [])
+        return images
+
+    def mmada_marks(self) -> tuple[int, int, int]:
+        """<|mmu|>, <|soi|>, <|eoi|>: the tokenizer's own tokens, else MMaDA's reserved ids (LLaDA's tokenizer holds
+        <|reserved_token_N|> there); CheckpointError when it has neither."""
+        own = [self._tok.token_to_id(t) for t in MMADA_TOKENS]
+        if all(i is not None for i in own):
+            return own[0], own[1], own[2]  # type: ignore[return-value]
+        reserved = [MMADA_RESERVED[t] for t in MMADA_TOKENS]
+        if all((self._tok.id_to_token(i) or "").startswith("<|reserved_token_") for i in reserved):
+            return reserved[0], reserved[1], reserved[2]
+        raise CheckpointError(f"the tokenizer has neither MMaDA's image tokens {', '.join(MMADA_TOKENS)} nor the "
+                              f"reserved ids {sorted(MMADA_RESERVED.values())} MMaDA uses for them; use the "
+                              "checkpoint's own tokenizer")
 
     def decode_answer(self, ids: list[int]) -> str:
         """The text of a response, up to its first EOS / EoT."""

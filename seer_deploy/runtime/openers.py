@@ -18,6 +18,7 @@ from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_eng
 from seer_deploy.models.anyres import AnyresConfig
 from seer_deploy.models.image import ImageConfig
 from seer_deploy.models.multimodal_files import is_multimodal_checkpoint, resolve_multimodal
+from seer_deploy.models.tokenizer_files import has_tokenizer
 from seer_deploy.runtime.targets import (
     BACKEND_CHOICES,
     TOKENIZER_FILE,
@@ -98,11 +99,10 @@ def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetO
         stats = options.seer.stats_spec(ckpt.config.n_layers) if options.seer is not None else None
         torch_backend = TorchBackend(ckpt.model.to(device), stats)
     cfg = ckpt.config
-    tok = ckpt.path / TOKENIZER_FILE
     info = TargetInfo(
         target=target, kind="checkpoint", backend="torch", path=ckpt.path, config=cfg, mask_id=cfg.mask_id,
         eos_id=cfg.eos_id, pad_id=cfg.pad_id if cfg.pad_id is not None else cfg.eos_id, eot_id=cfg.eot_id,
-        tokenizer_file=tok if tok.is_file() else None, checkpoint=target, images=images,
+        tokenizer_dir=ckpt.path if has_tokenizer(ckpt.path) else None, checkpoint=target, images=images,
     )
     return torch_backend, info
 
@@ -160,14 +160,14 @@ def _export_info(target: str, kind: TargetKind, backend: BackendChoice, path: Pa
         raise ArtifactError(f"{export_dir / EXPORT_FILE}: special_ids has no mask or eos id; re-export the model")
     source = export.model.source
     has_source = checkpoint_exists(source)
-    tokenizer = export_dir / TOKENIZER_FILE
-    if not tokenizer.is_file() and has_source:
-        tokenizer = resolve_multimodal(source) / TOKENIZER_FILE
+    tokenizer: Path | None = export_dir if (export_dir / TOKENIZER_FILE).is_file() else None
+    if tokenizer is None and has_source and has_tokenizer(resolve_multimodal(source)):
+        tokenizer = resolve_multimodal(source)
     pad = ids.get("pad")
     return TargetInfo(
         target=target, kind=kind, backend=backend, path=path, config=cfg, mask_id=mask, eos_id=eos,
         pad_id=pad if pad is not None else eos, eot_id=ids.get("eot"),
-        tokenizer_file=tokenizer if tokenizer.is_file() else None,
+        tokenizer_dir=tokenizer,
         checkpoint=source if has_source else None, export_dir=export_dir,
     )
 

@@ -67,6 +67,14 @@ def parse_device(text: str | None) -> tuple[str, int]:
 
 
 @dataclass(frozen=True)
+class TemplateChoice:
+    """A chat template chosen instead of the target's own: its text (None: raw text) and where it came from."""
+
+    text: str | None
+    source: str
+
+
+@dataclass(frozen=True)
 class ImageSupport:
     """How a multimodal target takes pictures: preprocessing, and how a `<image>` placeholder becomes ids."""
 
@@ -96,24 +104,32 @@ class TargetInfo:
     eos_id: int
     pad_id: int  # what left padding holds (EOS when the model has no pad token)
     eot_id: int | None
-    tokenizer_file: Path | None
+    tokenizer_dir: Path | None  # the directory whose tokenizer files are read (models.tokenizer_files)
     checkpoint: str | None  # the source checkpoint ('demo' or a path) when known
     export_dir: Path | None = None
     buckets: tuple[int, ...] = ()  # engine dirs: the kept-length buckets the engine was built for
     max_batch: int | None = None  # TensorRT engines: the largest batch the profiles cover
     images: ImageSupport | None = None  # multimodal targets
 
-    def tokenizer(self) -> Tokenizer:
-        if self.tokenizer_file is None:
+    def tokenizer(self, template: TemplateChoice | None = None) -> Tokenizer:
+        """The target's tokenizer with its chat template, or the one `template` chooses (--chat-template FILE,
+        --no-chat-template)."""
+        if self.tokenizer_dir is None:
             where = f"{self.path}" + (f" or its checkpoint {self.checkpoint}" if self.checkpoint else "")
             raise ArtifactError(
-                f"no {TOKENIZER_FILE} in {where}; copy the checkpoint's {TOKENIZER_FILE} into {self.path}"
+                f"no tokenizer in {where} (needs {TOKENIZER_FILE}, or vocab.json + merges.txt); copy the "
+                f"checkpoint's tokenizer files into {self.path}"
             )
+        chat = None
+        if template is not None:
+            probe = Tokenizer(self.tokenizer_dir, self.eos_id, self.eot_id)
+            chat = probe.template.replaced(template.text, template.source)
         if self.images is not None:
             from seer_deploy.models.image_placeholders import MultimodalTokenizer
 
-            return MultimodalTokenizer(self.tokenizer_file, self.eos_id, self.eot_id, self.images.image_token_index)
-        return Tokenizer(self.tokenizer_file, self.eos_id, self.eot_id)
+            return MultimodalTokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, self.images.image_token_index,
+                                       template=chat)
+        return Tokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, template=chat)
 
     def seer_for_engine(self, seer: SeerConfig | None) -> SeerConfig | None:
         """Seer as this target runs it: on TensorRT kept lengths round up to the engine's buckets (its profiles)."""

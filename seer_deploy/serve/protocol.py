@@ -3,8 +3,9 @@
 Bodies are parsed strictly: an unknown field is refused (a typo such as `tail_contxt` would otherwise be silently
 ignored), except the OpenAI sampling fields that have no meaning for this model (top_p, penalties, ...), which
 clients send by default and which are accepted and ignored; and types are not coerced, as OpenAI's API refuses them
-(pydantic's strict mode: `max_tokens: true`, `"16"` or `16.0` is not an integer, `stream: 1` not a boolean). A chat request holds one user message (the model's
-prompt template has one user turn); its image_url parts become `<image>` placeholders where they stand, unless its
+(pydantic's strict mode: `max_tokens: true`, `"16"` or `16.0` is not an integer, `stream: 1` not a boolean). A chat
+request's messages (a system message, several turns, ending with a user turn) go through the model's own chat template
+(models.tokenizer.Tokenizer.encode_chat); image_url parts become `<image>` placeholders where they stand, unless the
 text already places them (as `seer-deploy generate --prompt '<image> ...'` does).
 """
 
@@ -106,34 +107,48 @@ class ChatBody(Body):
     logprobs: bool | None = None
 
     def request(self) -> Request:
-        """The one user message as a prompt and its pictures."""
-        if len(self.messages) != 1 or self.messages[0].role != "user":
-            roles = ", ".join(m.role for m in self.messages) or "none"
-            raise ConfigError(f"messages are [{roles}]; this model's prompt template has one user turn: send one "
-                              "message with role 'user'")
+        """The conversation (a system message, several turns) as one request, rendered by the model's chat template
+        when it is encoded; image parts become `<image>` placeholders where they stand in their message."""
+        if not self.messages:
+            raise ConfigError("messages is empty; send at least one message with role 'user'")
         if self.logprobs:
             raise ConfigError("logprobs is not supported (the model's graphs return only the chosen tokens); drop it")
-        content = self.messages[0].content
-        if isinstance(content, str):
-            return Request(check_prompt(content, "messages[0].content"), where="messages[0].content")
-        texts: list[str] = []
+        turns: list[tuple[str, str]] = []
         images = []
-        for i, part in enumerate(content):
-            where = f"messages[0].content[{i}]"
-            if part.type == "text":
-                if part.text is None:
-                    raise ConfigError(f"{where} is a text part without 'text'; add the text")
-                texts.append(part.text)
-            else:
-                if part.image_url is None:
-                    raise ConfigError(f"{where} is an image_url part without 'image_url'; add {{\"url\": ...}}")
-                images.append(decode_data_url(part.image_url.url, where))
-                texts.append(IMAGE_TOKEN)
-        placed = sum(t.count(IMAGE_TOKEN) for t in texts if t != IMAGE_TOKEN)
-        if placed:  # the text places its pictures itself: image parts only supply them, in order
-            texts = [t for t in texts if t != IMAGE_TOKEN]
-        prompt = " ".join(t.strip() for t in texts if t.strip())
-        return Request(check_prompt(prompt, "messages[0].content"), tuple(images), "messages[0].content")
+        for m, message in enumerate(self.messages):
+            where = f"messages[{m}].content"
+            text, pictures = _content(message.content, where)
+            if pictures and message.role != "user":
+                raise ConfigError(f"{where}: images go in user messages, not {message.role!r} ones; move the image")
+            turns.append((message.role, check_prompt(text, where)))
+            images.extend(pictures)
+        if turns[-1][0] != "user":
+            raise ConfigError(f"the last message has role {turns[-1][0]!r}; end the conversation with a user message "
+                              "(the model answers it)")
+        prompt = "\n".join(content for _, content in turns)
+        return Request(prompt, tuple(images), "messages", messages=tuple(turns))
+
+
+def _content(content: str | list[Part], where: str) -> tuple[str, list[Any]]:
+    """A message's text and its pictures; image parts stand as `<image>` unless the text places them itself."""
+    if isinstance(content, str):
+        return content, []
+    texts: list[str] = []
+    images = []
+    for i, part in enumerate(content):
+        if part.type == "text":
+            if part.text is None:
+                raise ConfigError(f"{where}[{i}] is a text part without 'text'; add the text")
+            texts.append(part.text)
+        else:
+            if part.image_url is None:
+                raise ConfigError(f"{where}[{i}] is an image_url part without 'image_url'; add {{\"url\": ...}}")
+            images.append(decode_data_url(part.image_url.url, f"{where}[{i}]"))
+            texts.append(IMAGE_TOKEN)
+    placed = sum(t.count(IMAGE_TOKEN) for t in texts if t != IMAGE_TOKEN)
+    if placed:  # the text places its pictures itself: image parts only supply them, in order
+        texts = [t for t in texts if t != IMAGE_TOKEN]
+    return " ".join(t.strip() for t in texts if t.strip()), images
 
 
 def parse(model: type[Body], raw: bytes) -> Any:
