@@ -22,7 +22,8 @@ from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.engines.ort import OrtBackend
 from seer_deploy.export import exporter as exporter_module
 from seer_deploy.export import validate as validate_module
-from seer_deploy.export.exporter import ExportResult, destination_fingerprint, export_checkpoint
+from seer_deploy.export.destination import destination_fingerprint
+from seer_deploy.export.exporter import ExportResult, export_checkpoint
 from seer_deploy.export.graphs import StepGraph
 from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
 from seer_deploy.export.validate import ExportValidationError, check_interface

@@ -1,21 +1,24 @@
-"""`export_checkpoint`: checkpoint directory -> export directory (step.onnx, weights.bin, manifest.json),
-and `ExportRun`, the path every export takes (the multimodal one too, seer_deploy.export.multimodal).
+"""`export_checkpoint`: checkpoint directory -> export directory (step.onnx, weights.bin, manifest.json), and `ExportRun`,
+the path every export takes (the multimodal one too, seer_deploy.export.multimodal).
 
 An export is checked before any work starts (`prepare_export`: options, the checkpoint's config, the length, the
-statistics, the destination), then run (`ExportRun.start`). Everything is written into a temporary directory next to
-the destination and renamed into place only after the ONNX checker and the check of every traced graph's inputs and
-outputs against its declaration (spec.graphs) passed, so a failed or interrupted export leaves nothing at the
-destination. The ONNX Runtime vs torch comparison comes last: when it fails, the finished export is installed all the
-same, marked unverified in its manifest with the figures, and the run fails (UnverifiedExport, exit 1): an hour of
-work on an 8B model is kept for the user to judge, never passed off as checked. The installed directory carries this tool's ownership marker
-(core.atomic.claim): a destination that holds another model's export is refused unless forced; one that holds
-anything seer-deploy did not write there is always refused (replacing it would delete the user's files).
+statistics, the destination, and the disk and memory it needs: export.resources), then run (`ExportRun.start`). A text
+export streams: the torch reference runs one layer at a time (export.streamed_reference), the graphs are traced on a
+fake model and the weights file is written tensor by tensor from the checkpoint's shards (export.streamed_weights), so
+the process never holds two copies of the weights (the multimodal export still loads its model: export.multimodal).
+Everything is written into a temporary directory next to the destination and renamed into place only after the ONNX
+checker and the check of every traced graph's inputs and outputs against its declaration (spec.graphs) passed, so a
+failed or interrupted export leaves nothing at the destination. The ONNX Runtime vs torch comparison comes last: when
+it fails, the finished export is installed all the same, marked unverified in its manifest with the figures, and the
+run fails (UnverifiedExport, exit 1): an hour of work on an 8B model is kept for the user to judge, never passed off as
+checked. The installed directory carries this tool's ownership marker (core.atomic.claim): a destination that holds
+another model's export is refused unless forced; one that holds anything seer-deploy did not write there is always
+refused (replacing it would delete the user's files).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,17 +31,15 @@ from torch import Tensor, nn
 
 import seer_deploy
 from seer_deploy.core.atomic import (
-    OWNER_FILE,
-    OWNER_FORMAT,
     check_replaceable,
     claim,
     install_dir,
-    remove_stale_temporaries,
     staging_dir,
 )
-from seer_deploy.core.errors import ConfigError, SeerDeployError, UnverifiedExport
-from seer_deploy.core.files import file_sha256, read_json
+from seer_deploy.core.errors import ConfigError, UnverifiedExport
+from seer_deploy.core.files import file_sha256
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
+from seer_deploy.export.destination import ARTIFACT_KIND, destination_fingerprint
 from seer_deploy.export.graphs import WindowStepGraph, step_module
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.resources import check_resources, footprint
@@ -103,7 +104,6 @@ STAGES: tuple[str, ...] = (
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}  # export.options.EXPORT_DTYPES as torch types
 MAX_TRACE_BATCH = 4096  # the batch and image dims are dynamic; these only bound torch.export's symbolic ranges
 MAX_IMAGE_TOKENS = 1 << 20
-ARTIFACT_KIND = "export"  # the ownership marker's kind (core.atomic.claim)
 
 
 class Progress(Protocol):
@@ -116,7 +116,6 @@ class Progress(Protocol):
 def quiet(stage: str, /, *, done: int = 0, total: int = 0, item: str = "") -> None:
     """A Progress that hears nothing."""
 
-NESTED_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.\w+-\d+-[0-9a-f]{8}(?:\.old)?$")  # core.atomic.temp_dir_beside's
 
 
 @dataclass(frozen=True)
@@ -188,16 +187,17 @@ def trace_graphs(
               Axis.IMAGE_TOKENS: MAX_IMAGE_TOKENS, Axis.WINDOW: max_seq_len, Axis.CANDIDATES: max_seq_len}
     records: dict[str, GraphRecord] = {}
     total = plan.weights.nbytes() if plan.weights is not None else 0
-    store = SharedWeightFile(tmp, on_write=lambda done, item: progress("writing weights", done=done, total=total,
-                                                                       item=item))
+    store = SharedWeightFile(tmp)
     with store:
-        for graph, module in plan.modules:
+        for index, (graph, module) in enumerate(plan.modules):
             progress(f"tracing {graph.name}")
             args = tuple(plan.examples[name] for name in graph.input_names)
             onnx_model = trace_graph(module, args, graph, options.opset, bounds, plan.weights)
-            if not store.size:
+            if index == 0:  # the first graph writes the weights; the others share them
                 progress("writing weights", total=total)
+                store.on_write = lambda done, item: progress("writing weights", done=done, total=total, item=item)
             store.externalize(onnx_model, options.inline_limit_bytes)
+            store.on_write = None
             path = tmp / graph.file
             ir.save(onnx_model, path)
             records[graph.name] = GraphRecord(
@@ -211,35 +211,6 @@ def trace_graphs(
 def checkpoint_config(path: Path) -> ModelConfig:
     """The model configuration of a checkpoint directory, as load_checkpoint reads it, without its weights."""
     return config_from_dict(read_config(path), special_ids_from_tokenizer_file(path / "tokenizer.json"))
-
-
-def destination_fingerprint(dest: Path, checkpoint: Path, force: bool) -> str | None:
-    """Refuse a destination this export may not replace (check_replaceable); the checkpoint's fingerprint, when the
-    check needed it (an export is there and no --force), so that a checkpoint is hashed up front only then."""
-    remove_nested_debris(dest)
-    check_replaceable(dest, ARTIFACT_KIND, None, force)
-    if force or not dest.is_dir() or not any(dest.iterdir()):
-        return None
-    fingerprint = checkpoint_fingerprint(checkpoint)
-    check_replaceable(dest, ARTIFACT_KIND, fingerprint, force)
-    return fingerprint
-
-
-def remove_nested_debris(dest: Path) -> None:
-    """In our own export only: remove what a killed `export --build` left inside it (the engine's temporary
-    directory beside DIR/engine), which would otherwise count as a file seer-deploy did not write there."""
-    if dest.is_symlink() or not (dest / OWNER_FILE).is_file():
-        return
-    try:
-        marker = read_json(dest / OWNER_FILE, "ownership marker")
-    except SeerDeployError:
-        return  # check_replaceable names the problem
-    if marker.get("format") != OWNER_FORMAT or marker.get("kind") != ARTIFACT_KIND:
-        return
-    for entry in list(dest.iterdir()):
-        match = NESTED_TEMPORARY.match(entry.name)
-        if match is not None:
-            remove_stale_temporaries(dest / match["name"])  # temporaries of live writers stay
 
 
 @dataclass(frozen=True)
