@@ -364,10 +364,12 @@ def _load_text(run: ExportRun, report: Progress) -> Loaded:
     if run.options.verify:
         report("torch reference")
         probes = make_probes(cfg, run.max_seq_len)
-        refs = streamed_references(cfg, sources, stats, probes)
-        if torch_dtype != torch.float32:  # the model in the export's dtype: how far the dtype alone moves each output
-            cast = streamed_references(cfg, sources, stats, probes, torch_dtype)
-            refs = [replace(ref, cast=c) for ref, c in zip(refs, cast, strict=True)]
+        # float32 is the truth; the model in the export's dtype shows how far that dtype alone moves each output
+        dtypes = list(dict.fromkeys((torch.float32, torch_dtype)))
+        computed = streamed_references(cfg, sources, stats, probes, dtypes)
+        refs = computed[torch.float32]
+        if torch_dtype != torch.float32:
+            refs = [replace(ref, cast=c) for ref, c in zip(refs, computed[torch_dtype], strict=True)]
 
     def validate(staged: Path) -> dict[str, float]:
         backend = OrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))

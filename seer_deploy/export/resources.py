@@ -2,8 +2,8 @@
 disk its files take and the memory its largest stage holds (`--no-resource-check` proceeds anyway).
 
 The memory figure follows the streamed export's stages (export.exporter), each holding at most:
-  * torch reference (with verification): the embedding and LM head in float32 for the whole computation, one layer
-    in float32 while it runs, and the tensor being read;
+  * torch reference (with verification): the embedding and LM head in float32 (and in the export's dtype) for the
+    whole computation, one layer in the same dtypes while it runs, and the tensor being read;
   * writing the weights file: one tensor as stored, converted and transposed;
   * ONNX Runtime validation (with verification): the weights file (memory-mapped, read in place), the largest weight in
     float32 (a float16 export on the CPU casts each weight as its MatMul runs), activations;
@@ -48,13 +48,14 @@ def footprint(sources: Mapping[str, WeightSource], dtype: torch.dtype, verify: b
     writing = stored + 2 * largest * size
     stages = [writing]
     if verify:
-        top = sum(n for name, n in numel.items() if name.startswith(TOP_LEVEL)) * 4
+        per_param = 4 + (size if size != 4 else 0)  # float32, and the export's dtype beside it
+        top = sum(n for name, n in numel.items() if name.startswith(TOP_LEVEL)) * per_param
         layers: dict[str, int] = {}
         for name, n in numel.items():
             if name.startswith("layers."):
                 layer = name.split(".", 2)[1]
                 layers[layer] = layers.get(layer, 0) + n
-        stages.append(top + max(layers.values(), default=0) * 4 + stored + ACTIVATION_BYTES)
+        stages.append(top + max(layers.values(), default=0) * per_param + stored + ACTIVATION_BYTES)
         stages.append(weights + largest * 4 + ACTIVATION_BYTES)
     return Footprint(disk=int(weights * DISK_MARGIN), memory=BASELINE_BYTES + max(stages), weights=weights)
 

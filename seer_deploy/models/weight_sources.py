@@ -8,7 +8,7 @@ process's resident memory until it is closed, and a shard is gigabytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +47,10 @@ class WeightSource:
     def read(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The tensor, converted to `dtype`; CheckpointError if a value is not finite (in the file or after the
         conversion: bf16 holds values float16 cannot)."""
+        return self.read_as([dtype or self.dtype])[0]
+
+    def read_as(self, dtypes: Sequence[torch.dtype]) -> list[torch.Tensor]:
+        """The tensor in each of `dtypes`, from one read of the file."""
         buffer = bytearray(self.nbytes)
         try:
             with open(self.file, "rb", buffering=0) as fh:
@@ -60,17 +64,18 @@ class WeightSource:
         except OSError as exc:
             raise CheckpointError(f"{self.file} cannot be read ({exc.strerror}); check the file") from exc
         if not buffer:
-            return torch.empty(self.shape, dtype=dtype or self.dtype)
+            return [torch.empty(self.shape, dtype=dtype) for dtype in dtypes]
         stored = torch.frombuffer(buffer, dtype=self.dtype).reshape(self.shape)
-        converted = dtype is not None and dtype != self.dtype
-        out = torch.empty(self.shape, dtype=dtype) if converted else stored
-        src, dst = stored.view(-1), out.view(-1)
+        outs = [stored if dtype == self.dtype else torch.empty(self.shape, dtype=dtype) for dtype in dtypes]
+        src = stored.view(-1)
         for start in range(0, src.numel(), CHUNK):  # in pieces: no temporary as large as the tensor
-            if converted:
-                dst[start:start + CHUNK].copy_(src[start:start + CHUNK])
-            if not bool(torch.isfinite(dst[start:start + CHUNK]).all()):
-                finite_weight(out, self.name, self.file.parent)  # raises, naming the weight and the dtype
-        return out
+            for out in outs:
+                piece = out.view(-1)[start:start + CHUNK]
+                if out is not stored:
+                    piece.copy_(src[start:start + CHUNK])
+                if not bool(torch.isfinite(piece).all()):
+                    finite_weight(out, self.name, self.file.parent)  # raises, naming the weight and the dtype
+        return outs
 
 
 def weight_sources(weights: CheckpointWeights) -> dict[str, WeightSource]:
@@ -106,21 +111,29 @@ def _header_length(file: Path) -> int:
 
 
 @contextmanager
-def materialized(model: MaskPredictor, sources: dict[str, WeightSource], dtype: torch.dtype,
+def materialized(models: Mapping[torch.dtype, MaskPredictor], sources: Mapping[str, WeightSource],
                  prefix: str = "") -> Iterator[None]:
-    """The parameters under `prefix` (of a model built on the meta device) read from their sources for the block,
-    then put back on the meta device: the memory of one part of the model, held only while it runs."""
+    """The parameters under `prefix` of models built on the meta device (one per dtype) read from their sources for
+    the block, each tensor read once for every model, then put back on the meta device: the memory of one part of
+    the model, held only while it runs."""
     names = [name for name in sources if name.startswith(prefix)]
+    dtypes = list(models)
     for name in names:
-        _assign(model, name, nn.Parameter(sources[name].read(dtype), requires_grad=False))
-    if model.cfg.tie_embeddings and "embed.weight" in names:
-        model.lm_head.weight = model.embed.weight
+        for dtype, tensor in zip(dtypes, sources[name].read_as(dtypes), strict=True):
+            _assign(models[dtype], name, nn.Parameter(tensor, requires_grad=False))
+    _tie(models, names)
     try:
         yield
     finally:
         for name in names:
-            shape = sources[name].shape
-            _assign(model, name, nn.Parameter(torch.empty(shape, dtype=dtype, device="meta"), requires_grad=False))
+            for dtype, model in models.items():
+                meta = torch.empty(sources[name].shape, dtype=dtype, device="meta")
+                _assign(model, name, nn.Parameter(meta, requires_grad=False))
+        _tie(models, names)
+
+
+def _tie(models: Mapping[torch.dtype, MaskPredictor], names: list[str]) -> None:
+    for model in models.values():
         if model.cfg.tie_embeddings and "embed.weight" in names:
             model.lm_head.weight = model.embed.weight
 
