@@ -33,6 +33,7 @@ RESULTS_GPU = ROOT / "benchmarks" / "results-gpu"  # scripts/gpu_check.py: gpu_c
 RESULTS_SERVE = ROOT / "benchmarks" / "results-serve"  # benchmarks/load_generator.py: notes.md
 RESULTS_TRT = ROOT / "benchmarks" / "results-trt"  # benchmarks/trt_build_cost.py's table and its reading: notes.md
 RESULTS_LLAMA = ROOT / "benchmarks" / "results-llama"  # benchmarks/llama_cpp/compare.py's run: notes.md
+RESULTS_SCALE = ROOT / "benchmarks" / "results-scale"  # benchmarks/scale_export.py's runs: notes.md and the JSON
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
      "python benchmarks/bench_loopcore.py"),
@@ -78,6 +79,7 @@ def main() -> None:
         path = RESULTS_GPU / name
         parts += [path.read_text().strip() if path.is_file() else f"(no GPU run recorded: benchmarks/results-gpu/{name} "
                   "is missing)", ""]
+    parts += _section("Export at scale: LLaDA-8B's shape on this machine", RESULTS_SCALE / "notes.md")
     parts += _section("TensorRT-RTX builds", RESULTS_TRT / "notes.md")
     serve = RESULTS_SERVE / "notes.md"
     parts += ["# Serving: seer-deploy serve under load", "",
