@@ -130,6 +130,12 @@ def canonical_command(target: str, settings: EvalSettings, gen_length: int, step
     parts += ["--limit", str(settings.limit)] if settings.limit is not None else []
     parts += ["--num-fewshot", str(settings.num_fewshot)] if settings.num_fewshot is not None else []
     parts += ["--batch-size", str(settings.service.batch_size)]
+    m = settings.mode_settings
+    if any(mode.threshold for mode in settings.modes):
+        parts += ["--threshold", f"{m.threshold:g}", "--fast-block-length", str(m.fast_block_length)]
+    parts += ["--tail-context", str(m.tail_context)] if any(mode.tail for mode in settings.modes) else []
+    parts += ["--first-canvas", str(m.first_canvas)] if any(mode.progressive for mode in settings.modes) else []
+    parts += ["--threads", str(settings.service.threads)] if settings.service.threads is not None else []
     for path in settings.include_paths:
         parts += ["--include-path", str(path)]
     return " ".join(shlex.quote(p) for p in parts)
