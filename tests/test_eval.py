@@ -9,6 +9,7 @@ same 10 prompts in batches of 8, through the same service, and lm-evaluation-har
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,14 @@ def test_loglikelihood_tasks_are_refused_in_one_line(tmp_path: Path, capsys: pyt
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
     assert "demo_choice" in err[0] and "log-probabilities" in err[0] and "generate_until" in err[0]
+
+
+def test_without_the_harness_the_fix_is_named(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if the [eval] extra were not installed
+    rc = _cli(["eval", "demo", "--tasks", "demo"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "pip install 'seer-deploy[eval]'" in err[0], err
 
 
 @pytest.mark.parametrize(("argv", "needle"), [

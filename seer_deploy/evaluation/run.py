@@ -79,10 +79,11 @@ def open_service(settings: EvalSettings, say: Say) -> Service:
 
 def run_eval(settings: EvalSettings, say: Say = lambda _: None) -> list[Cell]:
     """Every (task, mode) cell, tasks in the order given, modes in order (the baseline first)."""
-    from seer_deploy.evaluation.tasks import generation_tasks, go_offline, task_manager
+    from seer_deploy.evaluation.tasks import generation_tasks, go_offline, require_harness, task_manager
 
     settings.validate()
     go_offline()
+    require_harness()
     manager = task_manager(settings.include_paths)
     tasks = generation_tasks(manager, settings.tasks)
     service = open_service(settings, say)

@@ -25,6 +25,15 @@ def go_offline() -> None:
         os.environ.setdefault(name, "1")
 
 
+def require_harness() -> None:
+    """ConfigError when lm-evaluation-harness is not installed: it is an extra, not a dependency."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError("seer-deploy eval needs lm-evaluation-harness, an optional extra: "
+                          "pip install 'seer-deploy[eval]' (from a clone: pip install -e '.[eval]')") from exc
+
+
 def task_manager(include_paths: Sequence[Path] = ()) -> Any:
     """lm-eval's TaskManager over its own tasks, the bundled ones and the user's directories."""
     from lm_eval.tasks import TaskManager
