@@ -168,7 +168,8 @@ def test_readme_gsm8k_recipe_reads_local_files_offline(tmp_path: Path) -> None:
     included = Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
     (tasks / "gsm8k_local.yaml").write_text(
         f"include: {included}\ntask: gsm8k_local\ndataset_path: json\ndataset_name: null\n"
-        f"dataset_kwargs: {{data_files: {{train: {data / 'train.jsonl'}, test: {data / 'test.jsonl'}}}}}\n")
+        f"dataset_kwargs: {{data_files: {{train: {data / 'train.jsonl'}, test: {data / 'test.jsonl'}}}, "
+        f"cache_dir: {tmp_path / 'cache'}}}\n")  # the test's own datasets cache, not the user's
     report = tmp_path / "gsm8k.json"
     rc = _cli(["eval", "demo", "--tasks", "gsm8k_local", "--include-path", str(tasks), "--modes", "full,seer",
                "--num-fewshot", "1", "--limit", "2", "--gen-length", "32", "--json", str(report)])

@@ -12,7 +12,7 @@ from seer_deploy.evaluation.modes import BASELINE, MODES
 from seer_deploy.evaluation.paired import PairedDifference, paired_difference
 from seer_deploy.evaluation.run import Cell
 
-HEADERS = ("task", "mode", "metric", "score", "vs full [CI]", "identical", "tokens processed", "passes", "seconds",
+HEADERS = ("task", "mode", "metric", "docs", "score", "vs full [CI]", "identical", "tokens processed", "passes", "seconds",
            "kept / gen")
 MEANING = (
     "score: the task's metric (lm-evaluation-harness's own scoring) on the same documents in every mode; "
@@ -54,7 +54,7 @@ def _cells(row: Row) -> list[str]:
     c, d = row.cell, row.difference
     vs = "-" if d is None else f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
     kept = "-" if c.mean_kept is None else f"{c.mean_kept:.1f} / {c.gen_length}"
-    return [c.task, c.mode, c.metric, f"{c.value:.4f}", vs, f"{row.identical:.0%}", str(c.tokens_processed),
+    return [c.task, c.mode, c.metric, str(len(c.scores)), f"{c.value:.4f}", vs, f"{row.identical:.0%}", str(c.tokens_processed),
             str(c.passes), f"{c.seconds:.2f}", kept]
 
 
