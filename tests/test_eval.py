@@ -178,3 +178,10 @@ def test_readme_gsm8k_recipe_reads_local_files_offline(tmp_path: Path) -> None:
     assert [(r["task"], r["mode"], r["documents"]) for r in rows] == [("gsm8k_local", "full", 2),
                                                                       ("gsm8k_local", "seer", 2)]
     assert rows[0]["metric"] == "exact_match,strict-match"
+
+
+def test_help_lists_every_mode_with_its_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _cli(["eval", "--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for mode in MODES.values():
+        assert any(line.split()[:1] == [mode.name] and mode.flags in line for line in lines), mode.name

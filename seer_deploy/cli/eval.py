@@ -5,6 +5,7 @@ JSON and a markdown table beside it (FILE with .md).
 
 from __future__ import annotations
 
+import inspect
 import json
 import shlex
 from pathlib import Path
@@ -33,7 +34,7 @@ def split_names(text: str, option: str) -> tuple[str, ...]:
               "'demo_vl', the harness's own (their data local: see --include-path), or task YAML files.")
 @click.option("--modes", default="full,seer,seer-fast", show_default=True,
               help="Modes to compare, comma-separated, or 'all' (full always runs: the baseline): full, seer, "
-                   "seer-fast, fast, threshold, seer-tail, seer-progressive (their flags below).")
+                   "seer-fast, fast, threshold, seer-tail, seer-progressive (their flags above).")
 @click.option("--limit", type=int, default=None, help="The first N documents of each task (a quick look).")
 @click.option("--num-fewshot", type=int, default=None, help="Few-shot examples [default: each task's own].")
 @click.option("--include-path", "include_paths", multiple=True, type=click.Path(path_type=Path),
@@ -69,16 +70,6 @@ def command(target: str, tasks: str, modes: str, limit: int | None, num_fewshot:
     """Score TARGET on lm-evaluation-harness generation tasks once per mode on the same documents: per task and
     mode the task's metric, its paired difference from full length, the answers identical to full length's, and
     the cost (tokens processed, passes, seconds, Seer's kept length).
-
-    \b
-    Modes (each the `generate` flags it stands for):
-      full              --no-seer (the baseline)
-      seer              --seer
-      seer-fast         --seer --decode threshold --kv-cache
-      fast              --no-seer --decode threshold --kv-cache
-      threshold         --no-seer --decode threshold
-      seer-tail         --seer --tail-context N
-      seer-progressive  --seer --first-canvas N
 
     Log-likelihood (multiple-choice) tasks are refused: the graphs return token ids and confidences, not
     log-probabilities. Nothing is downloaded: tasks read local data."""
@@ -118,6 +109,19 @@ def command(target: str, tasks: str, modes: str, limit: int | None, num_fewshot:
         write_atomic(json_file, lambda path: path.write_text(json.dumps(record, indent=1) + "\n"))
         write_atomic(markdown, lambda path: path.write_text(render_markdown(rows, invoked, confidence)))
         click.echo(f"wrote {json_file} and {markdown}", err=True)
+
+
+def modes_legend() -> str:
+    """The help's list of modes and their flags, from the one place they are named."""
+    from seer_deploy.evaluation.modes import BASELINE, MODES
+
+    width = max(len(name) for name in MODES) + 2
+    lines = [f"  {m.name.ljust(width)}{m.flags}" + (" (the baseline)" if m.name == BASELINE else "")
+             for m in MODES.values()]
+    return "\n\n\b\nModes (each the `generate` flags it stands for):\n" + "\n".join(lines)
+
+
+command.help = inspect.cleandoc(command.help or "") + modes_legend()
 
 
 def canonical_command(target: str, settings: EvalSettings, gen_length: int, steps: int | None,
