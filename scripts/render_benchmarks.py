@@ -9,6 +9,9 @@
     python benchmarks/bench_hybrid.py --threads 2 > benchmarks/results/hybrid.md
     python benchmarks/compare_runs.py BEFORE/bench.json AFTER/bench.json > benchmarks/results/redesign_check.md
     PYTHONPATH=. python scripts/gpu_check.py --out benchmarks/results-gpu/gpu_check.json   # on a GPU machine
+    seer-deploy eval demo --tasks demo --modes all --threads 1 --json benchmarks/results-eval/demo.json
+    seer-deploy eval demo-vl --tasks demo_vl --modes full,seer,seer-tail --gen-length 32 --threads 1 \
+        --json benchmarks/results-eval/demo-vl.json                               # accuracy in every mode
     python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
 
 The first part is the run with the fast rows (parallel decoding, the KV cache: benchmarks/results-fast, with its
@@ -34,6 +37,7 @@ RESULTS_SERVE = ROOT / "benchmarks" / "results-serve"  # benchmarks/load_generat
 RESULTS_TRT = ROOT / "benchmarks" / "results-trt"  # benchmarks/trt_build_cost.py's table and its reading: notes.md
 RESULTS_LLAMA = ROOT / "benchmarks" / "results-llama"  # benchmarks/llama_cpp/compare.py's run: notes.md
 RESULTS_SCALE = ROOT / "benchmarks" / "results-scale"  # benchmarks/scale_export.py's runs: notes.md and the JSON
+RESULTS_EVAL = ROOT / "benchmarks" / "results-eval"  # seer-deploy eval --json: demo.md, demo-vl.md; notes.md
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
      "python benchmarks/bench_loopcore.py"),
@@ -74,6 +78,11 @@ def main() -> None:
     vl = RESULTS_VL / "bench.json"
     parts += [render_markdown(json.loads(vl.read_text()), "benchmarks/results-vl/bench.png") if vl.is_file()
               else "# seer-deploy bench: demo-vl\n\n(not measured: benchmarks/results-vl/bench.json is missing)", ""]
+    parts += ["# Accuracy in every mode: seer-deploy eval (lm-evaluation-harness)", ""]
+    for name in ("notes.md", "demo.md", "demo-vl.md"):  # the notes, then each table under its own command
+        path = RESULTS_EVAL / name
+        parts += [path.read_text().strip() if path.is_file() else f"(not measured: benchmarks/results-eval/{name} "
+                  "is missing)", ""]
     parts += ["# GPU: scripts/gpu_check.py", ""]
     for name in ("notes.md", "gpu_check.md"):
         path = RESULTS_GPU / name

@@ -55,6 +55,13 @@ def _register() -> None:
 
     for module in (generate, demo, doctor, calibrate, inspection, build, export, bench, serve):
         cli.add_command(module.command)
+    cli.add_command(_eval_command())
+
+
+def _eval_command() -> click.Command:
+    from seer_deploy.cli.eval import command  # issue 33's verb, registered on its own line to merge cleanly
+
+    return command
 
 
 def one_line(text: str) -> str:
