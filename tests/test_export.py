@@ -32,7 +32,7 @@ from seer_deploy.models.demo_tasks import write_tokenizer
 from seer_deploy.spec.export_manifest import ExportManifest, TensorSpec
 from seer_deploy.spec.graphs import STEP, Size, export_graphs
 
-EXPORT_FILES = {"manifest.json", "step.onnx", "weights.bin"}
+EXPORT_FILES = {"manifest.json", "step.onnx", "weights.bin", "tokenizer.json"}  # the tokenizer as read (issue 36)
 
 
 def write_checkpoint(root: Path, layout: Layout, seed: int = 0) -> Path:

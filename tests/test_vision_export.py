@@ -39,7 +39,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_export_writes_two_graphs_and_a_manifest(exported) -> None:
     ckpt, out = exported
-    files = {"vision.onnx", "step.onnx", "weights.bin", "manifest.json"}
+    files = {"vision.onnx", "step.onnx", "weights.bin", "manifest.json", "tokenizer.json"}
     assert {p.name for p in out.iterdir()} == files | {".seer-deploy.json"}
     assert json.loads((out / ".seer-deploy.json").read_text())["files"] == sorted(files)
     manifest = json.loads((out / "manifest.json").read_text())
