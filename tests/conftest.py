@@ -67,3 +67,17 @@ def demo_available() -> bool:
 
 
 requires_demo = pytest.mark.skipif(not demo_available(), reason="the demo checkpoint has not been trained yet")
+
+
+@pytest.fixture
+def cli_exit(capsys: pytest.CaptureFixture[str]) -> Callable[[list[str]], tuple[int, str, str]]:
+    """Run the CLI in this process: cli_exit(argv) -> (exit code, stdout, stderr)."""
+    from seer_deploy.cli import main
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        out, err = capsys.readouterr()
+        return int(exc.value.code or 0), out, err
+
+    return run

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,6 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from seer_deploy.cli import main
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError, UnverifiedExport
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
@@ -444,17 +442,6 @@ def test_seer_config_keys(tmp_path: Path) -> None:
     file.write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         load_seer_stats(file)
-
-
-@pytest.fixture
-def cli_exit(capsys: pytest.CaptureFixture[str]) -> Iterator[Any]:
-    def run(argv: list[str]) -> tuple[int, str, str]:
-        with pytest.raises(SystemExit) as exc:
-            main(argv)
-        out, err = capsys.readouterr()
-        return int(exc.value.code or 0), out, err
-
-    yield run
 
 
 def test_cli_export_with_a_seer_config(root: Path, tmp_path: Path, cli_exit: Any) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from public_facts import LLADA_CONFIG
 from safetensors import safe_open
 from test_cli import run
 
@@ -285,22 +286,7 @@ def test_prefix_dlm_graphs_on_onnx_runtime_equal_torch(prefix: tuple[MaskPredict
 # ---------------------------------------------------------------- LLaDA 1.5
 
 # LLaDA-8B-Instruct's config.json (GSAI-ML), which LLaDA 1.5 (a fine-tune: GSAI-ML/LLaDA-1.5) ships unchanged.
-LLADA_8B_CONFIG: dict[str, Any] = {
-    "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
-    "attention_dropout": 0.0, "attention_layer_norm": False, "attention_layer_norm_with_affine": True,
-    "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModel": "modeling_llada.LLaDAModelLM",
-                 "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"},
-    "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "d_model": 4096,
-    "embedding_dropout": 0.0, "embedding_size": 126464, "eos_token_id": 126081, "flash_attention": False,
-    "include_bias": False, "include_qkv_bias": False, "init_cutoff_factor": None, "init_device": "meta",
-    "init_fn": "mitchell", "init_std": 0.02, "input_emb_norm": False, "layer_norm_type": "rms",
-    "layer_norm_with_affine": True, "mask_token_id": 126336, "max_sequence_length": 4096, "mlp_hidden_size": 12288,
-    "mlp_ratio": 4, "model_type": "llada", "multi_query_attention": None, "n_heads": 32, "n_kv_heads": 32,
-    "n_layers": 32, "pad_token_id": 126081, "precision": "amp_bf16", "residual_dropout": 0.0, "rms_norm_eps": 1e-05,
-    "rope": True, "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
-    "torch_dtype": "bfloat16", "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 126464,
-    "weight_tying": False,
-}
+LLADA_8B_CONFIG: dict[str, Any] = {**LLADA_CONFIG, "torch_dtype": "bfloat16"}  # tests/public_facts.py
 
 
 def test_llada_1_5_config_loads_as_llada_8b(tmp_path: Path) -> None:

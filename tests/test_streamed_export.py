@@ -21,7 +21,6 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from seer_deploy.cli import main
 from seer_deploy.export import resources
 from seer_deploy.export.exporter import (
     STAGES,
@@ -157,19 +156,8 @@ def test_export_memory_stays_near_the_weights(tmp_path: Path) -> None:
     assert measured["peak"] < estimate.memory + measured["before"], (measured, estimate)  # the up-front check's bound
 
 
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str]) -> Any:
-    def run(argv: list[str]) -> tuple[int, str, str]:
-        with pytest.raises(SystemExit) as exc:
-            main(argv)
-        out, err = capsys.readouterr()
-        return int(exc.value.code or 0), out, err
-
-    return run
-
-
 @pytest.mark.parametrize("short", ["disk", "memory"])
-def test_an_export_that_cannot_fit_is_refused_before_any_work(checkpoint: Path, tmp_path: Path, cli: Any,
+def test_an_export_that_cannot_fit_is_refused_before_any_work(checkpoint: Path, tmp_path: Path, cli_exit: Any,
                                                               monkeypatch: pytest.MonkeyPatch, short: str) -> None:
     need = footprint(weight_sources(checkpoint_weights(checkpoint)), torch.float32, verify=True)
     if short == "disk":
@@ -177,16 +165,16 @@ def test_an_export_that_cannot_fit_is_refused_before_any_work(checkpoint: Path, 
     else:
         monkeypatch.setattr(resources, "available_memory", lambda: need.memory // 2)
     out = tmp_path / "export"
-    code, stdout, err = cli(["export", str(checkpoint), "--out", str(out)])
+    code, stdout, err = cli_exit(["export", str(checkpoint), "--out", str(out)])
     assert code == 2 and stdout == "" and err.count("\n") == 1, err
     assert f"{need.disk / 2**30:.1f} GiB" in err if short == "disk" else f"{need.memory / 2**30:.1f} GiB" in err
     assert "--no-resource-check" in err and not out.exists() and list(tmp_path.iterdir()) == []
-    code, stdout, err = cli(["export", str(checkpoint), "--out", str(out), "--no-resource-check", "--no-verify"])
+    code, stdout, err = cli_exit(["export", str(checkpoint), "--out", str(out), "--no-resource-check", "--no-verify"])
     assert code == 0, err  # the flag proceeds (the machine has the room the patched figures deny)
 
 
-def test_json_progress_names_every_stage_and_counts_the_bytes(checkpoint: Path, tmp_path: Path, cli: Any) -> None:
-    code, stdout, err = cli(["export", str(checkpoint), "--out", str(tmp_path / "export"), "--kv-cache", "--json"])
+def test_json_progress_names_every_stage_and_counts_the_bytes(checkpoint: Path, tmp_path: Path, cli_exit: Any) -> None:
+    code, stdout, err = cli_exit(["export", str(checkpoint), "--out", str(tmp_path / "export"), "--kv-cache", "--json"])
     assert code == 0, err
     events = [json.loads(line) for line in err.splitlines()]
     stages = [event["stage"] for k, event in enumerate(events) if k == 0 or events[k - 1]["stage"] != event["stage"]]
