@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from seer_deploy.cli.verbs import summary
 from seer_deploy.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-@click.command("bench")
+@click.command("bench", short_help=summary("bench"))
 @click.argument("target", default="demo")
 @click.option("--gen-lengths", default=None,
               help="Response lengths to measure.  [default: 64,128,256; 16,32,64 for a multimodal TARGET]")

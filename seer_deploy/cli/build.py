@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from seer_deploy.cli.verbs import summary
 from seer_deploy.core.checks import int_in, number_in
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.files import read_json
@@ -26,7 +27,7 @@ def read_kept_lengths(path: Path) -> dict[int, float] | list[int]:
     raise ConfigError(f"--kept-lengths {path}: lengths must be positive integers and counts numbers >= 0; {fix}")
 
 
-@click.command("build")
+@click.command("build", short_help=summary("build"))
 @click.argument("export_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="The engine directory to write.")
 @click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from seer_deploy.cli.options import generation_config
+from seer_deploy.cli.verbs import summary
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.seer.config import parse_tail_context
 
@@ -26,7 +27,7 @@ def parse_buckets(text: str | None) -> tuple[int, ...]:
     return values
 
 
-@click.command("calibrate")
+@click.command("calibrate", short_help=summary("calibrate"))
 @click.argument("target")
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Calibration prompts: JSON lines with a 'prompt' field, or one prompt per line. For a multimodal "

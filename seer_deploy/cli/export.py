@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from seer_deploy.cli.verbs import summary
+
 GiB = 2**30
 
 
@@ -55,7 +57,7 @@ class StageProgress:
             click.echo(f"  {self.stage}: {time.perf_counter() - self.stage_started:.1f}s", err=True)
 
 
-@click.command("export")
+@click.command("export", short_help=summary("export"))
 @click.argument("checkpoint")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Export directory to create.")
 @click.option(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from seer_deploy.cli.options import decoding_options, generation_config, generation_options, template_options
+from seer_deploy.cli.verbs import summary
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.runtime.targets import BACKEND_CHOICES, BackendChoice
 from seer_deploy.seer.config import parse_tail_context
@@ -36,7 +37,7 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
         raise ConfigError(f"--gen-lengths '{text}' must be integers separated by commas, e.g. 32,64,128") from exc
 
 
-@click.command("serve")
+@click.command("serve", short_help=summary("serve"))
 @click.argument("target")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; the default keeps the server on this machine.")
