@@ -21,7 +21,8 @@ from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines import ort as ort_engine
 from seer_deploy.engines.fixed_shapes import FixedShapes, pad_feed, unpad_outputs
-from seer_deploy.engines.ort import CUDA_GRAPH_OPTION, OrtBackend, OrtSessionOptions
+from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
+from seer_deploy.engines.ort_sessions import CUDA_GRAPH_OPTION
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
