@@ -31,7 +31,8 @@ from seer_deploy.models.demo_tasks import write_tokenizer
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.openers import open_target
 from seer_deploy.spec import sampling
-from seer_deploy.spec.export_manifest import ExportManifest, GraphRecord, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
+from seer_deploy.spec.export_manifest import ExportManifest
+from seer_deploy.spec.manifest_sections import GraphRecord, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
 
 MAX_SEQ_LEN = 96
 BS = ["batch", "seq"]

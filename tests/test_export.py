@@ -29,8 +29,9 @@ from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
 from seer_deploy.export.validate import ExportValidationError, check_interface
 from seer_deploy.models.checkpoint import Layout, checkpoint_fingerprint, load_checkpoint, save_checkpoint
 from seer_deploy.models.demo_tasks import write_tokenizer
-from seer_deploy.spec.export_manifest import ExportManifest, TensorSpec
+from seer_deploy.spec.export_manifest import ExportManifest
 from seer_deploy.spec.graphs import STEP, Size, export_graphs
+from seer_deploy.spec.manifest_sections import TensorSpec
 
 EXPORT_FILES = {"manifest.json", "step.onnx", "weights.bin"}
 

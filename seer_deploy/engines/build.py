@@ -37,8 +37,9 @@ from seer_deploy.engines.manifest import BackendName, EngineManifest, TensorRTFa
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, open_session
 from seer_deploy.engines.profiles import Profile, ProfileLayout, WindowLayout, plan_profiles
 from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_MANIFEST_FILE
-from seer_deploy.spec.export_manifest import ExportManifest, GraphRecord, TensorSpec
+from seer_deploy.spec.export_manifest import ExportManifest
 from seer_deploy.spec.graphs import VISION, Axis
+from seer_deploy.spec.manifest_sections import GraphRecord, TensorSpec
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 if TYPE_CHECKING:

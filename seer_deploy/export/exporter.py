@@ -64,13 +64,7 @@ from seer_deploy.models.config import ModelConfig, config_from_dict
 from seer_deploy.models.tokenizer import export_tokenizer, special_ids_from_tokenizer_file
 from seer_deploy.models.weight_sources import shaped_model, weight_sources
 from seer_deploy.spec import sampling
-from seer_deploy.spec.export_manifest import (
-    ExportManifest,
-    GraphRecord,
-    ModelSpec,
-    SeerSpec,
-    WeightsSpec,
-)
+from seer_deploy.spec.export_manifest import ExportManifest
 from seer_deploy.spec.graphs import (
     ATTENTION_MASK,
     CACHE_GRAPH_NAMES,
@@ -90,6 +84,7 @@ from seer_deploy.spec.graphs import (
     Size,
     step_graph,
 )
+from seer_deploy.spec.manifest_sections import GraphRecord, ModelSpec, SeerSpec, WeightsSpec
 
 STAGES: tuple[str, ...] = (
     "loading checkpoint",

@@ -51,7 +51,6 @@ from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.image_prompts import ImageConditionedModel
 from seer_deploy.models.multimodal import DEMO_VL_NAME, load_multimodal, resolve_multimodal, vision_config_from_dict
 from seer_deploy.models.vision import VisionConfig
-from seer_deploy.spec.export_manifest import GraphRecord
 from seer_deploy.spec.graphs import (
     IMAGE_TABLE,
     INPUT_IDS,
@@ -61,6 +60,7 @@ from seer_deploy.spec.graphs import (
     Size,
     step_graph,
 )
+from seer_deploy.spec.manifest_sections import GraphRecord
 from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 STAGES: tuple[str, ...] = (

@@ -22,8 +22,8 @@ from torch import nn
 from seer_deploy.export.options import check_opset
 from seer_deploy.export.streamed_weights import bind_weights, keeps_weights_lazy
 from seer_deploy.models.weight_sources import WeightSource
-from seer_deploy.spec.export_manifest import TensorSpec
 from seer_deploy.spec.graphs import Axis, GraphIO
+from seer_deploy.spec.manifest_sections import TensorSpec
 
 _DTYPE_NAMES = {
     ir.DataType.INT64: "int64",

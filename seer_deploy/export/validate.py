@@ -38,8 +38,8 @@ from seer_deploy.core.errors import ArtifactError
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.spec.export_manifest import GraphRecord
 from seer_deploy.spec.graphs import GraphIO, RecordedShape, Size
+from seer_deploy.spec.manifest_sections import GraphRecord
 from seer_deploy.spec.sampling import draw_uniform
 
 
