@@ -42,7 +42,8 @@ from seer_deploy.models.image_placeholders import MultimodalTokenizer, encode_pi
 from seer_deploy.models.image_prompts import ImageConditionedModel
 from seer_deploy.models.lavida import GRID_PINPOINTS, lavida_anyres, lavida_variant
 from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.multimodal import load_multimodal, save_multimodal_checkpoint, vision_config_from_dict
+from seer_deploy.models.multimodal import load_multimodal, vision_config_from_dict
+from seer_deploy.models.multimodal_writer import save_multimodal_checkpoint
 from seer_deploy.models.requests import assign_images
 from seer_deploy.models.vision import VisionConfig, VisionEncoder
 from seer_deploy.runtime.loop import run_generation
