@@ -15,6 +15,9 @@ from conftest import tiny_config, tiny_model
 from onnx import TensorProto, helper
 
 from seer_deploy.cli import main
+from seer_deploy.contracts import sampling
+from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
 from seer_deploy.core.atomic import claim
 from seer_deploy.core.backend import StepInput, WindowInput, supports_cache
 from seer_deploy.core.errors import ArtifactError, ConfigError
@@ -30,9 +33,6 @@ from seer_deploy.models.checkpoint import save_checkpoint
 from seer_deploy.models.demo_tasks import write_tokenizer
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.openers import open_target
-from seer_deploy.spec import sampling
-from seer_deploy.spec.export_manifest import ExportManifest
-from seer_deploy.spec.manifest_sections import GraphRecord, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
 
 MAX_SEQ_LEN = 96
 BS = ["batch", "seq"]
@@ -50,7 +50,7 @@ def _const(name: str, values: list[int]) -> onnx.NodeProto:
 
 
 def step_model(kv_cache: bool = False) -> onnx.ModelProto:
-    """The step graph's interface (spec.graphs.step_graph): token_ids = input_ids, confidence = sample_uniform *
+    """The step graph's interface (contracts.graphs.step_graph): token_ids = input_ids, confidence = sample_uniform *
     float(mask), eos_prob = float(mask), sparsity = eos_prob[:, None, :] (K = 1); with kv_cache also
     kv[l, k, b, h, s, d] = float(mask[b, s]) + sample_uniform[b, s]. temperature, candidates and with_stats are taken,
     unused."""

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from test_cli import run
 from test_multimodal import pictures, write_tiny_vl
 
+from seer_deploy.contracts.graphs import STEP, WINDOW_STEP
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
@@ -34,7 +35,6 @@ from seer_deploy.runtime.targets import parse_device
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.service import Request, Service, ServiceOptions
-from seer_deploy.spec.graphs import STEP, WINDOW_STEP
 
 CPU = "CPUExecutionProvider"
 PLAIN = OrtSessionOptions(providers=(CPU,))

@@ -27,6 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import seer_deploy
+from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_MANIFEST_FILE
+from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.graphs import VISION, Axis
+from seer_deploy.contracts.manifest_sections import GraphRecord, TensorSpec
+from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.atomic import check_replaceable, claim, install_dir, staging_dir
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, file_sha256, regular_file
@@ -36,11 +41,6 @@ from seer_deploy.engines.image_plan import plan_image_axes
 from seer_deploy.engines.manifest import BackendName, EngineManifest, TensorRTFacts
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, open_session
 from seer_deploy.engines.profiles import Profile, ProfileLayout, WindowLayout, plan_profiles
-from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_MANIFEST_FILE
-from seer_deploy.spec.export_manifest import ExportManifest
-from seer_deploy.spec.graphs import VISION, Axis
-from seer_deploy.spec.manifest_sections import GraphRecord, TensorSpec
-from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 if TYPE_CHECKING:
     from seer_deploy.engines.tensorrt_build import TensorRTBuildOptions

@@ -16,12 +16,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from seer_deploy.contracts.graphs import CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES, VISION
 from seer_deploy.core.atomic import write_bytes_atomic
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, read_json
 from seer_deploy.engines.buckets import check_buckets
 from seer_deploy.engines.profiles import ImageAxes, ProfileLayout, WindowLayout
-from seer_deploy.spec.graphs import CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES, VISION
 
 ENGINE_FORMAT = "seer-deploy-engine"
 ENGINE_FORMAT_VERSION = 2  # 2: built from exports whose confidence is a log-probability (export format 2)

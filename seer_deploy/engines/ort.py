@@ -1,9 +1,9 @@
 """The ONNX Runtime backend: runs an export directory's step graph (and window graph) behind the runtime's `Backend`
 interface (its sessions made as engines.ort_sessions says).
 
-spec.graphs declares what each graph takes and returns, the manifest what the sparsity rows are; this module checks
+contracts.graphs declares what each graph takes and returns, the manifest what the sparsity rows are; this module checks
 the artifacts against both (graph hashes, weight file size, the sessions' inputs and outputs), feeds the graphs
-(spec.graph_calls) and returns the compact outputs. A graph is opened only after every external-data file it names
+(contracts.graph_calls) and returns the compact outputs. A graph is opened only after every external-data file it names
 was found inside its own directory (engines.external_data); ONNX Runtime would open any path a damaged graph names.
 On the CPU the sessions share one copy of the weights (engines.ort_weights).
 """
@@ -17,6 +17,27 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.graph_calls import (
+    graph_feed,
+    refresh_output,
+    step0_output,
+    step_output,
+    window_feed,
+    window_output,
+)
+from seer_deploy.contracts.graphs import (
+    CONFIDENCE,
+    EOS_PROB,
+    KV,
+    SPARSITY,
+    STEP,
+    TOKEN_IDS,
+    WINDOW_STEP,
+    GraphIO,
+    step_graph,
+)
+from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import (
     RefreshOutput,
     Step0Output,
@@ -31,27 +52,6 @@ from seer_deploy.engines.external_data import check_external_data
 from seer_deploy.engines.ort_binding import BoundSession, run_with_device_tensors
 from seer_deploy.engines.ort_sessions import CPU, CUDA, OrtSessionOptions, open_session
 from seer_deploy.engines.ort_weights import SharedWeights
-from seer_deploy.spec.export_manifest import ExportManifest
-from seer_deploy.spec.graph_calls import (
-    graph_feed,
-    refresh_output,
-    step0_output,
-    step_output,
-    window_feed,
-    window_output,
-)
-from seer_deploy.spec.graphs import (
-    CONFIDENCE,
-    EOS_PROB,
-    KV,
-    SPARSITY,
-    STEP,
-    TOKEN_IDS,
-    WINDOW_STEP,
-    GraphIO,
-    step_graph,
-)
-from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 FP16_WEIGHT_FUSION = "FuseFp16InitializerToFp32NodeTransformer"  # ONNX Runtime's name for it
 # The graphs a denoising step runs (the others run once a batch or a block): the ones CUDA graphs pay off for.
@@ -214,7 +214,7 @@ class OrtBackend:
         return step0_output(self._run(self._step_io, inputs, STEP0_OUTPUTS, with_stats=True))
 
     def step(self, inputs: StepInput) -> StepOutput:
-        """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see spec.sampling)."""
+        """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see contracts.sampling)."""
         return step_output(self._run(self._step_io, inputs, STEP_OUTPUTS))
 
     def refresh(self, inputs: StepInput) -> RefreshOutput:

@@ -7,13 +7,13 @@ from typing import Any
 
 import numpy as np
 
+from seer_deploy.contracts.graphs import IMAGE_EMBEDS, PIXEL_VALUES, VISION, GraphIO, step_graph
+from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, file_sha256
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, open_session
 from seer_deploy.models.image_placeholders import image_table_np
-from seer_deploy.spec.graphs import IMAGE_EMBEDS, PIXEL_VALUES, VISION, GraphIO, step_graph
-from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 
 class MultimodalOrtBackend(OrtBackend):

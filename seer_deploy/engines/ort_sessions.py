@@ -12,11 +12,11 @@ from typing import Literal
 
 import onnxruntime as ort
 
+from seer_deploy.contracts.graphs import GraphIO
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.external_data import check_external_data
 from seer_deploy.engines.fixed_shapes import DEFAULT_SEQ_MULTIPLE, FixedShapes
 from seer_deploy.engines.ort_binding import BoundSession
-from seer_deploy.spec.graphs import GraphIO
 
 GraphOptimization = Literal["disable", "basic", "extended", "all"]
 _OPT_LEVELS: dict[str, ort.GraphOptimizationLevel] = {

@@ -12,6 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
+from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
@@ -32,9 +35,6 @@ from seer_deploy.runtime.targets import (
     parse_device,
     target_kind,
 )
-from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_FILE
-from seer_deploy.spec.export_manifest import ExportManifest
-from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 if TYPE_CHECKING:
     import torch

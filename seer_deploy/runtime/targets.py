@@ -17,6 +17,8 @@ from typing import Literal
 
 from PIL import Image
 
+from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
+from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.core.errors import ArtifactError, CheckpointError, ConfigError
 from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
 from seer_deploy.engines.manifest import EngineManifest
@@ -26,8 +28,6 @@ from seer_deploy.models.image import ImageConfig
 from seer_deploy.models.multimodal_files import DEMO_VL_NAME, is_multimodal_checkpoint, resolve_multimodal
 from seer_deploy.models.tokenizer import Tokenizer
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
-from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_FILE
-from seer_deploy.spec.export_manifest import ExportManifest
 
 TargetKind = Literal["checkpoint", "export", "engine"]
 BackendChoice = Literal["torch", "ort", "tensorrt"]
@@ -185,7 +185,7 @@ def find_seer_config(target: str | os.PathLike[str]) -> SeerConfig | None:
 
 def is_multimodal_target(target: str | os.PathLike[str]) -> bool:
     """Whether TARGET takes pictures (a LLaDA-V-style checkpoint, or an export / engine made from one)."""
-    from seer_deploy.spec.multimodal import MULTIMODAL_KEY
+    from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 
     kind = target_kind(target)
     if kind == "checkpoint":

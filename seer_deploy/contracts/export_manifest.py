@@ -1,7 +1,7 @@
 """`manifest.json` of an export directory: what the graphs are, where they came from, and how to call them.
 
 Everything a backend needs is written here so that nothing downstream guesses (input names, shapes, dtypes, the
-sparsity rows, how sampling works); the sections' records and their field checks are in spec.manifest_sections.
+sparsity rows, how sampling works); the sections' records and their field checks are in contracts.manifest_sections.
 Loading validates the whole file and raises ArtifactError naming what is wrong:
 types, values a hostile file could use to crash a later step (token ids past the vocabulary, layers the model lacks),
 and the files it names, which must lie inside the export directory (symlinks resolved) before anything opens them.
@@ -15,12 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seer_deploy.core.atomic import write_text_atomic
-from seer_deploy.core.errors import ArtifactError, CheckpointError
-from seer_deploy.core.files import confined, read_json
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.spec.graphs import CACHE_GRAPH_NAMES, KV, SPARSITY, STEP
-from seer_deploy.spec.manifest_sections import (
+from seer_deploy.contracts.graphs import CACHE_GRAPH_NAMES, KV, SPARSITY, STEP
+from seer_deploy.contracts.manifest_sections import (
     MAX_DIM,
     GraphRecord,
     ModelSpec,
@@ -28,7 +24,11 @@ from seer_deploy.spec.manifest_sections import (
     SeerSpec,
     WeightsSpec,
 )
-from seer_deploy.spec.multimodal import MULTIMODAL_KEY
+from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
+from seer_deploy.core.atomic import write_text_atomic
+from seer_deploy.core.errors import ArtifactError, CheckpointError
+from seer_deploy.core.files import confined, read_json
+from seer_deploy.models.config import ModelConfig
 
 FORMAT = "seer-deploy-export"
 # 3: one step graph serves step zero, the steps and the cache refresh (it takes `candidates` and `with_stats`); 2 had

@@ -8,12 +8,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from seer_deploy.contracts.graphs import CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES
+from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.checks import int_in, number_in
 from seer_deploy.core.errors import ArtifactError, SeerDeployError
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.image import ImageConfig
-from seer_deploy.spec.graphs import CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES
-from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 SPECIAL_ID_NAMES: tuple[str, ...] = ("mask", "eos", "pad", "bos", "eot")
 MAX_DIM = 1 << 40  # a recorded dimension or byte count past this is not a real export's
@@ -32,7 +32,7 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class GraphRecord:
-    """What an export recorded about one graph file: its hash and its inputs and outputs as traced (spec.graphs
+    """What an export recorded about one graph file: its hash and its inputs and outputs as traced (contracts.graphs
     declares what they must be)."""
 
     file: str
