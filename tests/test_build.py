@@ -409,8 +409,11 @@ def test_parse_size() -> None:
     assert parse_size("512M") == 512 << 20
     assert parse_size("1.5GiB") == 3 << 29
     assert parse_size("1048576") == 1 << 20
-    for bad in ("", "G", "-1G", "four"):
+    for bad in ("", "G", "-1G", "four", "1e-30"):
         with pytest.raises(ConfigError):
+            parse_size(bad)
+    for bad in ("nan", "NaNG", "inf", "-infM", "1e400", "\u0664G"):  # NaN, infinities, Arabic-Indic four: one line each
+        with pytest.raises(ConfigError, match="not a number"):
             parse_size(bad)
 
 
@@ -464,6 +467,10 @@ def test_cli_tensorrt_without_tensorrt_is_a_clear_exit_2(export_dir: Path, tmp_p
     [
         (["--buckets", "64,32"], "ascending"),
         (["--workspace", "lots", "--backend", "ort"], "not a number"),
+        (["--workspace", "nan"], "not a number"),
+        (["--buckets", "\u0661\u0666,32"], "digits 0-9"),  # Arabic-Indic 16: int() would read it, the CLI refuses it
+        (["--buckets", "16,\u00b2"], "digits 0-9"),  # superscript two: str.isdigit() passes it, int() does not
+        (["--window-lengths", "\u0663\u0662"], "digits 0-9"),
         (["--buckets", "16,48", "--kept-lengths", "KEPT"], "not both"),
         (["--window-lengths", "32,16"], "ascending"),
         (["--window-lengths", "32", "--provider", "CPUExecutionProvider"], "tensorrt only"),

@@ -4,14 +4,14 @@ out-of-range value into one ArtifactError naming its key, so a damaged or hostil
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from seer_deploy.contracts.graphs import CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES
 from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
-from seer_deploy.core.checks import int_in, number_in
+from seer_deploy.core.checks import int_in
 from seer_deploy.core.errors import ArtifactError, SeerDeployError
+from seer_deploy.core.fields import FieldReader
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.image import ImageConfig
 
@@ -92,44 +92,11 @@ class WeightsSpec:
         return {"file": self.file, "sha256": self.sha256, "bytes": self.bytes}
 
 
-class SectionReader:
-    """Typed field access that turns a missing or mistyped key into an ArtifactError naming it."""
+class SectionReader(FieldReader):
+    """The manifest's sections read through `FieldReader`: each refusal names its key and asks for a re-export."""
 
     def __init__(self, where: str) -> None:
-        self.where = where
-
-    def _get(self, obj: dict[str, Any], key: str, label: str | None, kind: type | tuple[type, ...], what: str) -> Any:
-        label = label or key
-        if key not in obj:
-            raise ArtifactError(f"{self.where}: '{label}' is missing; the manifest is incomplete, re-export the model")
-        value = obj[key]
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            raise ArtifactError(f"{self.where}: '{label}' must be {what}, got {value!r}; re-export the model")
-        return value
-
-    def obj(self, obj: dict[str, Any], key: str, label: str | None = None) -> dict[str, Any]:
-        return self._get(obj, key, label, dict, "an object")  # type: ignore[no-any-return]
-
-    def array(self, obj: dict[str, Any], key: str, label: str | None = None) -> list[Any]:
-        return self._get(obj, key, label, list, "a list")  # type: ignore[no-any-return]
-
-    def string(self, obj: dict[str, Any], key: str, label: str | None = None) -> str:
-        return self._get(obj, key, label, str, "a string")  # type: ignore[no-any-return]
-
-    def integer(self, obj: dict[str, Any], key: str, label: str | None = None, *, lo: int = -(1 << 62),
-                hi: int = 1 << 62) -> int:
-        value: int = self._get(obj, key, label, int, "an integer")
-        if not int_in(value, lo, hi):
-            raise ArtifactError(f"{self.where}: '{label or key}' is {value}; it must lie in {lo}..{hi}: re-export the "
-                                "model")
-        return value
-
-    def number(self, obj: dict[str, Any], key: str, label: str | None = None) -> float:
-        """A finite number above 0 (every number a manifest holds is a threshold)."""
-        value = self._get(obj, key, label, (int, float), "a number")
-        if not number_in(value, 0.0, math.inf, above_lo=True):
-            raise ArtifactError(f"{self.where}: '{label or key}' is {value!r}; it must be a number above 0")
-        return float(value)
+        super().__init__(where, "re-export the model")
 
     def special_ids(self, special: dict[str, Any], vocab_size: int) -> dict[str, int | None]:
         """Every special token id present, null or a token of the vocabulary."""

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
+from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import CheckpointError
 from seer_deploy.core.files import confined, read_json
 from seer_deploy.models.checkpoint import (
@@ -253,9 +254,8 @@ def load_vision(
 def _layer_index(rest: str) -> int:
     """N for 'encoder.layers.N.*', else -1."""
     parts = rest.split(".")
-    if len(parts) > 2 and parts[0] == "encoder" and parts[1] == "layers" and parts[2].isdigit():
-        return int(parts[2])
-    return -1
+    index = ascii_int(parts[2]) if len(parts) > 2 and parts[0] == "encoder" and parts[1] == "layers" else None
+    return index if index is not None and index >= 0 else -1
 
 
 def _short(names: list[str], limit: int = 6) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from seer_deploy.core.checks import ascii_int, int_in
 from seer_deploy.core.errors import CheckpointError, ConfigError, SeerDeployError
 from seer_deploy.models.chat_template import ChatTemplate, chat_messages, find_template
 from seer_deploy.models.tokenizer_files import (
@@ -208,7 +209,7 @@ class Tokenizer:
         images: list[int] = []
         for block in blocks:
             codes = block.split()
-            bad = next((c for c in codes if not (c.isdigit() and int(c) < size)), None)
+            bad = next((c for c in codes if not int_in(ascii_int(c), 0, size - 1)), None)
             if not codes or bad is not None:
                 raise ConfigError(f"<image_codes> holds {bad!r}: give whitespace-separated integers from 0 to "
                                   f"{size - 1} (the VQ codebook)" if codes else "<image_codes> is empty; give the "

@@ -22,6 +22,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import BPE
 
+from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import CheckpointError
 from seer_deploy.core.files import read_json, read_text
 
@@ -130,8 +131,9 @@ def added_tokens(directory: Path, settings: dict[str, Any]) -> dict[int, AddedTo
     out: dict[int, AddedToken] = {}
     decoder = settings.get("added_tokens_decoder") or {}
     for key, entry in decoder.items() if isinstance(decoder, dict) else ():
-        if str(key).isdigit() and isinstance(entry, dict) and isinstance(entry.get("content"), str):
-            out[int(key)] = AddedToken(entry["content"], single_word=bool(entry.get("single_word", False)),
+        token_id = ascii_int(str(key))
+        if token_id is not None and token_id >= 0 and isinstance(entry, dict) and isinstance(entry.get("content"), str):
+            out[token_id] = AddedToken(entry["content"], single_word=bool(entry.get("single_word", False)),
                                        lstrip=bool(entry.get("lstrip", False)), rstrip=bool(entry.get("rstrip", False)),
                                        normalized=bool(entry.get("normalized", False)),
                                        special=bool(entry.get("special", True)))

@@ -19,6 +19,7 @@ from PIL import Image
 
 from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
 from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import ArtifactError, CheckpointError, ConfigError
 from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
 from seer_deploy.engines.manifest import EngineManifest
@@ -61,8 +62,9 @@ def parse_device(text: str | None) -> tuple[str, int]:
     kind, _, index = text.strip().lower().partition(":")
     if kind == "cpu" and not index:
         return "cpu", 0
-    if kind == "cuda" and (not index or index.isdigit()):
-        return "cuda", int(index or 0)
+    number = ascii_int(index) if index else 0
+    if kind == "cuda" and number is not None and number >= 0 and not index.startswith(("+", "-")):
+        return "cuda", number
     raise ConfigError(f"--device {text!r} is not a device; use cpu, cuda or cuda:N (N = the GPU's index)")
 
 
