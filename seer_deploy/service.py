@@ -29,7 +29,14 @@ from seer_deploy.models.image_placeholders import encode_pictures, expand_placeh
 from seer_deploy.models.requests import Request, check_request_images, load_pictures
 from seer_deploy.runtime.loop import check_supported, run_generation
 from seer_deploy.runtime.openers import open_target
-from seer_deploy.runtime.targets import BackendChoice, TargetOptions, TemplateChoice, find_seer_config, target_kind
+from seer_deploy.runtime.targets import (
+    BackendChoice,
+    Description,
+    TargetOptions,
+    TemplateChoice,
+    describe,
+    find_seer_config,
+)
 from seer_deploy.seer.config import SeerConfig, TailContext
 from seer_deploy.seer.plan import SeerReport
 
@@ -116,8 +123,8 @@ class Run:
         return [a.seer for a in self.answers]
 
 
-def resolve_seer(target: str | os.PathLike[str], options: ServiceOptions, warn: Callable[[str], None]
-                 ) -> SeerConfig | None:
+def resolve_seer(target: str | os.PathLike[str], options: ServiceOptions, warn: Callable[[str], None],
+                 described: Description | None = None) -> SeerConfig | None:
     """The Seer config a run uses: --seer-config, else the target's calibrated one (built-in defaults with a
     warning when --seer asks for Seer and none is found), with --tail-context on top; None = full length."""
     if options.seer is False:
@@ -127,7 +134,7 @@ def resolve_seer(target: str | os.PathLike[str], options: ServiceOptions, warn: 
     elif options.seer_config is not None:
         seer = SeerConfig.load(options.seer_config)
     else:
-        seer = find_seer_config(target)
+        seer = find_seer_config(target, described)
     if seer is None and options.seer:
         warn("warning: no calibrated Seer config for this target; using the built-in defaults "
              "(run `seer-deploy calibrate` for a safe margin)")
@@ -151,18 +158,20 @@ class Service:
         self.options = options or ServiceOptions()
         self.options.check()
         guidance = self.options.generation.cfg_scale
-        if guidance > 0 and (self.options.backend not in (None, "torch") or target_kind(target) != "checkpoint"):
+        described = describe(target)  # the target's kind and manifests, read once for the Seer config and the opener
+        if guidance > 0 and (self.options.backend not in (None, "torch") or described.kind != "checkpoint"):
             raise ConfigError(
                 f"cfg_scale {guidance} (classifier-free guidance) mixes two full logit tensors, which only the torch "
                 f"backend has; exported graphs return just the chosen token and its probability: run the "
                 f"checkpoint itself (torch), or set cfg_scale to 0"
             )
-        seer = resolve_seer(target, self.options, warn)
+        seer = resolve_seer(target, self.options, warn, described)
         self.backend: Backend
         self.backend, self.info = open_target(
             target, self.options.backend,
             TargetOptions(providers=self.options.providers, threads=self.options.threads, device=self.options.device,
                           io_binding=self.options.io_binding, cuda_graph=self.options.cuda_graph, seer=seer),
+            described,
         )
         check_supported(self.options.generation, self.backend)
         self.seer = self.info.seer_for_engine(seer)

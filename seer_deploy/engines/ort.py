@@ -71,10 +71,11 @@ class OrtBackend:
     the CPU the sessions read the weights from one memory map (OrtSessionOptions.share_weights)."""
 
     def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None, *,
-                 kv_cache: bool = True) -> None:
+                 kv_cache: bool = True, manifest: ExportManifest | None = None) -> None:
+        """`manifest`: the export's, when the caller has already loaded it (the opener), so it is read once."""
         self.export_dir = Path(export_dir)
         self.options = options or OrtSessionOptions()
-        self.manifest = ExportManifest.load(self.export_dir)
+        self.manifest = manifest if manifest is not None else ExportManifest.load(self.export_dir)
         self._check_files()
         self.options.check()
         providers = self.options.resolved_providers()

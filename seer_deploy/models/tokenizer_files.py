@@ -202,6 +202,15 @@ def text_tokens(tok: Tokenizer) -> int:
     return len(tok.get_vocab(with_added_tokens=True))
 
 
+@dataclass(frozen=True)
+class TokenizerFacts:
+    """What a target's description (its export manifest, parsed once by the opener) already says about its tokenizer,
+    so building the tokenizer opens neither manifest.json nor config.json again."""
+
+    image_codes: tuple[int, int] | None  # MMaDA's image-code range (the model config's), None for other models
+    manifest_entry: dict[str, Any] | None  # the export's "tokenizer" entry; None: read the tokenizer's own files
+
+
 def manifest_tokenizer_entry(directory: Path) -> dict[str, Any] | None:
     """An export's "tokenizer" manifest entry (None for a checkpoint, or an export made before it was written)."""
     if not (directory / "manifest.json").is_file():
