@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.core.backend import StepInput
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
-from seer_deploy.spec.export_manifest import ExportManifest
 
 
 def main() -> None:

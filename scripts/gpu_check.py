@@ -41,7 +41,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from seer_deploy.bench.rows import oracle_plan
+from seer_deploy.bench.measure import batches
+from seer_deploy.bench.rows import oracle_row
 from seer_deploy.bench.scaling import step_inputs
 from seer_deploy.core.backend import Backend, StepInput
 from seer_deploy.core.generation import GenerationConfig
@@ -52,7 +53,6 @@ from seer_deploy.models.checkpoint import save_checkpoint
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.demo_tasks import heldout_examples
 from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.runtime.loop import run_planned
 from seer_deploy.seer.metrics import true_lengths
 from seer_deploy.service import Request, Run, Service, ServiceOptions
 
@@ -281,16 +281,12 @@ def seer_speed(record: dict[str, Any], export_dir: Path, device: str, sizes: Siz
 
 
 def oracle_seconds(svc: Service, requests: list[Request], lengths: list[int]) -> float:
-    """Each request run on prompt + its true length from the first step (the bench's ort-oracle row)."""
-    g = svc.options.generation
-    info = svc.info
+    """Each request run on prompt + its true length from the first step: the bench's ort-oracle row (bench.rows),
+    one pass over the service's batches."""
+    run = oracle_row(svc, svc.options.generation, lengths)
     start = time.perf_counter()
-    for lo in range(0, len(requests), svc.batch_size):
-        batch = requests[lo : lo + svc.batch_size]
-        plans = [oracle_plan(g.gen_length, g.steps, g.block_length, min(g.gen_length, max(1, n)))
-                 for n in lengths[lo : lo + svc.batch_size]]
-        run_planned(svc.backend, svc.prompt_ids(batch, g), g, plans, mask_id=info.mask_id, pad_id=info.pad_id,
-                    eos_id=info.eos_id)
+    for idx in batches(len(requests), svc.batch_size):
+        run([requests[i] for i in idx], idx)
     return time.perf_counter() - start
 
 

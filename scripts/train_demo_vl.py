@@ -55,7 +55,8 @@ from seer_deploy.models.image import ImageConfig, pixel_batch
 from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
 from seer_deploy.models.image_prompts import ImageConditionedModel, embed_with_images
 from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.multimodal import load_multimodal, save_multimodal_checkpoint
+from seer_deploy.models.multimodal import load_multimodal
+from seer_deploy.models.multimodal_writer import save_multimodal_checkpoint
 from seer_deploy.models.requests import Request
 from seer_deploy.models.vision import VisionConfig, VisionEncoder
 from seer_deploy.runtime.reference import generate

@@ -29,11 +29,18 @@ from seer_deploy.models.image_placeholders import encode_pictures, expand_placeh
 from seer_deploy.models.requests import Request, check_request_images, load_pictures
 from seer_deploy.runtime.loop import check_supported, run_generation
 from seer_deploy.runtime.openers import open_target
-from seer_deploy.runtime.targets import BackendChoice, TargetOptions, TemplateChoice, find_seer_config, target_kind
+from seer_deploy.runtime.targets import (
+    BackendChoice,
+    Description,
+    TargetOptions,
+    TemplateChoice,
+    describe,
+    find_seer_config,
+)
 from seer_deploy.seer.config import SeerConfig, TailContext
 from seer_deploy.seer.plan import SeerReport
 
-__all__ = ["Answer", "Request", "Run", "Service", "ServiceOptions", "generate", "resolve_seer"]
+__all__ = ["Answer", "Prepared", "Request", "Run", "Service", "ServiceOptions", "generate", "resolve_seer"]
 
 
 @dataclass(frozen=True)
@@ -116,8 +123,30 @@ class Run:
         return [a.seer for a in self.answers]
 
 
-def resolve_seer(target: str | os.PathLike[str], options: ServiceOptions, warn: Callable[[str], None]
-                 ) -> SeerConfig | None:
+@dataclass(frozen=True)
+class Prepared:
+    """Requests checked and tokenized once (`Service.prepare`): what `Service.generate` runs and what a server
+    reports. `ids` keep each `<image>` as one placeholder; `prompt_tokens` count each prompt as the model sees it,
+    every picture at its own token count (anyres: its base view and crops)."""
+
+    requests: tuple[Request, ...]
+    ids: list[list[int]]
+    pictures: list[list[Image.Image]]
+    prompt_tokens: list[int]
+    generation: GenerationConfig
+
+    @classmethod
+    def join(cls, parts: Sequence[Prepared]) -> Prepared:
+        """Preparations of one generation config as one batch (a server's rows of one kind)."""
+        if not parts or any(p.generation != parts[0].generation for p in parts):
+            raise ConfigError("requests run together must share one generation config; run them apart")
+        return cls(tuple(r for p in parts for r in p.requests), [i for p in parts for i in p.ids],
+                   [x for p in parts for x in p.pictures], [n for p in parts for n in p.prompt_tokens],
+                   parts[0].generation)
+
+
+def resolve_seer(target: str | os.PathLike[str], options: ServiceOptions, warn: Callable[[str], None],
+                 described: Description | None = None) -> SeerConfig | None:
     """The Seer config a run uses: --seer-config, else the target's calibrated one (built-in defaults with a
     warning when --seer asks for Seer and none is found), with --tail-context on top; None = full length."""
     if options.seer is False:
@@ -127,7 +156,7 @@ def resolve_seer(target: str | os.PathLike[str], options: ServiceOptions, warn: 
     elif options.seer_config is not None:
         seer = SeerConfig.load(options.seer_config)
     else:
-        seer = find_seer_config(target)
+        seer = find_seer_config(target, described)
     if seer is None and options.seer:
         warn("warning: no calibrated Seer config for this target; using the built-in defaults "
              "(run `seer-deploy calibrate` for a safe margin)")
@@ -151,18 +180,20 @@ class Service:
         self.options = options or ServiceOptions()
         self.options.check()
         guidance = self.options.generation.cfg_scale
-        if guidance > 0 and (self.options.backend not in (None, "torch") or target_kind(target) != "checkpoint"):
+        described = describe(target)  # the target's kind and manifests, read once for the Seer config and the opener
+        if guidance > 0 and (self.options.backend not in (None, "torch") or described.kind != "checkpoint"):
             raise ConfigError(
                 f"cfg_scale {guidance} (classifier-free guidance) mixes two full logit tensors, which only the torch "
                 f"backend has; exported graphs return just the chosen token and its probability: run the "
                 f"checkpoint itself (torch), or set cfg_scale to 0"
             )
-        seer = resolve_seer(target, self.options, warn)
+        seer = resolve_seer(target, self.options, warn, described)
         self.backend: Backend
         self.backend, self.info = open_target(
             target, self.options.backend,
             TargetOptions(providers=self.options.providers, threads=self.options.threads, device=self.options.device,
                           io_binding=self.options.io_binding, cuda_graph=self.options.cuda_graph, seer=seer),
+            described,
         )
         check_supported(self.options.generation, self.backend)
         self.seer = self.info.seer_for_engine(seer)
@@ -173,29 +204,28 @@ class Service:
     def batch_size(self) -> int:
         return min(self.options.batch_size, self.info.max_batch or self.options.batch_size)
 
-    def generate(self, requests: Sequence[Request], progress: Callable[[int], None] = lambda done: None, *,
+    def generate(self, requests: Sequence[Request] | Prepared, progress: Callable[[int], None] = lambda done: None, *,
                  full_length: bool = False, seer: SeerConfig | None = None,
                  generation: GenerationConfig | None = None, seed: int | None = None,
                  on_settled: Callable[[int, list[int]], None] | None = None) -> Run:
-        """Answer `requests` in batches, with the service's Seer config (`seer` instead, fitted to the engine;
-        none with `full_length`), generation settings (`generation` instead) and seed (`seed` instead: batch n
-        samples with seed + n); progress(n) after each batch of n; on_settled(i, ids) whenever request i's settled
-        answer prefix grows (the response ids no later step changes: what a server streams).
+        """Answer `requests` (or what `prepare` made of them) in batches, with the service's Seer config (`seer`
+        instead, fitted to the engine; none with `full_length`), generation settings (`generation` instead) and
+        seed (`seed` instead: batch n samples with seed + n); progress(n) after each batch of n; on_settled(i, ids)
+        whenever request i's settled answer prefix grows (the response ids no later step changes: what a server
+        streams).
 
-        Only this method (and `prompt_ids`) runs the engine; `token_ids` reads nothing that a run changes, so a
-        server may check prompts with it from other threads while one thread generates."""
+        Only this method (and `prompt_ids`) runs the engine; `prepare` reads nothing that a run changes, so a
+        server prepares requests with it from other threads while one thread generates."""
         called = time.perf_counter()
-        if not requests:
-            raise ConfigError("no prompt given; pass --prompt TEXT or --prompts FILE.jsonl")
         if seed is not None and seed < 0:
             raise ConfigError(f"seed must be >= 0, got {seed}")
-        if generation is None:
-            generation = self.options.generation
+        if isinstance(requests, Prepared):
+            if generation is not None and generation != requests.generation:
+                raise ConfigError("these requests were prepared for another generation config; prepare them again")
+            prepared = requests
         else:
-            generation.validate()
-            check_supported(generation, self.backend)
-        pictures = self._pictures(requests)  # unreadable images fail before any model runs
-        ids = self.token_ids(requests, generation, pictures)  # so do prompts too long for the model
+            prepared = self.prepare(requests, generation)  # every input error before any model runs
+        requests, ids, pictures, generation = prepared.requests, prepared.ids, prepared.pictures, prepared.generation
         seer = None if full_length else self.info.seer_for_engine(seer) if seer is not None else self.seer
         answers: list[Answer] = []
         steps_run = tokens_processed = 0
@@ -226,34 +256,39 @@ class Service:
         """The requests as one batch of prompt ids (checked to leave room for `generation`'s gen_length, the
         service's by default); for a multimodal target their pictures are encoded and set as the backend's image
         table, which the ids point at until the next batch."""
-        pictures = self._pictures(requests)
-        ids = self.token_ids(requests, generation or self.options.generation, pictures)
-        return self._with_images(ids, requests, pictures)
+        prepared = self.prepare(requests, generation)
+        return self._with_images(prepared.ids, prepared.requests, prepared.pictures)
 
-    def _pictures(self, requests: Sequence[Request]) -> list[list[Image.Image]]:
+    def prepare(self, requests: Sequence[Request], generation: GenerationConfig | None = None) -> Prepared:
+        """Check and tokenize `requests` once, for `generation` (the service's by default): ConfigError for no
+        request, settings this backend cannot run, pictures it cannot take or read, or a prompt that, its pictures'
+        tokens included, leaves no room for gen_length. Reads nothing a run changes."""
+        if not requests:
+            raise ConfigError("no prompt given; pass --prompt TEXT or --prompts FILE.jsonl")
+        if generation is None:
+            generation = self.options.generation  # validated and checked against the backend when the service opened
+        else:
+            generation.validate()
+            check_supported(generation, self.backend)
         reason = IMAGES_UNSUPPORTED.get(self.info.config.family)
         if reason is not None and any(r.images for r in requests):
             raise ConfigError(reason)
         check_request_images(requests, self.info.target, self.info.images is not None)
-        return load_pictures(requests)
-
-    def token_ids(self, requests: Sequence[Request], generation: GenerationConfig,
-                  pictures: Sequence[list[Image.Image]] | None = None) -> list[list[int]]:
-        """The prompts' token ids (an `<image>` still one placeholder id); ConfigError for a prompt that, its
-        pictures' tokens included, leaves no room for gen_length (anyres: each picture's own count, so the pictures
-        are read when not given)."""
+        pictures = load_pictures(requests)
         ids = [self.tokenizer.encode_request(r.prompt, r.messages) for r in requests]
+        counts = [len(t) + self._picture_tokens(p) for t, p in zip(ids, pictures, strict=True)]
+        generation.validate(self.backend.max_seq_len, max(counts), image_tokens=self.info.images is not None)
+        return Prepared(tuple(requests), ids, pictures, counts, generation)
+
+    def _picture_tokens(self, pictures: list[Image.Image]) -> int:
+        """What a request's pictures add to its prompt: each one's tokens (anyres: its own count) less the one
+        placeholder it replaces."""
         images = self.info.images
         if images is None:
-            extra = [0] * len(requests)
-        elif images.anyres is None:
-            extra = [(images.tokens_per_image - 1) * len(r.images) for r in requests]
-        else:
-            pics = pictures if pictures is not None else load_pictures(requests)
-            extra = [sum(images.picture_tokens(p) - 1 for p in per_request) for per_request in pics]
-        longest = max(len(t) + n for t, n in zip(ids, extra, strict=True))
-        generation.validate(self.backend.max_seq_len, longest, image_tokens=images is not None)
-        return ids
+            return 0
+        if images.anyres is None:
+            return (images.tokens_per_image - 1) * len(pictures)
+        return sum(images.picture_tokens(p) - 1 for p in pictures)
 
     def _with_images(self, ids: list[list[int]], requests: Sequence[Request], pictures: Sequence[list[Image.Image]]
                      ) -> list[list[int]]:

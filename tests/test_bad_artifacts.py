@@ -246,6 +246,10 @@ MANIFEST_CASES = [
     Case("engine-buckets-0", engine({"buckets": [0, 16]}), "bucket"),
     Case("engine-file-parent", engine({"files.step": "../outside/canary.onnx"}), "outside"),
     Case("engine-backend", engine({"backend": "cuda"}), "backend"),
+    Case("engine-max-batch-a-string", engine({"max_batch": "8"}), "'max_batch' must be an integer, got '8'"),
+    Case("engine-buckets-fractions", engine({"buckets": [16.5, 32]}), "'buckets' is .* a list of integers"),
+    Case("engine-threads-a-string", engine({"ort_session.intra_op_threads": "2"}),
+         "'ort_session.intra_op_threads' must be an integer"),
 ]
 
 ALL_CASES = OUT_CASES + MANIFEST_CASES

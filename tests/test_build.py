@@ -15,6 +15,9 @@ from conftest import tiny_config, tiny_model
 from onnx import TensorProto, helper
 
 from seer_deploy.cli import main
+from seer_deploy.contracts import sampling
+from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
 from seer_deploy.core.atomic import claim
 from seer_deploy.core.backend import StepInput, WindowInput, supports_cache
 from seer_deploy.core.errors import ArtifactError, ConfigError
@@ -30,8 +33,6 @@ from seer_deploy.models.checkpoint import save_checkpoint
 from seer_deploy.models.demo_tasks import write_tokenizer
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.openers import open_target
-from seer_deploy.spec import sampling
-from seer_deploy.spec.export_manifest import ExportManifest, GraphRecord, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
 
 MAX_SEQ_LEN = 96
 BS = ["batch", "seq"]
@@ -49,7 +50,7 @@ def _const(name: str, values: list[int]) -> onnx.NodeProto:
 
 
 def step_model(kv_cache: bool = False) -> onnx.ModelProto:
-    """The step graph's interface (spec.graphs.step_graph): token_ids = input_ids, confidence = sample_uniform *
+    """The step graph's interface (contracts.graphs.step_graph): token_ids = input_ids, confidence = sample_uniform *
     float(mask), eos_prob = float(mask), sparsity = eos_prob[:, None, :] (K = 1); with kv_cache also
     kv[l, k, b, h, s, d] = float(mask[b, s]) + sample_uniform[b, s]. temperature, candidates and with_stats are taken,
     unused."""
@@ -408,8 +409,11 @@ def test_parse_size() -> None:
     assert parse_size("512M") == 512 << 20
     assert parse_size("1.5GiB") == 3 << 29
     assert parse_size("1048576") == 1 << 20
-    for bad in ("", "G", "-1G", "four"):
+    for bad in ("", "G", "-1G", "four", "1e-30"):
         with pytest.raises(ConfigError):
+            parse_size(bad)
+    for bad in ("nan", "NaNG", "inf", "-infM", "1e400", "\u0664G"):  # NaN, infinities, Arabic-Indic four: one line each
+        with pytest.raises(ConfigError, match="not a number"):
             parse_size(bad)
 
 
@@ -463,6 +467,10 @@ def test_cli_tensorrt_without_tensorrt_is_a_clear_exit_2(export_dir: Path, tmp_p
     [
         (["--buckets", "64,32"], "ascending"),
         (["--workspace", "lots", "--backend", "ort"], "not a number"),
+        (["--workspace", "nan"], "not a number"),
+        (["--buckets", "\u0661\u0666,32"], "digits 0-9"),  # Arabic-Indic 16: int() would read it, the CLI refuses it
+        (["--buckets", "16,\u00b2"], "digits 0-9"),  # superscript two: str.isdigit() passes it, int() does not
+        (["--window-lengths", "\u0663\u0662"], "digits 0-9"),
         (["--buckets", "16,48", "--kept-lengths", "KEPT"], "not both"),
         (["--window-lengths", "32,16"], "ascending"),
         (["--window-lengths", "32", "--provider", "CPUExecutionProvider"], "tensorrt only"),

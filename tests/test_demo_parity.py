@@ -16,6 +16,7 @@ import pytest
 from conftest import requires_demo
 
 from seer_deploy.cli.demo import export_options
+from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.core.backend import Backend, StepInput
 from seer_deploy.core.generation import GenerationConfig, left_pad
 from seer_deploy.core.sparsity import StatsSpec
@@ -31,7 +32,6 @@ from seer_deploy.runtime.scheduler import StepCost
 from seer_deploy.runtime.targets import TargetInfo, find_seer_config
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.spec.export_manifest import ExportManifest
 
 pytestmark = [pytest.mark.slow, requires_demo]
 CONFIG = GenerationConfig(gen_length=64, steps=32)

@@ -161,7 +161,7 @@ def mutate(tmp_path: Path, change: Any) -> Path:
         (lambda d: d.update(format_version=ENGINE_FORMAT_VERSION + 1), f"format_version {ENGINE_FORMAT_VERSION + 1}"),
         (lambda d: d.update(format_version=1), "format_version 1"),
         (lambda d: d.update(backend="onnx"), "unknown backend"),
-        (lambda d: d.pop("buckets"), "malformed"),
+        (lambda d: d.pop("buckets"), "'buckets' is missing; rebuild the engine"),
         (lambda d: d.update(buckets=[32, 16]), "ascending"),
         (lambda d: d["tensorrt"]["profile_index"].pop("64"), "profile_index covers"),
         (lambda d: d.update(tensorrt=None), "needs its 'tensorrt' section"),
@@ -172,6 +172,60 @@ def mutate(tmp_path: Path, change: Any) -> Path:
 def test_malformed_manifest_is_refused(tmp_path: Path, change: Any, message: str) -> None:
     with pytest.raises(ArtifactError, match=message):
         EngineManifest.load(mutate(tmp_path, change))
+
+
+def _set(path: str, value: Any) -> Any:
+    """A change that sets the dotted field `path` of engine.json to `value`."""
+    *parents, last = path.split(".")
+
+    def change(data: dict[str, Any]) -> None:
+        for key in parents:
+            data = data[key]
+        data[last] = value
+    return change
+
+
+# Every field a run reads, given a value of another type (or a number no integer field can hold): one ArtifactError
+# naming the field and the fix, never a TypeError / ValueError / OverflowError that the CLI calls an internal error.
+WRONG_TYPES = [
+    ("max_batch", "8"), ("max_batch", 8.5), ("max_batch", True), ("max_batch", 10**30), ("min_prompt", None),
+    ("max_prompt", [64]), ("buckets", "16,32"), ("buckets", [16.0, 32, 64]), ("buckets", {"16": 1}),
+    ("model_fingerprint", 7), ("graph_hashes", ["b" * 64]), ("graph_hashes", {"step": 1}), ("files", {"step": None}),
+    ("versions", {"tensorrt": 10}), ("versions", "10"), ("extra", [1]), ("backend", 1),
+    ("tensorrt", "10.13"), ("tensorrt.version", 10.13), ("tensorrt.gpu_name", None), ("tensorrt.compute_capability", 9.0),
+    ("tensorrt.profile_index", [0, 1, 2]), ("tensorrt.profile_index", {"16": "0", "32": 1, "64": 2}),
+    ("tensorrt.workspace_bytes", "4G"), ("tensorrt.window_lengths", "16"), ("tensorrt.compute_capabilities", [9.0]),
+    ("tensorrt.library", 1), ("tensorrt.images", {"image_tokens": "4", "images": 1}), ("tensorrt.images", 4),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), WRONG_TYPES, ids=[f"{f}={v!r}" for f, v in WRONG_TYPES])
+def test_a_field_of_the_wrong_type_is_refused_in_one_line(tmp_path: Path, field: str, value: Any) -> None:
+    with pytest.raises(ArtifactError, match=rf"{field.split('.')[-1]}.*rebuild the engine") as refused:
+        EngineManifest.load(mutate(tmp_path, _set(field, value)))
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("key", ["\u00b2", "\u0663", "1\u0660", " 16", "-1"])  # superscript two, Arabic-Indic digits
+def test_profile_index_keys_are_ascii_whole_numbers(tmp_path: Path, key: str) -> None:
+    """str.isdigit() passes '\u00b2' (int() then raises) and Arabic-Indic digits (int() reads them): both refused."""
+    def change(data: dict[str, Any]) -> None:
+        data["tensorrt"]["profile_index"] = {key: 0, "32": 1, "64": 2}
+    with pytest.raises(ArtifactError, match=r"tensorrt.profile_index' has the key .* ASCII digits"):
+        EngineManifest.load(mutate(tmp_path, change))
+
+
+@pytest.mark.parametrize(("field", "value"), [("intra_op_threads", "2"), ("inter_op_threads", 1.5),
+                                              ("intra_op_threads", -1), ("graph_optimization", 99),
+                                              ("providers", "CPUExecutionProvider"), ("providers", [1])])
+def test_ort_session_settings_of_the_wrong_type_are_refused(tmp_path: Path, field: str, value: Any) -> None:
+    ort_manifest().save(tmp_path)
+    path = tmp_path / MANIFEST_FILE
+    data = json.loads(path.read_text())
+    data["ort_session"][field] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=rf"ort_session.{field}.*rebuild the engine"):
+        EngineManifest.load(tmp_path)
 
 
 def mutate_cache(tmp_path: Path, change: Any) -> Path:
@@ -198,7 +252,7 @@ def _drop(data: dict[str, Any], name: str) -> None:
         (lambda d: d["tensorrt"].update(window_lengths=[]), "window_step engine's window lengths"),
         (lambda d: d["tensorrt"].update(window_lengths=[32, 16]), "ascending"),
         (lambda d: d["tensorrt"].update(window_lengths=[16, 128]), "exceeds the last bucket 64"),
-        (lambda d: d["tensorrt"].update(window_lengths=["x"]), "malformed"),
+        (lambda d: d["tensorrt"].update(window_lengths=["x"]), r"'tensorrt.window_lengths' is \['x'\]; it must be a list of"),
         (lambda d: _drop(d, "window_step"), r"window_lengths \[16, 32\] without a window_step"),
     ],
 )

@@ -14,6 +14,9 @@ import pytest
 import torch
 from conftest import tiny_model
 
+from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.graphs import STEP, Size, export_graphs
+from seer_deploy.contracts.manifest_sections import TensorSpec
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError, UnverifiedExport
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
@@ -27,8 +30,6 @@ from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
 from seer_deploy.export.validate import ExportValidationError, check_interface
 from seer_deploy.models.checkpoint import Layout, checkpoint_fingerprint, load_checkpoint, save_checkpoint
 from seer_deploy.models.demo_tasks import write_tokenizer
-from seer_deploy.spec.export_manifest import ExportManifest, TensorSpec
-from seer_deploy.spec.graphs import STEP, Size, export_graphs
 
 EXPORT_FILES = {"manifest.json", "step.onnx", "weights.bin", "tokenizer.json"}  # the tokenizer as read (issue 36)
 
@@ -137,7 +138,7 @@ def onnx_interface(path: Path) -> list[tuple[str, str, str, list[int | str]]]:
 
 
 def check_export_against_spec(out: Path) -> None:
-    """Every step graph of the export at `out` has the inputs, outputs, dtypes and dynamic axes spec.graphs declares,
+    """Every step graph of the export at `out` has the inputs, outputs, dtypes and dynamic axes contracts.graphs declares,
     and the manifest records them so."""
     m = ExportManifest.load(out)
     sizes = {Size.STAT_ROWS: len(m.seer.sparsity_rows)}
@@ -164,7 +165,7 @@ def test_a_graph_that_drifts_from_its_declaration_is_refused(exports: dict[str, 
     fixed_seq = {**record.inputs, "input_ids": TensorSpec("int64", ["batch", 24])}
     for drifted in (replace(record, outputs=renamed), replace(record, inputs=retyped),
                     replace(record, inputs=fixed_seq), replace(record, inputs=dict(reversed(record.inputs.items())))):
-        with pytest.raises(ExportValidationError, match="spec.graphs declares for the step graph"):
+        with pytest.raises(ExportValidationError, match="contracts.graphs declares for the step graph"):
             check_interface(STEP, drifted, sizes)
     with pytest.raises(ExportValidationError):  # another stats layout than the model's
         check_interface(STEP, record, {Size.STAT_ROWS: sizes[Size.STAT_ROWS] + 1})

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
+from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.core.errors import UnverifiedExport
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
@@ -17,7 +18,6 @@ from seer_deploy.export.streamed_weights import ExportedWeight
 from seer_deploy.export.validate import NOISE_FACTOR, TOLERANCES
 from seer_deploy.models.checkpoint import save_checkpoint
 from seer_deploy.models.demo_tasks import write_tokenizer
-from seer_deploy.spec.export_manifest import ExportManifest
 
 MODERATE = {"d_model": 512, "n_layers": 4, "n_heads": 8, "n_kv_heads": 8, "mlp_hidden": 1408, "vocab_size": 4096,
             "max_seq_len": 96}

@@ -10,19 +10,11 @@ from typing import Any
 import pytest
 from conftest import tiny_config
 
+from seer_deploy.contracts import sampling
+from seer_deploy.contracts.export_manifest import FORMAT_VERSION, MANIFEST_FILE, ExportManifest
+from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
 from seer_deploy.core.errors import ArtifactError
 from seer_deploy.core.sparsity import STAT_NAMES
-from seer_deploy.spec import sampling
-from seer_deploy.spec.export_manifest import (
-    FORMAT_VERSION,
-    MANIFEST_FILE,
-    ExportManifest,
-    GraphRecord,
-    ModelSpec,
-    SeerSpec,
-    TensorSpec,
-    WeightsSpec,
-)
 
 BS: list[int | str] = ["batch", "seq"]
 

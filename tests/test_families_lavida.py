@@ -42,7 +42,8 @@ from seer_deploy.models.image_placeholders import MultimodalTokenizer, encode_pi
 from seer_deploy.models.image_prompts import ImageConditionedModel
 from seer_deploy.models.lavida import GRID_PINPOINTS, lavida_anyres, lavida_variant
 from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.multimodal import load_multimodal, save_multimodal_checkpoint, vision_config_from_dict
+from seer_deploy.models.multimodal import load_multimodal, vision_config_from_dict
+from seer_deploy.models.multimodal_writer import save_multimodal_checkpoint
 from seer_deploy.models.requests import assign_images
 from seer_deploy.models.vision import VisionConfig, VisionEncoder
 from seer_deploy.runtime.loop import run_generation
@@ -436,6 +437,40 @@ def test_anyres_settings_from_config() -> None:
         lavida_anyres({**raw, "image_aspect_ratio": "anyres_max_9"}, 384)
     with pytest.raises(CheckpointError, match=r"entry \[400, 768\] must be whole multiples of the tower's 384 px"):
         lavida_anyres({**raw, "image_grid_pinpoints": [[400, 768]]}, 384)
+
+
+def test_the_servers_usage_counts_each_anyres_picture_as_the_service_does(tmp_path: Path) -> None:
+    """An anyres picture is its base view and crops: the server's usage.prompt_tokens is the service's count for the
+    same request (`Service.prepare`, which the server's rows come from), not one view's fixed count."""
+    import base64
+    import io
+
+    import httpx
+
+    from seer_deploy.serve import BackgroundServer, ServeOptions, create_app, protocol
+
+    ckpt = write_lavida_llada(tmp_path / "ck", seed=SEED)
+    edit_config(ckpt, image_aspect_ratio="anyres", image_grid_pinpoints=[list(p) for p in ANYRES.pinpoints])
+    service = Service(str(ckpt), ServiceOptions(generation=CONFIG, seer=False))
+    png = io.BytesIO()
+    picture = load_image(photos()[1])
+    picture.save(png, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    body = {"model": "lavida", "max_tokens": CONFIG.gen_length, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "describe"}]}]}
+    request = protocol.parse(protocol.ChatBody, json.dumps(body).encode())
+    assert isinstance(request, protocol.ChatBody)
+    prepared = service.prepare([request.request()])
+    images = service.info.images
+    assert images is not None
+    one_view = len(prepared.ids[0]) - 1 + images.tokens_per_image
+    anyres = len(prepared.ids[0]) - 1 + anyres_tokens(picture.size, ANYRES, load_multimodal(ckpt).vision_config.pooled_side)
+    assert prepared.prompt_tokens == [anyres] and anyres != one_view
+    with BackgroundServer(create_app(service, ServeOptions(model_name="lavida", gen_lengths=(CONFIG.gen_length,)))) \
+            as server:
+        answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["prompt_tokens"] == anyres
 
 
 # ------------------------------------------------------------------------------------------------ loader errors

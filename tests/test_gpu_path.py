@@ -16,12 +16,14 @@ from hypothesis import strategies as st
 from test_cli import run
 from test_multimodal import pictures, write_tiny_vl
 
+from seer_deploy.contracts.graphs import STEP, WINDOW_STEP
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines import ort as ort_engine
 from seer_deploy.engines.fixed_shapes import FixedShapes, pad_feed, unpad_outputs
-from seer_deploy.engines.ort import CUDA_GRAPH_OPTION, OrtBackend, OrtSessionOptions
+from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
+from seer_deploy.engines.ort_sessions import CUDA_GRAPH_OPTION
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
@@ -33,7 +35,6 @@ from seer_deploy.runtime.targets import parse_device
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.service import Request, Service, ServiceOptions
-from seer_deploy.spec.graphs import STEP, WINDOW_STEP
 
 CPU = "CPUExecutionProvider"
 PLAIN = OrtSessionOptions(providers=(CPU,))

@@ -1,4 +1,4 @@
-"""spec.graphs / spec.graph_calls: the declarations, the feeds made from them and the outputs read back by them.
+"""contracts.graphs / contracts.graph_calls: the declarations, the feeds made from them and the outputs read back by them.
 
 The checks against real exports (every traced graph equals its declaration) are in test_export.py and
 test_vision_export.py; these need no export.
@@ -11,18 +11,8 @@ import inspect
 import numpy as np
 import pytest
 
-from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
-from seer_deploy.core.errors import ConfigError
-from seer_deploy.export.graphs import (
-    MultimodalPrefixStepGraph,
-    MultimodalStepGraph,
-    PrefixStepGraph,
-    StepGraph,
-    VisionGraph,
-    WindowStepGraph,
-)
-from seer_deploy.spec.graph_calls import graph_feed, step0_output, step_output
-from seer_deploy.spec.graphs import (
+from seer_deploy.contracts.graph_calls import graph_feed, step0_output, step_output
+from seer_deploy.contracts.graphs import (
     SPARSITY,
     STEP,
     VISION,
@@ -33,7 +23,17 @@ from seer_deploy.spec.graphs import (
     export_graphs,
     step_graph,
 )
-from seer_deploy.spec.sampling import draw_uniform
+from seer_deploy.contracts.sampling import draw_uniform
+from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
+from seer_deploy.core.errors import ConfigError
+from seer_deploy.export.graphs import (
+    MultimodalPrefixStepGraph,
+    MultimodalStepGraph,
+    PrefixStepGraph,
+    StepGraph,
+    VisionGraph,
+    WindowStepGraph,
+)
 
 MULTIMODAL_STEP = step_graph(multimodal=True)
 ALL_GRAPHS = (STEP, VISION, MULTIMODAL_STEP, WINDOW_STEP, step_graph(kv_cache=True), step_graph(True, True, True))

@@ -14,6 +14,7 @@ from conftest import tiny_config, tiny_model
 from test_cli import run
 from test_multimodal import pictures, write_tiny_vl
 
+from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.core.backend import StepInput, WindowInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.generation import GenerationConfig
@@ -28,7 +29,6 @@ from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.service import Request, Service, ServiceOptions
-from seer_deploy.spec.export_manifest import ExportManifest
 
 CPU = OrtSessionOptions(providers=("CPUExecutionProvider",))
 CACHE = ExportOptions(kv_cache=True)

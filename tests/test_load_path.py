@@ -56,6 +56,36 @@ def test_generate_on_an_export_imports_no_torch(demo_export: Path) -> None:
     assert loaded == ["onnxruntime"]  # the engine it ran on, and nothing of torch's
 
 
+# Runs the CLI with an audit hook that counts, by file name, every open of the files that describe a target.
+CLI_THEN_OPENS = """
+import collections, json, os, sys
+opened = collections.Counter()
+def hook(event, args):
+    if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        name = os.path.basename(os.fsdecode(args[0]))
+        if name in ("manifest.json", "config.json", "engine.json"):
+            opened[name] += 1
+sys.addaudithook(hook)
+from seer_deploy.cli import main
+code = 0
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"rc": code, "opened": opened}), file=sys.stderr)
+"""
+
+
+def test_generate_on_an_export_reads_its_manifest_once(demo_export: Path) -> None:
+    """The target is described once (runtime.targets.describe): the Seer config's search, the opener, the backend
+    and the tokenizer share the parsed manifest (six reads before issue 32); the demo's export names no config.json."""
+    done = subprocess.run([sys.executable, "-c", CLI_THEN_OPENS, "generate", str(demo_export), "--prompt", "reverse 12",
+                           "--json"], capture_output=True, text=True, timeout=300, check=False)
+    report = json.loads(done.stderr.strip().splitlines()[-1])
+    assert report["rc"] in (0, None), done.stderr
+    assert report["opened"] == {"manifest.json": 1}
+
+
 def test_generate_on_a_multimodal_export_imports_no_torch(tmp_path: Path) -> None:
     code, _, _ = run_cli(["export", "demo-vl", "--out", str(tmp_path / "demo-vl-onnx")], ())
     assert code == 0

@@ -23,10 +23,10 @@ from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.multimodal import (
     LLAVA_IMAGE_TOKEN_INDEX,
     load_multimodal,
-    save_multimodal_checkpoint,
     vision_config_from_dict,
 )
 from seer_deploy.models.multimodal_files import is_multimodal_checkpoint
+from seer_deploy.models.multimodal_writer import save_multimodal_checkpoint
 from seer_deploy.models.vision import VisionConfig, VisionEncoder, projector_depth
 from seer_deploy.runtime.reference import generate
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import requires_demo, tiny_model
 
+from seer_deploy.contracts.sampling import draw_uniform
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.generation import GenerationConfig
@@ -26,7 +27,6 @@ from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.spec.sampling import draw_uniform
 
 CPU = OrtSessionOptions(providers=("CPUExecutionProvider",))
 

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from seer_deploy.contracts.graphs import STEP, VISION, WINDOW_STEP, GraphIO, step_graph
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.profiles import (
     ImageAxes,
@@ -20,7 +21,6 @@ from seer_deploy.engines.profiles import (
     recorded_axes,
     window_profile_shapes,
 )
-from seer_deploy.spec.graphs import STEP, VISION, WINDOW_STEP, GraphIO, step_graph
 
 STEP_INPUTS = {
     "input_ids": ["batch", "seq"],

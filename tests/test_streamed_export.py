@@ -21,6 +21,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
+from seer_deploy.contracts.graphs import Size, step_graph
 from seer_deploy.export import resources
 from seer_deploy.export.exporter import (
     STAGES,
@@ -39,7 +40,6 @@ from seer_deploy.export.validate import make_probes, torch_references
 from seer_deploy.models.checkpoint import checkpoint_weights, load_checkpoint, save_checkpoint
 from seer_deploy.models.demo_tasks import write_tokenizer
 from seer_deploy.models.weight_sources import weight_sources
-from seer_deploy.spec.graphs import Size, step_graph
 
 SIZE = {"d_model": 384, "n_layers": 4, "n_heads": 6, "n_kv_heads": 6, "mlp_hidden": 1024, "vocab_size": 4096,
         "max_seq_len": 64}

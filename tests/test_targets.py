@@ -232,14 +232,15 @@ def test_doctor_reports_the_core_and_the_backends(capsys: pytest.CaptureFixture[
 
     from seer_deploy.runtime.loopcore import core_name
 
-    code, stdout, _ = cli(["doctor", "--json"], capsys)
-    assert code == 0
-    data = json.loads(stdout)
-    assert data["loop_core"] == core_name()
-    backends = {b["name"]: b for b in data["backends"]}
-    assert backends["onnxruntime"]["version"] == onnxruntime.__version__
-    assert "CPUExecutionProvider" in backends["onnxruntime"]["detail"]
-    assert backends["tensorrt"]["available"] == tensorrt_available()
+    for probe in ([], ["--probe"]):  # read from the installed files, then asked of the loaded libraries
+        code, stdout, _ = cli(["doctor", "--json", *probe], capsys)
+        assert code == 0
+        data = json.loads(stdout)
+        assert data["loop_core"] == core_name()
+        backends = {b["name"]: b for b in data["backends"]}
+        assert backends["onnxruntime"]["version"] == onnxruntime.__version__
+        assert "CPUExecutionProvider" in backends["onnxruntime"]["detail"]
+        assert backends["torch"]["available"] and backends["tensorrt"]["available"] == tensorrt_available()
     code, stdout, _ = cli(["doctor"], capsys)
     assert code == 0 and f"loop core: {core_name()}" in stdout
 

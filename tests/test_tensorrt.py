@@ -21,6 +21,8 @@ import pytest
 import torch
 from test_build import cpu_options, make_export, window_input
 
+from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.graphs import GraphIO
 from seer_deploy.core.backend import StepInput, supports_cache
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines import tensorrt_engine, tensorrt_library
@@ -29,8 +31,6 @@ from seer_deploy.engines.manifest import RTX_TARGETS, EngineManifest, RuntimeFac
 from seer_deploy.engines.ort import OrtBackend
 from seer_deploy.engines.profiles import ProfileLayout, WindowLayout
 from seer_deploy.engines.tensorrt_engine import TensorRTBackend
-from seer_deploy.spec.export_manifest import ExportManifest
-from seer_deploy.spec.graphs import GraphIO
 
 
 def test_availability_needs_the_real_bindings() -> None:

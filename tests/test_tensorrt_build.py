@@ -29,6 +29,7 @@ from test_build import run_main
 from test_families_lavida import write_lavida_llada
 from test_families_text import family_checkpoint
 
+from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines import build as build_module
 from seer_deploy.engines import tensorrt_build
@@ -40,7 +41,6 @@ from seer_deploy.engines.tensorrt_library import load_library, parse_compute_cap
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.spec.export_manifest import ExportManifest
 
 RTX = BuildOptions(backend="tensorrt", trt_library="tensorrt_rtx")
 

@@ -11,6 +11,9 @@ import torch
 from test_export import onnx_interface
 from test_multimodal import pictures, write_tiny_vl
 
+from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.graphs import VISION, Size, export_graphs
+from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.generation import GenerationConfig
@@ -24,9 +27,6 @@ from seer_deploy.models.multimodal import load_multimodal
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
-from seer_deploy.spec.export_manifest import ExportManifest
-from seer_deploy.spec.graphs import VISION, Size, export_graphs
-from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 
 @pytest.fixture(scope="module")

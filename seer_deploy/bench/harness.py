@@ -175,7 +175,7 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
     info = torch_service.info
     workload = picture_workload(settings.prompts, work_dir / "pictures") if multimodal else text_workload(settings.prompts)
     longest = max(settings.gen_lengths)
-    torch_service.token_ids(workload.requests, GenerationConfig(longest, longest))  # room for the longest, first
+    torch_service.prepare(workload.requests, GenerationConfig(longest, longest))  # room for the longest, first
     say(f"exporting {settings.target} to ONNX (once for this run)")
     start = time.perf_counter()
     export = export_multimodal if multimodal else export_checkpoint

@@ -1,4 +1,5 @@
-"""The `seer-deploy` command line: one module per verb, registered on one click group.
+"""The `seer-deploy` command line: one module per verb, on one click group that imports a verb only when it is
+used (`cli.verbs`), so the group's help starts without torch or ONNX Runtime.
 
 Exit codes: 0 success, 1 an internal error (a bug: rerun with SEER_DEPLOY_DEBUG=1 for the traceback),
 2 bad input (arguments, checkpoints, artifacts, files the OS or a library could not read), each reported as one
@@ -20,6 +21,7 @@ from types import TracebackType
 import click
 
 from seer_deploy import __version__
+from seer_deploy.cli.verbs import VERBS, LazyGroup
 from seer_deploy.core.atomic import cleanup_on_signals
 from seer_deploy.core.errors import SeerDeployError
 from seer_deploy.core.files import os_error_fix
@@ -35,7 +37,7 @@ LIBRARY_FIXES: dict[str, tuple[str, str]] = {
 }
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=LazyGroup, verbs=VERBS, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="seer-deploy")
 def cli() -> None:
     """Export LLaDA-family diffusion LMs to ONNX / TensorRT and run them fast with Seer.
@@ -48,20 +50,6 @@ def cli() -> None:
 
     A CHECKPOINT is a local directory (config.json, *.safetensors, tokenizer.json) or the name 'demo'.
     """
-
-
-def _register() -> None:
-    from seer_deploy.cli import bench, build, calibrate, demo, doctor, export, generate, inspection, serve
-
-    for module in (generate, demo, doctor, calibrate, inspection, build, export, bench, serve):
-        cli.add_command(module.command)
-    cli.add_command(_eval_command())
-
-
-def _eval_command() -> click.Command:
-    from seer_deploy.cli.eval import command  # issue 33's verb, registered on its own line to merge cleanly
-
-    return command
 
 
 def one_line(text: str) -> str:
@@ -152,7 +140,6 @@ def _run(argv: list[str] | None, debug: bool) -> int:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors become one line and exit code 2, never a traceback. SIGTERM, SIGHUP and
     SIGINT stop a run through its cleanups, so no temporary directory is left beside an output."""
-    _register()
     debug = bool(os.environ.get("SEER_DEPLOY_DEBUG"))
     with quiet_libraries(debug), cleanup_on_signals():
         code = _run(argv, debug)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from seer_deploy.cli.verbs import summary
+from seer_deploy.core.checks import ascii_ints
 from seer_deploy.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -24,11 +26,10 @@ if TYPE_CHECKING:
 
 def parse_ints(text: str, option: str, unique: bool = True) -> tuple[int, ...]:
     """'64,128,256' -> (64, 128, 256), in the order given (duplicates dropped when `unique`)."""
-    try:
-        parsed = [int(v) for v in text.split(",") if v.strip()]
-        values = tuple(dict.fromkeys(parsed)) if unique else tuple(parsed)
-    except ValueError as exc:
-        raise ConfigError(f"{option} '{text}' is not a comma-separated list of integers (e.g. 64,128,256)") from exc
+    parsed = ascii_ints(text)
+    if parsed is None:
+        raise ConfigError(f"{option} '{text}' is not a comma-separated list of integers in digits 0-9 (e.g. 64,128,256)")
+    values = tuple(dict.fromkeys(parsed)) if unique else tuple(parsed)
     if not values:
         raise ConfigError(f"{option} is empty; give at least one value, e.g. 64,128,256")
     return values
@@ -58,7 +59,7 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-@click.command("bench")
+@click.command("bench", short_help=summary("bench"))
 @click.argument("target", default="demo")
 @click.option("--gen-lengths", default=None,
               help="Response lengths to measure.  [default: 64,128,256; 16,32,64 for a multimodal TARGET]")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from seer_deploy.core.checks import int_in, number_in
+from seer_deploy.cli.verbs import summary
+from seer_deploy.core.checks import ascii_int, int_in, number_in
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.files import read_json
 
@@ -21,12 +22,14 @@ def read_kept_lengths(path: Path) -> dict[int, float] | list[int]:
     fix = "give a list of lengths or a {length: count} object"
     if isinstance(data, list) and all(int_in(v, 1, MAX_KEPT_LENGTH) for v in data):
         return list(data)
-    if isinstance(data, dict) and all(k.strip().isdigit() and number_in(v, 0, math.inf) for k, v in data.items()):
-        return {int(k): float(v) for k, v in data.items()}
+    lengths = {k: ascii_int(k) for k in data} if isinstance(data, dict) else {}
+    if isinstance(data, dict) and all(int_in(lengths[k], 1, MAX_KEPT_LENGTH) and number_in(v, 0, math.inf)
+                                      for k, v in data.items()):
+        return {lengths[k]: float(v) for k, v in data.items()}  # type: ignore[misc]  # int_in: not None
     raise ConfigError(f"--kept-lengths {path}: lengths must be positive integers and counts numbers >= 0; {fix}")
 
 
-@click.command("build")
+@click.command("build", short_help=summary("build"))
 @click.argument("export_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="The engine directory to write.")
 @click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)

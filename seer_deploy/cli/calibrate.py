@@ -9,6 +9,8 @@ from pathlib import Path
 import click
 
 from seer_deploy.cli.options import generation_config
+from seer_deploy.cli.verbs import summary
+from seer_deploy.core.checks import ascii_ints
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.seer.config import parse_tail_context
 
@@ -17,16 +19,16 @@ def parse_buckets(text: str | None) -> tuple[int, ...]:
     """'16,32,64' -> (16, 32, 64)."""
     if not text:
         return ()
-    try:
-        values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
-    except ValueError as exc:
-        raise ConfigError(f"--buckets '{text}' is not a comma-separated list of lengths (e.g. 16,32,64)") from exc
+    parsed = ascii_ints(text)
+    if parsed is None:
+        raise ConfigError(f"--buckets '{text}' is not a comma-separated list of lengths in digits 0-9 (e.g. 16,32,64)")
+    values = tuple(sorted(set(parsed)))
     if any(v < 1 for v in values):
         raise ConfigError(f"--buckets '{text}' has a length below 1")
     return values
 
 
-@click.command("calibrate")
+@click.command("calibrate", short_help=summary("calibrate"))
 @click.argument("target")
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Calibration prompts: JSON lines with a 'prompt' field, or one prompt per line. For a multimodal "

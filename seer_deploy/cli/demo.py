@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from seer_deploy.cli.verbs import summary
 from seer_deploy.runtime.targets import find_seer_config
 from seer_deploy.service import Request, Run, Service, ServiceOptions
 
@@ -171,7 +172,7 @@ def report(result: DemoResult, gen_length: int, say: Say, kept_dir: bool) -> Non
         say(f"engine dir: {result.engine_dir} (try: seer-deploy generate {result.engine_dir} -p 'sort 31415')")
 
 
-@click.command("demo")
+@click.command("demo", short_help=summary("demo"))
 @click.option("--gen-length", type=int, default=64, show_default=True, help="Response slots to fill.")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep the export and engine here [default: a temporary directory, removed afterwards].")

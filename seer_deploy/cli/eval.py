@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from seer_deploy.cli.options import generation_config, generation_options, template_options
+from seer_deploy.cli.verbs import summary
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.runtime.targets import BACKEND_CHOICES, BackendChoice
 
@@ -28,7 +29,7 @@ def split_names(text: str, option: str) -> tuple[str, ...]:
     return names
 
 
-@click.command("eval")
+@click.command("eval", short_help=summary("eval"))
 @click.argument("target")
 @click.option("--tasks", required=True, help="lm-evaluation-harness tasks, comma-separated: the bundled 'demo' and "
               "'demo_vl', the harness's own (their data local: see --include-path), or task YAML files.")

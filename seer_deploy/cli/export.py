@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from seer_deploy.cli.verbs import summary
+
 GiB = 2**30
 
 
@@ -55,7 +57,7 @@ class StageProgress:
             click.echo(f"  {self.stage}: {time.perf_counter() - self.stage_started:.1f}s", err=True)
 
 
-@click.command("export")
+@click.command("export", short_help=summary("export"))
 @click.argument("checkpoint")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Export directory to create.")
 @click.option(
@@ -101,13 +103,13 @@ def command(
     """Export CHECKPOINT (a local directory, 'demo' or 'demo-vl') to ONNX graphs in --out, checked against torch.
 
     A multimodal CHECKPOINT (LLaDA-V's layout) also gets vision.onnx: pixels -> image embeddings."""
+    from seer_deploy.contracts.multimodal import VISION_FILE
     from seer_deploy.core.errors import ConfigError
     from seer_deploy.engines.build import BuildOptions, build_engines
     from seer_deploy.export.exporter import prepare_export
     from seer_deploy.export.multimodal import prepare_multimodal
     from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
     from seer_deploy.models.multimodal_files import is_multimodal_checkpoint
-    from seer_deploy.spec.multimodal import VISION_FILE
 
     options = ExportOptions(
         dtype=dtype,

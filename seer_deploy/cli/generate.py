@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from seer_deploy.cli.options import decoding_options, generation_config, generation_options, template_options
+from seer_deploy.cli.verbs import summary
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.requests import assign_images, image_name, read_prompts_file
@@ -83,7 +84,7 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
     click.echo(summary, err=True)
 
 
-@click.command("generate")
+@click.command("generate", short_help=summary("generate"))
 @click.argument("target")
 @click.option("--prompt", "-p", multiple=True, help="A prompt (repeat for a batch).")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),

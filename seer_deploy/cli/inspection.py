@@ -8,10 +8,11 @@ from pathlib import Path
 import click
 
 from seer_deploy.cli.options import generation_config
+from seer_deploy.cli.verbs import summary
 from seer_deploy.runtime.targets import find_seer_config
 
 
-@click.command("inspect")
+@click.command("inspect", short_help=summary("inspect"))
 @click.argument("target")
 @click.option("--prompt", "-p", required=True, help="The prompt to inspect.")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),

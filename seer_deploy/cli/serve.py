@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import click
 
 from seer_deploy.cli.options import decoding_options, generation_config, generation_options, template_options
+from seer_deploy.cli.verbs import summary
+from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.runtime.targets import BACKEND_CHOICES, BackendChoice
 from seer_deploy.seer.config import parse_tail_context
@@ -30,13 +32,13 @@ API_KEY_ENV = "SEER_DEPLOY_API_KEY"
 def parse_sizes(text: str | None) -> tuple[int, ...]:
     if not text:
         return ()
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError as exc:
-        raise ConfigError(f"--gen-lengths '{text}' must be integers separated by commas, e.g. 32,64,128") from exc
+    sizes = [ascii_int(part) for part in text.split(",")]
+    if any(size is None for size in sizes):
+        raise ConfigError(f"--gen-lengths '{text}' must be integers (digits 0-9) separated by commas, e.g. 32,64,128")
+    return tuple(size for size in sizes if size is not None)
 
 
-@click.command("serve")
+@click.command("serve", short_help=summary("serve"))
 @click.argument("target")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; the default keeps the server on this machine.")

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from seer_deploy.core.checks import ascii_ints
 from seer_deploy.core.errors import ConfigError
 
 DEFAULT_MIN_BUCKET = 16
@@ -152,10 +153,9 @@ def bucket_index(kept_len: int, buckets: Sequence[int]) -> int:
 
 def parse_buckets(text: str) -> list[int]:
     """'32,64,128' -> [32, 64, 128], checked (the --buckets option)."""
-    try:
-        buckets = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as exc:
-        raise ConfigError(f"--buckets '{text}' is not a comma-separated list of integers, e.g. 32,64,128") from exc
+    buckets = ascii_ints(text)
+    if buckets is None:
+        raise ConfigError(f"--buckets '{text}' is not a comma-separated list of integers (digits 0-9), e.g. 32,64,128")
     check_buckets(buckets)
     return buckets
 
@@ -177,11 +177,10 @@ def default_window_lengths(buckets: Sequence[int]) -> tuple[int, ...]:
 
 def parse_window_lengths(text: str) -> list[int]:
     """'16,32' -> [16, 32] (the --window-lengths option; checked against the buckets by `WindowLayout.validate`)."""
-    try:
-        windows = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as exc:
-        raise ConfigError(f"--window-lengths '{text}' is not a comma-separated list of integers, e.g. 32 or "
-                          "16,32") from exc
+    windows = ascii_ints(text)
+    if windows is None:
+        raise ConfigError(f"--window-lengths '{text}' is not a comma-separated list of integers (digits 0-9), e.g. 32 "
+                          "or 16,32")
     if not windows or any(w < 1 for w in windows) or windows != sorted(set(windows)):
         raise ConfigError(f"--window-lengths '{text}' must be positive, distinct and ascending, e.g. 32 or 16,32")
     return windows

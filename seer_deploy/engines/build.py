@@ -19,6 +19,7 @@ and checked before the first progress line. Either flavour (`tensorrt_library`):
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import seer_deploy
+from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_MANIFEST_FILE
+from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.graphs import VISION, Axis
+from seer_deploy.contracts.manifest_sections import GraphRecord, TensorSpec
+from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.atomic import check_replaceable, claim, install_dir, staging_dir
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, file_sha256, regular_file
@@ -36,10 +42,6 @@ from seer_deploy.engines.image_plan import plan_image_axes
 from seer_deploy.engines.manifest import BackendName, EngineManifest, TensorRTFacts
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, open_session
 from seer_deploy.engines.profiles import Profile, ProfileLayout, WindowLayout, plan_profiles
-from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_MANIFEST_FILE
-from seer_deploy.spec.export_manifest import ExportManifest, GraphRecord, TensorSpec
-from seer_deploy.spec.graphs import VISION, Axis
-from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 if TYPE_CHECKING:
     from seer_deploy.engines.tensorrt_build import TensorRTBuildOptions
@@ -54,13 +56,17 @@ def parse_size(text: str) -> int:
     """'4G', '512M', '1.5G', '1048576' -> bytes (binary units; a trailing 'B'/'iB' is allowed)."""
     raw = text.strip().upper().removesuffix("IB").removesuffix("B")
     unit = raw[-1] if raw and raw[-1] in _UNITS else ""
+    number = raw.removesuffix(unit) if unit else raw
     try:
-        value = float(raw.removesuffix(unit) if unit else raw)
-    except ValueError as exc:
-        raise ConfigError(f"size '{text}' is not a number with an optional K/M/G/T unit, e.g. 4G") from exc
-    if value <= 0:
-        raise ConfigError(f"size '{text}' must be positive, e.g. 4G")
-    return int(value * _UNITS[unit])
+        value = float(number) if number.isascii() else math.nan  # float() also reads other scripts' digits
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):  # not a number, or NaN / inf (which int() below could not convert)
+        raise ConfigError(f"size '{text}' is not a number (finite, digits 0-9) with an optional K/M/G/T unit, e.g. 4G")
+    size = int(value * _UNITS[unit])
+    if size < 1:
+        raise ConfigError(f"size '{text}' must be at least one byte, e.g. 4G")
+    return size
 
 
 @dataclass(frozen=True)

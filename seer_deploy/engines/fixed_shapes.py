@@ -3,7 +3,7 @@ a captured CUDA graph (ONNX Runtime's, engines.ort_binding; TensorRT's, engines.
 
 Padding keeps every real position's result: padding rows repeat row 0 (a real row, so no row is all masked), padding
 columns are zeros, which the attention mask keeps out of every real position's attention; the outputs are cut back
-to the call's rows and columns. Which axes are batch and sequence is read from the graph's declaration (spec.graphs).
+to the call's rows and columns. Which axes are batch and sequence is read from the graph's declaration (contracts.graphs).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from seer_deploy.contracts.graphs import Axis, GraphIO
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.spec.graphs import Axis, GraphIO
 
 DEFAULT_SEQ_MULTIPLE = 32
 

@@ -16,12 +16,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from seer_deploy.contracts.graphs import CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES, VISION
 from seer_deploy.core.atomic import write_bytes_atomic
 from seer_deploy.core.errors import ArtifactError, ConfigError
+from seer_deploy.core.fields import FieldReader
 from seer_deploy.core.files import confined, read_json
 from seer_deploy.engines.buckets import check_buckets
 from seer_deploy.engines.profiles import ImageAxes, ProfileLayout, WindowLayout
-from seer_deploy.spec.graphs import CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES, VISION
 
 ENGINE_FORMAT = "seer-deploy-engine"
 ENGINE_FORMAT_VERSION = 2  # 2: built from exports whose confidence is a log-probability (export format 2)
@@ -116,7 +117,9 @@ class EngineManifest:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "engine manifest") -> EngineManifest:
-        """Parse and validate; ArtifactError names the first problem."""
+        """Parse and validate; ArtifactError names the first problem (a missing key, a value of the wrong type)."""
+        if not isinstance(data, Mapping):
+            raise ArtifactError(f"{source}: expected a JSON object at the top level; rebuild the engine")
         if data.get("format") != ENGINE_FORMAT:
             raise ArtifactError(f"{source} is not a seer-deploy engine manifest (format {data.get('format')!r})")
         version = data.get("format_version")
@@ -125,31 +128,30 @@ class EngineManifest:
                 f"{source} has format_version {version}, this seer-deploy reads {ENGINE_FORMAT_VERSION}; "
                 f"rebuild the engine with this version (seer-deploy build EXPORT_DIR --out ENGINE_DIR)"
             )
-        try:
-            backend = data["backend"]
-            if backend not in BACKENDS:
-                raise ArtifactError(f"{source}: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-            trt = data.get("tensorrt")
-            facts = None
-            if trt is not None:
-                facts = _tensorrt_facts(trt, source)
-            manifest = cls(
-                backend=backend,
-                buckets=tuple(int(b) for b in data["buckets"]),
-                max_batch=int(data["max_batch"]),
-                min_prompt=int(data["min_prompt"]),
-                max_prompt=int(data["max_prompt"]),
-                model_fingerprint=str(data["model_fingerprint"]),
-                graph_hashes={str(k): str(v) for k, v in data["graph_hashes"].items()},
-                files={str(k): str(v) for k, v in data["files"].items()},
-                versions={str(k): str(v) for k, v in data["versions"].items()},
-                tensorrt=facts,
-                ort_session=None if data.get("ort_session") is None else dict(data["ort_session"]),
-                format_version=int(version),
-                extra=dict(data.get("extra") or {}),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ArtifactError(f"{source} is malformed ({type(exc).__name__}: {exc}); rebuild the engine") from exc
+        r = FieldReader(source, "rebuild the engine (seer-deploy build EXPORT_DIR --out ENGINE_DIR)")
+        raw = dict(data)
+        backend = r.string(raw, "backend")
+        if backend not in BACKENDS:
+            raise ArtifactError(f"{source}: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+        trt = raw.get("tensorrt")
+        extra = raw.get("extra") or {}
+        if not isinstance(extra, dict):
+            raise r.refuse(f"'extra' must be an object, got {extra!r}")
+        manifest = cls(
+            backend=backend,
+            buckets=r.integers(raw, "buckets"),
+            max_batch=r.integer(raw, "max_batch"),
+            min_prompt=r.integer(raw, "min_prompt"),
+            max_prompt=r.integer(raw, "max_prompt"),
+            model_fingerprint=r.string(raw, "model_fingerprint"),
+            graph_hashes=r.strings(raw, "graph_hashes"),
+            files=r.strings(raw, "files"),
+            versions=r.strings(raw, "versions"),
+            tensorrt=None if trt is None else _tensorrt_facts(r, raw),
+            ort_session=None if raw.get("ort_session") is None else _ort_session(r, raw),
+            format_version=int(version),
+            extra=dict(extra),
+        )
         manifest.validate(source)
         return manifest
 
@@ -222,29 +224,56 @@ class EngineManifest:
         return confined(engine_dir, self.files[graph], where, error=ArtifactError)
 
 
-def _tensorrt_facts(trt: Mapping[str, Any], source: str) -> TensorRTFacts:
-    """engine.json's tensorrt section (KeyError/TypeError/ValueError for the caller to report)."""
-    library = str(trt.get("library", "tensorrt"))
+def _tensorrt_facts(r: FieldReader, raw: dict[str, Any]) -> TensorRTFacts:
+    """engine.json's tensorrt section, every field of its type."""
+    trt = r.obj(raw, "tensorrt")
+    library = r.string(trt, "library", "tensorrt.library") if "library" in trt else "tensorrt"
     if library not in TENSORRT_LIBRARIES:
-        raise ArtifactError(f"{source}: tensorrt.library {library!r} is not one of {', '.join(TENSORRT_LIBRARIES)}; "
-                            "rebuild the engine")
-    images = trt.get("images")
+        raise r.refuse(f"tensorrt.library {library!r} is not one of {', '.join(TENSORRT_LIBRARIES)}")
     profiles = trt.get("profiles") or {}
     if not isinstance(profiles, dict) or not all(isinstance(v, list) and all(isinstance(p, dict) for p in v)
                                                  for v in profiles.values()):
-        raise ArtifactError(f"{source}: tensorrt.profiles must map each graph to a list of profiles; rebuild the engine")
+        raise r.refuse("tensorrt.profiles must map each graph to a list of profiles")
+    index = r.obj(trt, "profile_index", "tensorrt.profile_index")
+    optional = {key: trt[key] for key in ("window_lengths", "compute_capabilities") if trt.get(key) is not None}
+    images = None
+    if trt.get("images") is not None:
+        axes = r.obj(trt, "images", "tensorrt.images")
+        images = ImageAxes(r.integer(axes, "image_tokens", "tensorrt.images.image_tokens"),
+                           r.integer(axes, "images", "tensorrt.images.images"))
+    compute_capabilities = r.array(optional, "compute_capabilities", "tensorrt.compute_capabilities") \
+        if "compute_capabilities" in optional else []
+    if not all(isinstance(c, str) for c in compute_capabilities):
+        raise r.refuse(f"tensorrt.compute_capabilities must be a list of strings, got {compute_capabilities!r}")
     return TensorRTFacts(
-        version=str(trt["version"]),
-        gpu_name=str(trt["gpu_name"]),
-        compute_capability=str(trt["compute_capability"]),
-        profile_index={int(b): int(i) for b, i in trt["profile_index"].items()},
-        workspace_bytes=None if trt.get("workspace_bytes") is None else int(trt["workspace_bytes"]),
-        window_lengths=tuple(int(w) for w in trt.get("window_lengths") or ()),
+        version=r.string(trt, "version", "tensorrt.version"),
+        gpu_name=r.string(trt, "gpu_name", "tensorrt.gpu_name"),
+        compute_capability=r.string(trt, "compute_capability", "tensorrt.compute_capability"),
+        profile_index={r.index(b, "tensorrt.profile_index"): r.integer(index, b, f"tensorrt.profile_index.{b}", lo=0)
+                       for b in index},
+        workspace_bytes=None if trt.get("workspace_bytes") is None else
+        r.integer(trt, "workspace_bytes", "tensorrt.workspace_bytes", lo=0),
+        window_lengths=r.integers(optional, "window_lengths", "tensorrt.window_lengths")
+        if "window_lengths" in optional else (),
         library=library,  # type: ignore[arg-type]  # checked above
-        compute_capabilities=tuple(str(c) for c in trt.get("compute_capabilities") or ()),
-        images=None if images is None else ImageAxes(int(images["image_tokens"]), int(images["images"])),
+        compute_capabilities=tuple(compute_capabilities),
+        images=images,
         profiles={str(k): list(v) for k, v in profiles.items()},
     )
+
+
+def _ort_session(r: FieldReader, raw: dict[str, Any]) -> dict[str, Any]:
+    """engine.json's ort_session section: the settings a run reads from it, each of its type (the rest kept)."""
+    session = r.obj(raw, "ort_session")
+    for key in ("intra_op_threads", "inter_op_threads"):
+        if key in session:
+            r.integer(session, key, f"ort_session.{key}", lo=0, hi=1 << 16)
+    if "graph_optimization" in session:
+        r.string(session, "graph_optimization", "ort_session.graph_optimization")
+    providers = session.get("providers")
+    if providers is not None and not (isinstance(providers, list) and all(isinstance(p, str) for p in providers)):
+        raise r.refuse(f"'ort_session.providers' must be a list of provider names, got {providers!r}")
+    return dict(session)
 
 
 @dataclass(frozen=True)

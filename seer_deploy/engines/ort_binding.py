@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from seer_deploy.contracts.graphs import ATTENTION_MASK, GraphIO
 from seer_deploy.core.backend import is_device_array
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.engines.fixed_shapes import FixedShapes, pad_feed, unpad_outputs
-from seer_deploy.spec.graphs import ATTENTION_MASK, GraphIO
 
 GPU_GRAPH_ID = "gpu_graph_id"  # ONNX Runtime's run option naming the CUDA graph a call captures or replays
 MAX_BOUND_SHAPES = 64  # buffer sets kept per session (least recently used dropped); CUDA graphs are never dropped

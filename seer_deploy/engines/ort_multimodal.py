@@ -7,13 +7,14 @@ from typing import Any
 
 import numpy as np
 
+from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.graphs import IMAGE_EMBEDS, PIXEL_VALUES, VISION, GraphIO, step_graph
+from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, file_sha256
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, open_session
 from seer_deploy.models.image_placeholders import image_table_np
-from seer_deploy.spec.graphs import IMAGE_EMBEDS, PIXEL_VALUES, VISION, GraphIO, step_graph
-from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 
 class MultimodalOrtBackend(OrtBackend):
@@ -24,8 +25,8 @@ class MultimodalOrtBackend(OrtBackend):
     """
 
     def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None, *,
-                 kv_cache: bool = True) -> None:
-        super().__init__(export_dir, options, kv_cache=kv_cache)
+                 kv_cache: bool = True, manifest: ExportManifest | None = None) -> None:
+        super().__init__(export_dir, options, kv_cache=kv_cache, manifest=manifest)
         section: dict[str, Any] = self.manifest.extra[MULTIMODAL_KEY]  # _declared_step_graph made sure it is there
         self.multimodal = section
         vision = section[VISION.name]

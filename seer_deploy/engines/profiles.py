@@ -2,7 +2,7 @@
 
 Profile i of a graph with a sequence axis serves the responses of bucket i (`engines.buckets`): its sequence range is
 [min_prompt + bucket[i-1] + 1, max_prompt + bucket[i]], its batch 1..max_batch. A graph is planned from the axes its
-export records (`recorded_axes`: every symbolic dim is a `spec.graphs.Axis` by name), so any graph an export lists
+export records (`recorded_axes`: every symbolic dim is a `contracts.graphs.Axis` by name), so any graph an export lists
 gets its profiles without this module knowing its name (`plan_profiles`):
 - a window axis (the KV cache's window_step): one profile per (length bucket, window length) pair (`WindowLayout`),
   pair (i, j) serving windows (w_{j-1}, w_j] at bucket i's sequence lengths; a pair no call can reach is left out.
@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from seer_deploy.contracts.graphs import Axis, GraphIO
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.buckets import bucket_index, check_buckets
-from seer_deploy.spec.graphs import Axis, GraphIO
 
 ProfileDim = Axis | int  # an input axis: a planned Axis (batch, seq, window, image axes), or a fixed size
 
@@ -222,7 +222,7 @@ class WindowLayout:
 
 def recorded_axes(inputs: Mapping[str, Sequence[int | str]]) -> dict[str, tuple[ProfileDim, ...]]:
     """Each graph input's axes from the shapes an export manifest records: a symbolic dim is the `Axis` of that name
-    (spec.graphs records dynamic axes by their Axis value), a positive number a fixed size; anything else is refused
+    (contracts.graphs records dynamic axes by their Axis value), a positive number a fixed size; anything else is refused
     rather than guessed at."""
     known = {axis.value: axis for axis in Axis}
     axes: dict[str, tuple[ProfileDim, ...]] = {}
@@ -357,7 +357,7 @@ def buffer_shapes(graph: GraphIO, layout: ProfileLayout | WindowLayout, engine_s
                   ) -> dict[str, tuple[int, ...]]:
     """The shape of the one device buffer each engine tensor needs: its largest over every profile.
 
-    `engine_shapes` are the engine's own tensor shapes (-1 where dynamic). The declaration (spec.graphs) says which
+    `engine_shapes` are the engine's own tensor shapes (-1 where dynamic). The declaration (contracts.graphs) says which
     axes are the batch and the sequence (and the window, for a WindowLayout), which take their largest values over
     the layout; every other dim is the engine's fixed size. ArtifactError where the engine and the declaration
     disagree.

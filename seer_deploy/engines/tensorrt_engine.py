@@ -8,7 +8,7 @@ engines; a multimodal engine dir is refused), that a GPU is visible, and that th
 
 Device buffers are torch CUDA tensors (torch is already a dependency; cuda-python would add one), allocated once
 when an engine loads, as TensorRT's own demos do, never per step: one buffer per input and output, sized for the
-largest shape any profile takes (`profiles.buffer_shapes`, from the graph's declaration in spec.graphs). Every
+largest shape any profile takes (`profiles.buffer_shapes`, from the graph's declaration in contracts.graphs). Every
 profile's context gets their addresses once; a call copies its feeds into views of the input buffers, sets the
 input shapes and reads the outputs from views of the output buffers. Execution is enqueued on torch's current
 stream so torch's own ordering stays correct. All of an engine's profiles share these buffers and one
@@ -38,6 +38,15 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import torch
 
+from seer_deploy.contracts.graph_calls import (
+    graph_feed,
+    refresh_output,
+    step0_output,
+    step_output,
+    window_feed,
+    window_output,
+)
+from seer_deploy.contracts.graphs import VISION, WINDOW_STEP, GraphIO, step_graph
 from seer_deploy.core.atomic import write_bytes_atomic
 from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
@@ -57,15 +66,6 @@ from seer_deploy.engines.tensorrt_library import (
     tensorrt_available,
     tensorrt_version,
 )
-from seer_deploy.spec.graph_calls import (
-    graph_feed,
-    refresh_output,
-    step0_output,
-    step_output,
-    window_feed,
-    window_output,
-)
-from seer_deploy.spec.graphs import VISION, WINDOW_STEP, GraphIO, step_graph
 
 if TYPE_CHECKING:
     import tensorrt as trt_types  # tensorrt-stubs: the API both flavours share (engines.tensorrt_library)
@@ -357,7 +357,7 @@ class TensorRTBackend:
         return step0_output(self._run(self._step_io, inputs, with_stats=True))
 
     def step(self, inputs: StepInput) -> StepOutput:
-        """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see spec.sampling)."""
+        """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see contracts.sampling)."""
         if self.fixed_shapes is None:
             return step_output(self._run(self._step_io, inputs))
         checked = inputs.checked(self.max_seq_len)

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol, cast
 
-import torch
-
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.engines.manifest import (
     LIBRARY_TITLES,
@@ -116,6 +114,8 @@ def tensorrt_version() -> str:
 
 def gpu_facts(device: int = 0) -> tuple[str, str]:
     """(name, "major.minor" compute capability) of the CUDA device; ConfigError in one line where none is visible."""
+    import torch  # here, not at the top: `seer-deploy doctor` asks which flavours import without loading torch
+
     if not torch.cuda.is_available():
         raise ConfigError("TensorRT engines run on a CUDA GPU and none is visible (check the driver and "
                           "CUDA_VISIBLE_DEVICES); build engines here with --trt-library tensorrt_rtx, run them on a GPU")

@@ -7,7 +7,7 @@ export streams: the torch reference runs one layer at a time (export.streamed_re
 fake model and the weights file is written tensor by tensor from the checkpoint's shards (export.streamed_weights), so
 the process never holds two copies of the weights (the multimodal export still loads its model: export.multimodal).
 Everything is written into a temporary directory next to the destination and renamed into place only after the ONNX
-checker and the check of every traced graph's inputs and outputs against its declaration (spec.graphs) passed, so a
+checker and the check of every traced graph's inputs and outputs against its declaration (contracts.graphs) passed, so a
 failed or interrupted export leaves nothing at the destination. The ONNX Runtime vs torch comparison comes last: when
 it fails, the finished export is installed all the same, marked unverified in its manifest with the figures, and the
 run fails (UnverifiedExport, exit 1): an hour of work on an 8B model is kept for the user to judge, never passed off as
@@ -30,6 +30,28 @@ import torch
 from torch import Tensor, nn
 
 import seer_deploy
+from seer_deploy.contracts import sampling
+from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.graphs import (
+    ATTENTION_MASK,
+    CACHE_GRAPH_NAMES,
+    CANDIDATES,
+    INPUT_IDS,
+    KV,
+    PROMPT_WIDTH,
+    SAMPLE_UNIFORM,
+    STEP_GRAPH_NAMES,
+    TEMPERATURE,
+    WINDOW_IDS,
+    WINDOW_START,
+    WINDOW_STEP,
+    WITH_STATS,
+    Axis,
+    GraphIO,
+    Size,
+    step_graph,
+)
+from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, SeerSpec, WeightsSpec
 from seer_deploy.core.atomic import (
     check_replaceable,
     claim,
@@ -63,33 +85,6 @@ from seer_deploy.models.checkpoint import (
 from seer_deploy.models.config import ModelConfig, config_from_dict
 from seer_deploy.models.tokenizer import export_tokenizer, special_ids_from_tokenizer_file
 from seer_deploy.models.weight_sources import shaped_model, weight_sources
-from seer_deploy.spec import sampling
-from seer_deploy.spec.export_manifest import (
-    ExportManifest,
-    GraphRecord,
-    ModelSpec,
-    SeerSpec,
-    WeightsSpec,
-)
-from seer_deploy.spec.graphs import (
-    ATTENTION_MASK,
-    CACHE_GRAPH_NAMES,
-    CANDIDATES,
-    INPUT_IDS,
-    KV,
-    PROMPT_WIDTH,
-    SAMPLE_UNIFORM,
-    STEP_GRAPH_NAMES,
-    TEMPERATURE,
-    WINDOW_IDS,
-    WINDOW_START,
-    WINDOW_STEP,
-    WITH_STATS,
-    Axis,
-    GraphIO,
-    Size,
-    step_graph,
-)
 
 STAGES: tuple[str, ...] = (
     "loading checkpoint",

@@ -1,4 +1,4 @@
-"""The exported graphs as torch modules around `MaskPredictor` (their I/O is declared in spec.graphs): the sampling
+"""The exported graphs as torch modules around `MaskPredictor` (their I/O is declared in contracts.graphs): the sampling
 head lives inside the graph.
 
 One step graph serves every full pass, so an engine holds the weights once: step zero (`with_stats` = 1: Seer's
@@ -105,7 +105,7 @@ class StepGraph(nn.Module):
 
 
 class PrefixStepGraph(StepGraph):
-    """StepGraph of a prefix-DLM model (ModelConfig.prefix_dlm): prompt_width [B] last (spec.graphs.PROMPT_WIDTH)."""
+    """StepGraph of a prefix-DLM model (ModelConfig.prefix_dlm): prompt_width [B] last (contracts.graphs.PROMPT_WIDTH)."""
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
                 sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, prompt_width: Tensor
@@ -137,7 +137,7 @@ class MultimodalPrefixStepGraph(StepGraph):
 
 def step_module(model: MaskPredictor, spec: StatsSpec, *, multimodal: bool = False, kv_cache: bool = False
                 ) -> StepGraph:
-    """The step module an export traces, declared by spec.graphs.step_graph with the same switches (prefix-DLM from
+    """The step module an export traces, declared by contracts.graphs.step_graph with the same switches (prefix-DLM from
     the model's config)."""
     variants = {(False, False): StepGraph, (False, True): PrefixStepGraph,
                 (True, False): MultimodalStepGraph, (True, True): MultimodalPrefixStepGraph}

@@ -1,6 +1,6 @@
 """Multimodal export: vision.onnx (pixels -> image embeddings) and an image-aware step.onnx (and window_step.onnx).
 
-The step graph takes one extra input, the image table float32 [image_tokens, D] (spec.graphs.IMAGE_TABLE): the
+The step graph takes one extra input, the image table float32 [image_tokens, D] (contracts.graphs.IMAGE_TABLE): the
 embeddings of every image of the batch, one row per image token. Prompt ids at and above the LM's embedding rows
 (`image_id_base`) select a row of it in-graph (seer_deploy.export.graphs); every other id is embedded as usual. So the
 runtime loop, Seer's truncation and regrouped batches work on plain ids, and the graphs' other inputs and outputs are
@@ -8,7 +8,7 @@ those of a text-only export. The vision graph outputs float32 whatever the expor
 depends on it.
 
 A prefix-DLM model (LaViDa with prefix-DLM attention: ModelConfig.prefix_dlm) gets the prefix variant of the step
-graph, which takes `prompt_width` [B] after the image table (spec.graphs.step_graph(prefix_dlm=True)).
+graph, which takes `prompt_width` [B] after the image table (contracts.graphs.step_graph(prefix_dlm=True)).
 
 The export directory and manifest are the text export's (written by seer_deploy.export.exporter.ExportRun) with
 the vision graph and the image settings under `extra["multimodal"]`; the weights of all its graphs share one
@@ -24,6 +24,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from seer_deploy.contracts.graphs import (
+    IMAGE_TABLE,
+    INPUT_IDS,
+    PIXEL_VALUES,
+    VISION,
+    WINDOW_STEP,
+    Size,
+    step_graph,
+)
+from seer_deploy.contracts.manifest_sections import GraphRecord
+from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.exporter import (
@@ -51,17 +62,6 @@ from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.image_prompts import ImageConditionedModel
 from seer_deploy.models.multimodal import DEMO_VL_NAME, load_multimodal, resolve_multimodal, vision_config_from_dict
 from seer_deploy.models.vision import VisionConfig
-from seer_deploy.spec.export_manifest import GraphRecord
-from seer_deploy.spec.graphs import (
-    IMAGE_TABLE,
-    INPUT_IDS,
-    PIXEL_VALUES,
-    VISION,
-    WINDOW_STEP,
-    Size,
-    step_graph,
-)
-from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 STAGES: tuple[str, ...] = (
     "loading checkpoint",

@@ -1,4 +1,4 @@
-"""torch module -> in-memory ONNX model (onnx_ir), with the dynamic axes its spec.graphs declaration names,
+"""torch module -> in-memory ONNX model (onnx_ir), with the dynamic axes its contracts.graphs declaration names,
 reproducible byte for byte.
 
 The dynamo exporter records stack traces, FX node text and module paths as metadata on every node; they say where the
@@ -19,11 +19,11 @@ import onnx_ir as ir
 import torch
 from torch import nn
 
+from seer_deploy.contracts.graphs import Axis, GraphIO
+from seer_deploy.contracts.manifest_sections import TensorSpec
 from seer_deploy.export.options import check_opset
 from seer_deploy.export.streamed_weights import bind_weights, keeps_weights_lazy
 from seer_deploy.models.weight_sources import WeightSource
-from seer_deploy.spec.export_manifest import TensorSpec
-from seer_deploy.spec.graphs import Axis, GraphIO
 
 _DTYPE_NAMES = {
     ir.DataType.INT64: "int64",

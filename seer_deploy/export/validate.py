@@ -1,4 +1,4 @@
-"""Export-time checks: each traced graph's inputs and outputs against its declaration (spec.graphs), the ONNX checker
+"""Export-time checks: each traced graph's inputs and outputs against its declaration (contracts.graphs), the ONNX checker
 on each file, then ONNX Runtime against the torch model on probe prompts.
 
 The torch side is the float32 model, so a float16 export is measured against the truth, not against itself. The
@@ -26,6 +26,9 @@ import numpy as np
 import onnx
 import torch
 
+from seer_deploy.contracts.graphs import GraphIO, RecordedShape, Size
+from seer_deploy.contracts.manifest_sections import GraphRecord
+from seer_deploy.contracts.sampling import draw_uniform
 from seer_deploy.core.backend import (
     Backend,
     CacheBackend,
@@ -38,9 +41,6 @@ from seer_deploy.core.errors import ArtifactError
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.spec.export_manifest import GraphRecord
-from seer_deploy.spec.graphs import GraphIO, RecordedShape, Size
-from seer_deploy.spec.sampling import draw_uniform
 
 
 class ExportValidationError(ArtifactError):
@@ -179,7 +179,7 @@ def check_interface(graph: GraphIO, record: GraphRecord, sizes: Mapping[Size, in
     declared = graph.interface(sizes)
     if traced != declared:
         raise ExportValidationError(
-            f"{record.file} does not have the inputs and outputs spec.graphs declares for the {graph.name} graph "
+            f"{record.file} does not have the inputs and outputs contracts.graphs declares for the {graph.name} graph "
             f"(traced: {_listing(traced)}; declared: {_listing(declared)}); nothing was written"
         )
 

@@ -33,6 +33,7 @@ from seer_deploy.models.tokenizer_files import (
     NAMED_TOKENS,
     SPECIAL_MAP,
     TOKENIZER_CONFIG,
+    TokenizerFacts,
     manifest_tokenizer_entry,
     optional_json,
     token_text,
@@ -135,9 +136,10 @@ def template_tokens(directory: Path) -> dict[str, str]:
     return out
 
 
-def find_template(directory: Path, tok: Tokenizer) -> ChatTemplate:
-    """The template of a checkpoint or export directory (the module docstring's order)."""
-    entry = manifest_tokenizer_entry(directory)
+def find_template(directory: Path, tok: Tokenizer, facts: TokenizerFacts | None = None) -> ChatTemplate:
+    """The template of a checkpoint or export directory (the module docstring's order); `facts`: what the target's
+    description says instead of its manifest.json."""
+    entry = manifest_tokenizer_entry(directory) if facts is None else facts.manifest_entry
     if entry is not None and "chat_template_source" in entry:
         text = entry.get("chat_template")
         tokens = entry.get("template_tokens") or {}

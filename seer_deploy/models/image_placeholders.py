@@ -21,6 +21,7 @@ from seer_deploy.models.chat_template import ChatTemplate
 from seer_deploy.models.image import ImageConfig, pixel_batch
 from seer_deploy.models.multimodal_files import IMAGE_TOKEN
 from seer_deploy.models.tokenizer import Tokenizer
+from seer_deploy.models.tokenizer_files import TokenizerFacts
 
 if TYPE_CHECKING:
     from seer_deploy.models.multimodal import LoadedMultimodal
@@ -30,8 +31,8 @@ class MultimodalTokenizer(Tokenizer):
     """A Tokenizer whose prompts may contain `<image>`: each becomes the placeholder id `image_token_index`."""
 
     def __init__(self, file: str | os.PathLike[str], eos_id: int, eot_id: int | None, image_token_index: int,
-                 template: ChatTemplate | None = None) -> None:
-        super().__init__(file, eos_id, eot_id, template=template)
+                 template: ChatTemplate | None = None, *, described: TokenizerFacts | None = None) -> None:
+        super().__init__(file, eos_id, eot_id, template=template, described=described)
         self.image_token_index = image_token_index
         # Checkpoints whose tokenizer lacks '<image>' (LLaVA splits the text on it instead) get it as a special token
         # here, so it is never split into pieces; its id is replaced by the placeholder below.

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from seer_deploy.core.checks import ascii_int, int_in
 from seer_deploy.core.errors import CheckpointError, ConfigError, SeerDeployError
 from seer_deploy.models.chat_template import ChatTemplate, chat_messages, find_template
 from seer_deploy.models.tokenizer_files import (
@@ -29,6 +30,7 @@ from seer_deploy.models.tokenizer_files import (
     TOKENIZER_CONFIG,
     TOKENIZER_JSON,
     VOCAB,
+    TokenizerFacts,
     has_tokenizer,
     load_tokenizer,
     manifest_tokenizer_entry,
@@ -127,15 +129,21 @@ class Tokenizer:
     size) enables MMaDA's image-code syntax."""
 
     def __init__(self, path: str | os.PathLike[str], eos_id: int, eot_id: int | None = None,
-                 image_codes: tuple[int, int] | None = None, template: ChatTemplate | None = None) -> None:
+                 image_codes: tuple[int, int] | None = None, template: ChatTemplate | None = None, *,
+                 described: TokenizerFacts | None = None) -> None:
+        """`described`: what the target's description says (image codes, the export's tokenizer entry), read once by
+        the opener; without it they are read from the files beside `path`."""
         path = Path(path)
         directory = path if path.is_dir() else path.parent
         self._tok = load_tokenizer(path)
         self.eos_id = eos_id
         self.eot_id = eot_id
-        self.template = template if template is not None else find_template(directory, self._tok)
-        self.image_codes = image_codes if image_codes is not None else image_codes_beside(directory)
-        entry = manifest_tokenizer_entry(directory)
+        self.template = template if template is not None else find_template(directory, self._tok, described)
+        if described is None:
+            self.image_codes = image_codes if image_codes is not None else image_codes_beside(directory)
+            entry = manifest_tokenizer_entry(directory)
+        else:
+            self.image_codes, entry = image_codes or described.image_codes, described.manifest_entry
         named = set(entry.get("special_tokens") or []) if entry is not None else special_texts(directory)
         added = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
         # A one-character special token (the demo's '=') is ordinary text too: refusing it would refuse plain prompts.
@@ -208,7 +216,7 @@ class Tokenizer:
         images: list[int] = []
         for block in blocks:
             codes = block.split()
-            bad = next((c for c in codes if not (c.isdigit() and int(c) < size)), None)
+            bad = next((c for c in codes if not int_in(ascii_int(c), 0, size - 1)), None)
             if not codes or bad is not None:
                 raise ConfigError(f"<image_codes> holds {bad!r}: give whitespace-separated integers from 0 to "
                                   f"{size - 1} (the VQ codebook)" if codes else "<image_codes> is empty; give the "

@@ -22,6 +22,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import BPE
 
+from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import CheckpointError
 from seer_deploy.core.files import read_json, read_text
 
@@ -130,8 +131,9 @@ def added_tokens(directory: Path, settings: dict[str, Any]) -> dict[int, AddedTo
     out: dict[int, AddedToken] = {}
     decoder = settings.get("added_tokens_decoder") or {}
     for key, entry in decoder.items() if isinstance(decoder, dict) else ():
-        if str(key).isdigit() and isinstance(entry, dict) and isinstance(entry.get("content"), str):
-            out[int(key)] = AddedToken(entry["content"], single_word=bool(entry.get("single_word", False)),
+        token_id = ascii_int(str(key))
+        if token_id is not None and token_id >= 0 and isinstance(entry, dict) and isinstance(entry.get("content"), str):
+            out[token_id] = AddedToken(entry["content"], single_word=bool(entry.get("single_word", False)),
                                        lstrip=bool(entry.get("lstrip", False)), rstrip=bool(entry.get("rstrip", False)),
                                        normalized=bool(entry.get("normalized", False)),
                                        special=bool(entry.get("special", True)))
@@ -198,6 +200,15 @@ def text_tokens(tok: Tokenizer) -> int:
     """len(tokenizer) as transformers counts it: the vocabulary with its added tokens (MMaDA's image codes start
     here, as Gen-Verse/MMaDA inference_mmu.py adds len(uni_prompting.text_tokenizer) to every code)."""
     return len(tok.get_vocab(with_added_tokens=True))
+
+
+@dataclass(frozen=True)
+class TokenizerFacts:
+    """What a target's description (its export manifest, parsed once by the opener) already says about its tokenizer,
+    so building the tokenizer opens neither manifest.json nor config.json again."""
+
+    image_codes: tuple[int, int] | None  # MMaDA's image-code range (the model config's), None for other models
+    manifest_entry: dict[str, Any] | None  # the export's "tokenizer" entry; None: read the tokenizer's own files
 
 
 def manifest_tokenizer_entry(directory: Path) -> dict[str, Any] | None:

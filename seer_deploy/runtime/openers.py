@@ -12,29 +12,29 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
+from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
 from seer_deploy.models.anyres import AnyresConfig
 from seer_deploy.models.image import ImageConfig
 from seer_deploy.models.multimodal_files import is_multimodal_checkpoint, resolve_multimodal
-from seer_deploy.models.tokenizer_files import has_tokenizer
+from seer_deploy.models.tokenizer_files import TokenizerFacts, has_tokenizer
 from seer_deploy.runtime.targets import (
     BACKEND_CHOICES,
     TOKENIZER_FILE,
     BackendChoice,
+    Description,
     ImageSupport,
     TargetInfo,
     TargetKind,
     TargetOptions,
     checkpoint_exists,
-    engine_export_dir,
+    describe,
     parse_device,
-    target_kind,
 )
-from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_FILE
-from seer_deploy.spec.export_manifest import ExportManifest
-from seer_deploy.spec.multimodal import MULTIMODAL_KEY
 
 if TYPE_CHECKING:
     import torch
@@ -43,22 +43,24 @@ if TYPE_CHECKING:
 
 
 def open_target(
-    target: str | os.PathLike[str], backend: BackendChoice | None = None, options: TargetOptions | None = None
+    target: str | os.PathLike[str], backend: BackendChoice | None = None, options: TargetOptions | None = None,
+    described: Description | None = None,
 ) -> tuple[Backend, TargetInfo]:
     """The backend that runs TARGET and what it needs (ids, tokenizer, image settings); `backend` None picks the
-    target's own (checkpoint: torch, export: ort, engine: what it was built for)."""
+    target's own (checkpoint: torch, export: ort, engine: what it was built for). `described`: TARGET's description
+    (`targets.describe`) when the caller has it, so its manifests are read once."""
     options = options or TargetOptions()
     if backend is not None and backend not in BACKEND_CHOICES:
         raise ConfigError(f"backend '{backend}' is unknown; use one of {', '.join(BACKEND_CHOICES)}")
     if options.threads is not None and options.threads < 0:
         raise ConfigError(f"--threads must be >= 0 (0 = the engine's default), got {options.threads}")
     options.check()
-    kind = target_kind(target)
-    if kind == "checkpoint":
+    d = described if described is not None else describe(target)
+    if d.kind == "checkpoint":
         return open_checkpoint(str(target), backend, options)
-    if kind == "export":
-        return open_export(Path(target).expanduser(), str(target), backend, options)
-    return open_engine(Path(target).expanduser(), str(target), backend, options)
+    if d.kind == "export":
+        return open_export(d, backend, options)
+    return open_engine(d, backend, options)
 
 
 def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetOptions) -> tuple[Backend, TargetInfo]:
@@ -164,11 +166,13 @@ def _export_info(target: str, kind: TargetKind, backend: BackendChoice, path: Pa
     if tokenizer is None and has_source and has_tokenizer(resolve_multimodal(source)):
         tokenizer = resolve_multimodal(source)
     pad = ids.get("pad")
+    entry = export.extra.get("tokenizer")  # what the export recorded of the tokenizer beside it
+    facts = TokenizerFacts(cfg.image_code_range, entry if isinstance(entry, dict) and tokenizer == export_dir else None)
     return TargetInfo(
         target=target, kind=kind, backend=backend, path=path, config=cfg, mask_id=mask, eos_id=eos,
         pad_id=pad if pad is not None else eos, eot_id=ids.get("eot"),
         tokenizer_dir=tokenizer,
-        checkpoint=source if has_source else None, export_dir=export_dir,
+        checkpoint=source if has_source else None, export_dir=export_dir, tokenizer_facts=facts,
     )
 
 
@@ -179,10 +183,10 @@ def _ort_backend(export_dir: Path, export: ExportManifest, session: OrtSessionOp
     if MULTIMODAL_KEY not in export.extra:
         from seer_deploy.engines.ort import OrtBackend
 
-        return OrtBackend(export_dir, session, kv_cache=kv_cache), info
+        return OrtBackend(export_dir, session, kv_cache=kv_cache, manifest=export), info
     from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 
-    backend = MultimodalOrtBackend(export_dir, session, kv_cache=kv_cache)
+    backend = MultimodalOrtBackend(export_dir, session, kv_cache=kv_cache, manifest=export)
     vision = backend.multimodal["vision_config"]
     image = vision["image"]
     settings = ImageConfig(int(image["image_size"]), tuple(image["mean"]), tuple(image["std"]), str(image["aspect"]))
@@ -191,10 +195,10 @@ def _ort_backend(export_dir: Path, export: ExportManifest, session: OrtSessionOp
     return backend, replace(info, images=images)
 
 
-def open_export(path: Path, target: str, backend: BackendChoice | None, options: TargetOptions
-                ) -> tuple[Backend, TargetInfo]:
+def open_export(d: Description, backend: BackendChoice | None, options: TargetOptions) -> tuple[Backend, TargetInfo]:
     """ONNX Runtime on an export directory."""
-    export = ExportManifest.load(path)
+    path, target, export = d.path, d.target, d.export
+    assert export is not None  # describe() reads an export dir's manifest
     if backend == "torch":
         raise ConfigError(
             f"TARGET '{target}' is an export directory (ONNX); for torch give its checkpoint ({export.model.source})"
@@ -209,14 +213,13 @@ def open_export(path: Path, target: str, backend: BackendChoice | None, options:
     return _ort_backend(path, export, session, _export_info(target, "export", "ort", path, path, export))
 
 
-def checked_engine(path: Path) -> tuple[EngineManifest, Path, ExportManifest, RuntimeFacts]:
+def checked_engine(d: Description) -> tuple[EngineManifest, Path, ExportManifest, RuntimeFacts]:
     """An engine dir's manifest, its export (dir and manifest) and the facts it was checked against: a stale engine
     (another model, graphs, backend or ONNX Runtime version) is an error before anything loads, not an answer."""
     import onnxruntime
 
-    manifest = EngineManifest.load(path)
-    export_dir = engine_export_dir(path, manifest)
-    export = ExportManifest.load(export_dir)
+    manifest, export_dir, export = d.engine, d.export_dir, d.export
+    assert manifest is not None and export_dir is not None and export is not None  # describe() reads them
     facts = RuntimeFacts(
         model_fingerprint=export.model.fingerprint,
         graph_hashes={name: graph.sha256 for name, graph in export.graphs.items()},  # a graph gone: refused
@@ -234,10 +237,10 @@ def engine_session_options(manifest: EngineManifest, options: TargetOptions) -> 
     return session
 
 
-def open_engine(path: Path, target: str, backend: BackendChoice | None, options: TargetOptions
-                ) -> tuple[Backend, TargetInfo]:
+def open_engine(d: Description, backend: BackendChoice | None, options: TargetOptions) -> tuple[Backend, TargetInfo]:
     """The engine an engine dir was built for, after checking it against its export and this machine."""
-    manifest, export_dir, export, facts = checked_engine(path)
+    path, target = d.path, d.target
+    manifest, export_dir, export, facts = checked_engine(d)
     wanted = backend or manifest.backend
     if wanted != manifest.backend:
         fix = (f"give its export ({export_dir}) as TARGET" if wanted == "ort" else

@@ -17,6 +17,9 @@ from typing import Literal
 
 from PIL import Image
 
+from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
+from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import ArtifactError, CheckpointError, ConfigError
 from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
 from seer_deploy.engines.manifest import EngineManifest
@@ -25,9 +28,8 @@ from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.image import ImageConfig
 from seer_deploy.models.multimodal_files import DEMO_VL_NAME, is_multimodal_checkpoint, resolve_multimodal
 from seer_deploy.models.tokenizer import Tokenizer
+from seer_deploy.models.tokenizer_files import TokenizerFacts
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
-from seer_deploy.spec.export_manifest import MANIFEST_FILE as EXPORT_FILE
-from seer_deploy.spec.export_manifest import ExportManifest
 
 TargetKind = Literal["checkpoint", "export", "engine"]
 BackendChoice = Literal["torch", "ort", "tensorrt"]
@@ -61,8 +63,9 @@ def parse_device(text: str | None) -> tuple[str, int]:
     kind, _, index = text.strip().lower().partition(":")
     if kind == "cpu" and not index:
         return "cpu", 0
-    if kind == "cuda" and (not index or index.isdigit()):
-        return "cuda", int(index or 0)
+    number = ascii_int(index) if index else 0
+    if kind == "cuda" and number is not None and number >= 0 and not index.startswith(("+", "-")):
+        return "cuda", number
     raise ConfigError(f"--device {text!r} is not a device; use cpu, cuda or cuda:N (N = the GPU's index)")
 
 
@@ -110,6 +113,8 @@ class TargetInfo:
     buckets: tuple[int, ...] = ()  # engine dirs: the kept-length buckets the engine was built for
     max_batch: int | None = None  # TensorRT engines: the largest batch the profiles cover
     images: ImageSupport | None = None  # multimodal targets
+    # What the opener read about the tokenizer (an export's manifest): None, read from the tokenizer's own files
+    tokenizer_facts: TokenizerFacts | None = None
 
     def tokenizer(self, template: TemplateChoice | None = None) -> Tokenizer:
         """The target's tokenizer with its chat template, or the one `template` chooses (--chat-template FILE,
@@ -122,14 +127,14 @@ class TargetInfo:
             )
         chat = None
         if template is not None:
-            probe = Tokenizer(self.tokenizer_dir, self.eos_id, self.eot_id)
+            probe = Tokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, described=self.tokenizer_facts)
             chat = probe.template.replaced(template.text, template.source)
         if self.images is not None:
             from seer_deploy.models.image_placeholders import MultimodalTokenizer
 
             return MultimodalTokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, self.images.image_token_index,
-                                       template=chat)
-        return Tokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, template=chat)
+                                       template=chat, described=self.tokenizer_facts)
+        return Tokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, template=chat, described=self.tokenizer_facts)
 
     def seer_for_engine(self, seer: SeerConfig | None) -> SeerConfig | None:
         """Seer as this target runs it: on TensorRT kept lengths round up to the engine's buckets (its profiles)."""
@@ -162,30 +167,54 @@ def target_kind(target: str | os.PathLike[str]) -> TargetKind:
     )
 
 
+@dataclass(frozen=True)
+class Description:
+    """What TARGET is, decided once: its kind and directory, and for an export or engine dir its manifests, each read
+    and checked once, for the Seer config's search (`find_seer_config`) and the opener (`runtime.openers`)."""
+
+    target: str
+    kind: TargetKind
+    path: Path
+    engine: EngineManifest | None = None  # engine dirs
+    export_dir: Path | None = None  # export dirs, and the export an engine was built from
+    export: ExportManifest | None = None
+
+
+def describe(target: str | os.PathLike[str]) -> Description:
+    """TARGET's kind and manifests (ConfigError / ArtifactError for what is not a target, or a damaged manifest)."""
+    kind = target_kind(target)
+    path = Path(target).expanduser()
+    if kind == "checkpoint":
+        return Description(str(target), kind, path)
+    engine = EngineManifest.load(path) if kind == "engine" else None
+    export_dir = path if engine is None else engine_export_dir(path, engine)
+    return Description(str(target), kind, path, engine, export_dir, ExportManifest.load(export_dir))
+
+
 def checkpoint_seer(checkpoint: str | os.PathLike[str]) -> SeerConfig | None:
     """A checkpoint's calibrated Seer config (`<dir>/seer.json`, the shipped one for the demos), or None."""
     file = resolve_multimodal(checkpoint) / CHECKPOINT_CONFIG_NAME
     return SeerConfig.load(file) if file.is_file() else None
 
 
-def find_seer_config(target: str | os.PathLike[str]) -> SeerConfig | None:
+def find_seer_config(target: str | os.PathLike[str], described: Description | None = None) -> SeerConfig | None:
     """The calibrated Seer config of TARGET, found without loading any model: a seer.json beside an engine dir,
-    then beside its export dir, then the source checkpoint's own; None when there is none."""
-    kind = target_kind(target)
-    if kind == "checkpoint":
+    then beside its export dir, then the source checkpoint's own; None when there is none. `described`: TARGET's
+    description when the caller has it (its manifests are not read again)."""
+    d = described if described is not None else describe(target)
+    if d.kind == "checkpoint":
         return checkpoint_seer(target)
-    path = Path(target).expanduser()
-    export_dir = path if kind == "export" else engine_export_dir(path, EngineManifest.load(path))
-    for directory in (path, export_dir):
+    assert d.export_dir is not None and d.export is not None  # describe() reads both for an export or engine dir
+    for directory in (d.path, d.export_dir):
         if (directory / CHECKPOINT_CONFIG_NAME).is_file():
             return SeerConfig.load(directory / CHECKPOINT_CONFIG_NAME)
-    source = ExportManifest.load(export_dir).model.source
+    source = d.export.model.source
     return checkpoint_seer(source) if checkpoint_exists(source) else None
 
 
 def is_multimodal_target(target: str | os.PathLike[str]) -> bool:
     """Whether TARGET takes pictures (a LLaDA-V-style checkpoint, or an export / engine made from one)."""
-    from seer_deploy.spec.multimodal import MULTIMODAL_KEY
+    from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 
     kind = target_kind(target)
     if kind == "checkpoint":

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from seer_deploy.core.atomic import write_text_atomic
-from seer_deploy.core.checks import int_in, number_in
+from seer_deploy.core.checks import ascii_int, int_in, number_in
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.files import read_json
 from seer_deploy.core.sparsity import STAT_NAMES, SparsityRow, StatsSpec
@@ -232,7 +232,8 @@ def parse_tail_context(value: object) -> TailContext:
     """'all' or a count, from a JSON value or a command-line string ('all', '32'); ConfigError otherwise."""
     if isinstance(value, str):
         text = value.strip().lower()
-        value = int(text) if text.isdigit() else text
+        number = ascii_int(text)
+        value = text if number is None else number
     check_tail_context(value)
     return "all" if value == "all" else int(value)  # type: ignore[call-overload]
 

@@ -11,13 +11,13 @@ import dataclasses
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as RoutingError
 from starlette.requests import ClientDisconnect
 
@@ -27,14 +27,13 @@ from seer_deploy.seer.config import parse_tail_context
 from seer_deploy.serve import protocol
 from seer_deploy.serve.batcher import Batcher, Closed, DeadlineExceeded, Job, QueueFull
 from seer_deploy.serve.engine import Engine, Result, Row, SeerChoice
+from seer_deploy.serve.events import Message, Scope, Streaming, finished_events, live_events, tell
 from seer_deploy.serve.metrics import Metrics
 from seer_deploy.serve.options import ServeOptions
 from seer_deploy.serve.sizes import gen_length_for, request_generation, supported_sizes
 from seer_deploy.service import Service
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics")
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
 
@@ -183,10 +182,6 @@ def error_body(status: int, message: str, kind: str, param: str | None = None) -
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None,
            param: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(status, message, kind, param), status, headers=headers)
-
-
-def _sse(data: object) -> str:
-    return f"data: {json.dumps(data)}\n\n"
 
 
 class Observe:
@@ -338,7 +333,7 @@ def create_app(service: Service, options: ServeOptions | None = None) -> FastAPI
         status codes) or, if none comes first, once the answers are done."""
         loop = asyncio.get_running_loop()
         told: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
-        rows = [dataclasses.replace(r, on_text=partial(_tell, loop, told, i)) for i, r in enumerate(rows)]
+        rows = [dataclasses.replace(r, on_text=partial(tell, loop, told, i)) for i, r in enumerate(rows)]
         waiter = asyncio.ensure_future(state.wait(request, state.submit(rows)))
         waiter.add_done_callback(_retrieve)  # its ClientGone is an outcome, seen or not
         first = asyncio.ensure_future(told.get())
@@ -350,9 +345,9 @@ def create_app(service: Service, options: ServeOptions | None = None) -> FastAPI
                 first.cancel()
         if first.cancelled():
             results = await waiter  # raises the request's HTTP error, if any
-            return Streaming(_stream(rid, options.model_name, chat, results), media_type="text/event-stream",
+            return Streaming(finished_events(rid, options.model_name, chat, results), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
-        return Streaming(_live(rid, options.model_name, chat, len(rows), first.result(), told, waiter),
+        return Streaming(live_events(rid, options.model_name, chat, len(rows), first.result(), told, waiter),
                          media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.post("/v1/completions")
@@ -391,87 +386,3 @@ def create_app(service: Service, options: ServeOptions | None = None) -> FastAPI
 
     app.add_middleware(Observe, state=state)
     return app
-
-
-class Streaming(StreamingResponse):
-    """A stream whose generator is closed when the response ends, however it ends (a client that leaves cancels
-    the sending, which may leave the generator suspended; its cleanup then runs here, not at garbage collection)."""
-
-    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
-                       send: Callable[[Message], Awaitable[None]]) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            close = getattr(self.body_iterator, "aclose", None)
-            if close is not None:
-                await close()
-
-
-def _tell(loop: asyncio.AbstractEventLoop, told: asyncio.Queue[tuple[int, str]], index: int, text: str) -> None:
-    """From the engine's thread: hand a row's settled text to its request's event loop."""
-    loop.call_soon_threadsafe(told.put_nowait, (index, text))
-
-
-async def _live(rid: str, model: str, chat: bool, n: int, first: tuple[int, str],
-                told: asyncio.Queue[tuple[int, str]], waiter: asyncio.Future[list[Result]]) -> AsyncIterator[str]:
-    """Answers as server-sent events while they settle: the role, each new piece of settled text (a denoising block's,
-    or whatever the confidence order settled left to right), then what the final answer adds, a final chunk per
-    answer with its finish reason (and usage), then [DONE]."""
-    created = int(time.time())
-    sent = [""] * n
-    getter: asyncio.Future[tuple[int, str]] | None = None
-    try:
-        if chat:
-            yield _sse(protocol.chunk(rid, model, created, chat, 0, role=True))
-        pending: tuple[int, str] | None = first
-        while True:
-            while pending is not None:
-                index, text = pending
-                if text.startswith(sent[index]) and len(text) > len(sent[index]):
-                    yield _sse(protocol.chunk(rid, model, created, chat, index, text=text[len(sent[index]):]))
-                    sent[index] = text
-                pending = told.get_nowait() if not told.empty() else None
-            if waiter.done():
-                break
-            getter = asyncio.ensure_future(told.get())
-            either: set[asyncio.Future[Any]] = {getter, waiter}
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                pending = getter.result()
-            else:
-                getter.cancel()
-            getter = None
-    finally:  # closed early (the client left): nothing may outlive the response, pending or unretrieved
-        if getter is not None:
-            getter.cancel()
-        if not waiter.done():
-            waiter.cancel()  # its rows leave the queue, or their results are dropped
-    try:
-        results = waiter.result()
-    except Exception as exc:  # noqa: BLE001  # the status line is sent: the error travels as an event
-        yield _sse({"error": {"message": " ".join(str(exc).split()) or type(exc).__name__, "type": "server_error"}})
-        yield "data: [DONE]\n\n"
-        return
-    for i, result in enumerate(results):
-        rest = result.text[len(sent[i]):] if result.text.startswith(sent[i]) else ""
-        if rest:
-            yield _sse(protocol.chunk(rid, model, created, chat, i, text=rest))
-        last = i == len(results) - 1
-        yield _sse(protocol.chunk(rid, model, created, chat, i, finish=result.finish_reason,
-                                  usage_=protocol.usage(results) if last else None))
-    yield "data: [DONE]\n\n"
-
-
-async def _stream(rid: str, model: str, chat: bool, results: list[Result]) -> AsyncIterator[str]:
-    """Finished answers as server-sent events: the role, the text, a final chunk with the finish reason and usage
-    (Seer's report included), then [DONE]."""
-    created = int(time.time())
-    for i, result in enumerate(results):
-        if chat:
-            yield _sse(protocol.chunk(rid, model, created, chat, i, role=True))
-        if result.text:
-            yield _sse(protocol.chunk(rid, model, created, chat, i, text=result.text))
-        last = i == len(results) - 1
-        yield _sse(protocol.chunk(rid, model, created, chat, i, finish=result.finish_reason,
-                                  usage_=protocol.usage(results) if last else None))
-    yield "data: [DONE]\n\n"

@@ -15,9 +15,9 @@ from typing import Any
 
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.requests import Request, check_request_images
+from seer_deploy.models.requests import Request
 from seer_deploy.seer.config import SeerConfig, TailContext
-from seer_deploy.service import Answer, Service
+from seer_deploy.service import Answer, Prepared, Service
 
 
 @dataclass(frozen=True)
@@ -32,16 +32,27 @@ class SeerChoice:
 class Row:
     """One prompt to answer, with everything its batch must share (`key`) and what its answer needs."""
 
-    request: Request
-    generation: GenerationConfig
+    prepared: Prepared = field(compare=False, repr=False)  # the request checked and tokenized once (Service.prepare)
     seer: SeerChoice
-    prompt_tokens: int
     max_tokens: int | None = None  # cut the answer to this many tokens (gen_length is max_tokens rounded up)
     stop: tuple[str, ...] = ()
     seed: int | None = None
     solo: int | None = None  # set for sampled rows: they run alone so that their seed alone decides them
     # Streaming: told the answer's settled text as it grows (from the engine's thread); not part of the row's kind
     on_text: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def request(self) -> Request:
+        return self.prepared.requests[0]
+
+    @property
+    def generation(self) -> GenerationConfig:
+        return self.prepared.generation
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt as the model sees it, each picture at its own token count: what `usage` reports."""
+        return self.prepared.prompt_tokens[0]
 
     @property
     def key(self) -> Hashable:
@@ -81,19 +92,16 @@ class Engine:
 
     def prepare(self, request: Request, generation: GenerationConfig, seer: SeerChoice, *, max_tokens: int | None,
                 stop: tuple[str, ...], seed: int | None) -> Row:
-        """A checked row: its pictures match its placeholders, and its prompt leaves room for gen_length (the
-        CLI's one-line messages, as ConfigError)."""
-        check_request_images([request], self.service.info.target, self.multimodal)
+        """A checked row, prepared by the service as the CLI's requests are (its pictures match its placeholders,
+        its prompt leaves room for gen_length; the CLI's one-line messages, as ConfigError)."""
         if seer.tail_context is not None and seer.on is False:
             raise ConfigError("tail_context applies to Seer runs; drop \"seer\": false or tail_context")
         if seer.on is None and seer.tail_context is not None and self.service.seer is None:
             raise ConfigError("tail_context applies to Seer runs, and this server runs at full length by default; "
                               "add \"seer\": true (built-in defaults) or drop tail_context")
-        ids = self.service.token_ids([request], generation)[0]
-        per_image = self.service.info.images.tokens_per_image - 1 if self.service.info.images is not None else 0
+        prepared = self.service.prepare([request], generation)
         sampled = generation.temperature > 0
-        return Row(request, generation, seer, len(ids) + per_image * len(request.images), max_tokens, stop,
-                   seed if sampled else None, next(self._solo) if sampled else None)
+        return Row(prepared, seer, max_tokens, stop, seed if sampled else None, next(self._solo) if sampled else None)
 
     def seer_for(self, choice: SeerChoice) -> tuple[bool, SeerConfig | None]:
         """(full_length, the Seer config to run instead of the service's) for a request's choice."""
@@ -124,7 +132,7 @@ class Engine:
         full_length, seer = self.seer_for(first.seer)
         # A sampled row runs alone, with its own seed (batch 0: seed + 0, as `generate --seed`).
         listening = any(r.on_text is not None for r in rows)
-        run = self.service.generate([r.request for r in rows], generation=first.generation, full_length=full_length,
+        run = self.service.generate(Prepared.join([r.prepared for r in rows]), full_length=full_length,
                                     seer=seer, seed=first.seed,
                                     on_settled=partial(self._settled, rows) if listening else None)
         return [self._result(row, answer) for row, answer in zip(rows, run.answers, strict=True)]

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from seer_deploy.spec.graphs import SAMPLE_UNIFORM, STEP, TEMPERATURE
+from seer_deploy.contracts.graphs import SAMPLE_UNIFORM, STEP, TEMPERATURE
 
 
 def draw_uniform(seed: int | None, shape: tuple[int, int]) -> np.ndarray:

@@ -125,8 +125,8 @@ class GraphIO:
 _BS = (Axis.BATCH, Axis.SEQ)
 INPUT_IDS = TensorIO("input_ids", "int64", _BS)  # left-padded prompts, then response slots
 ATTENTION_MASK = TensorIO("attention_mask", "int64", _BS)  # 1 = a real token
-TEMPERATURE = TensorIO("temperature", "float32", (Axis.BATCH,))  # spec.sampling: 0 = greedy, > 0 = sample
-SAMPLE_UNIFORM = TensorIO("sample_uniform", "float32", _BS)  # spec.sampling: one uniform per position
+TEMPERATURE = TensorIO("temperature", "float32", (Axis.BATCH,))  # contracts.sampling: 0 = greedy, > 0 = sample
+SAMPLE_UNIFORM = TensorIO("sample_uniform", "float32", _BS)  # contracts.sampling: one uniform per position
 # The columns whose tokens a pass computes (the masks it may commit; padding repeats a column): the LM head, the
 # head's softmax and sampling run on these columns only. Other columns return their input id, confidence -inf.
 CANDIDATES = TensorIO("candidates", "int64", (Axis.BATCH, Axis.CANDIDATES))

@@ -1,4 +1,4 @@
-"""One call of an exported graph, by its declaration (spec.graphs): the feed made from a `StepInput`, and the outputs
+"""One call of an exported graph, by its declaration (contracts.graphs): the feed made from a `StepInput`, and the outputs
 turned back into the `Step0Output` / `StepOutput` every backend returns. ONNX Runtime and TensorRT share both, so
 the two engines cannot disagree on what a call sends or what it gets back."""
 
@@ -8,9 +8,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
-from seer_deploy.core.errors import ConfigError
-from seer_deploy.spec.graphs import (
+from seer_deploy.contracts.graphs import (
     ATTENTION_MASK,
     CANDIDATES,
     CONFIDENCE,
@@ -30,7 +28,9 @@ from seer_deploy.spec.graphs import (
     GraphIO,
     TensorIO,
 )
-from seer_deploy.spec.sampling import step_feed
+from seer_deploy.contracts.sampling import step_feed
+from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
+from seer_deploy.core.errors import ConfigError
 
 
 def every_column(batch: int, seq: int) -> np.ndarray:
