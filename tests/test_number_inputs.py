@@ -25,6 +25,7 @@ BASE_ARGS: dict[str, list[str]] = {
     "bench": ["demo", "--out", OUT],
     "calibrate": ["demo", "--prompts", PROMPTS, "--out", OUT],
     "inspect": ["demo", "-p", "reverse 12", "--out", OUT],
+    "eval": ["demo", "--tasks", "demo"],
 }
 
 

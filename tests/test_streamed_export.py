@@ -60,7 +60,7 @@ def memory(key):
             return int(line.split()[1]) * 1024
 
 before = memory("VmHWM")
-result = export_checkpoint(sys.argv[1], sys.argv[2], ExportOptions(dtype="fp16"))
+result = export_checkpoint(sys.argv[1], sys.argv[2], ExportOptions(dtype="fp16", verify=sys.argv[3] == "True"))
 print(json.dumps({"before": before, "peak": memory("VmHWM"), "weights": result.manifest.weights.bytes}))
 """
 
@@ -142,18 +142,25 @@ def test_layer_streamed_reference_equals_the_loaded_models(checkpoint: Path) -> 
 
 def test_export_memory_stays_near_the_weights(tmp_path: Path) -> None:
     checkpoint = random_checkpoint(tmp_path, WIDE, 256 * MiB)
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(checkpoint), str(tmp_path / "export")],
-                          capture_output=True, text=True, timeout=900, check=True)
-    measured = json.loads(done.stdout.strip().splitlines()[-1])
-    added = measured["peak"] - measured["before"]
-    weights = measured["weights"]  # float16, 480 MiB
-    # Measured on the 2-core Xeon: loading the model (float32, 2x the float16 weights), its float16 copy and the
-    # traced graphs' copies added 1679 MiB (3.5x the weights) before streaming; streamed, 1130 MiB: ONNX Runtime's
-    # mapped weights, the float32 casts of the MatMuls running, and what tracing left (a few hundred MiB, whatever
-    # the size). At 8B the weights dominate (BENCHMARKS.md, "Export at scale").
-    assert added < 2.5 * weights + 200 * MiB, (added / MiB, weights / MiB)
+    written = measure_export(checkpoint, tmp_path / "written", verify=False)
+    weights = written["weights"]  # float16, 480 MiB
+    # Tracing and writing, measured on the 2-core Xeon: loading the model (float32, 2x the float16 weights), its float16
+    # copy and the traced graphs' copies added 1298 MiB (2.7x the weights) before streaming; streamed, 389 MiB (what
+    # tracing holds, whatever the model's size, and one tensor being converted).
+    assert written["peak"] - written["before"] < 0.5 * weights + 300 * MiB, written
+    # With the check against torch (one layer at a time, then ONNX Runtime on the mapped weights, 1130 MiB added when
+    # alone; more when the allocator's arenas fragment under load), the peak stays under the estimate the export
+    # checks before it starts.
+    checked = measure_export(checkpoint, tmp_path / "checked", verify=True)
     estimate = footprint(weight_sources(checkpoint_weights(checkpoint)), torch.float16, verify=True)
-    assert measured["peak"] < estimate.memory + measured["before"], (measured, estimate)  # the up-front check's bound
+    assert checked["peak"] < estimate.memory + checked["before"], (checked, estimate)
+
+
+def measure_export(checkpoint: Path, out: Path, verify: bool) -> dict[str, int]:
+    """Export in a fresh interpreter: its memory once the libraries are imported, its high-water mark, the weights."""
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(checkpoint), str(out), str(verify)],
+                          capture_output=True, text=True, timeout=900, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("short", ["disk", "memory"])
