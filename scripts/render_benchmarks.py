@@ -49,8 +49,8 @@ SCRIPTS = (
      ("seer-deploy bench demo --gen-lengths 64 --batch-sizes 1,8 --prompts 8 --repeats 3 --threads 1 --no-scaling "
       "--no-tensorrt --out DIR, at c69385e and at c222a3d (one after the other, 2-core Xeon), then "
       "python benchmarks/compare_runs.py BEFORE/bench.json AFTER/bench.json --labels c69385e,c222a3d")),
-    ("issues32_39_check.md", "Issues 32-39 (streamed export, checkpoints as shipped, the server under faults, eval, open "
-     "once): the same bench before and after",
+    ("issues32_39_check.md", ("Issues 32-39 (streamed export, checkpoints as shipped, the server under faults, eval, "
+                              "open once): the same bench before and after"),
      ("seer-deploy bench demo --gen-lengths 64 --batch-sizes 1,8 --prompts 8 --repeats 1 --threads 1 --no-scaling "
       "--no-tensorrt --out DIR, at c8da7a1 and at d62948c (side by side with the test suite on the 2-core Xeon, "
       "2026-12-06: the seconds are not comparable, the passes, tokens and answers are), then "
