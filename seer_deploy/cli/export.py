@@ -10,11 +10,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from seer_deploy.cli.verbs import summary
+
+if TYPE_CHECKING:
+    from seer_deploy.contracts.quantization import Quantization
 
 GiB = 2**30
 
@@ -67,7 +70,8 @@ class StageProgress:
     show_default=True,
     help="Weight and activation type (bf16 is refused: ONNX Runtime's CPU provider has no bf16 kernels).",
 )
-@click.option("--opset", type=int, default=20, show_default=True, help="ONNX opset (18 or newer).")
+@click.option("--opset", type=int, default=None, help="ONNX opset (18 or newer) [default: 20; 21 with --quant-format "
+              "qdq].")
 @click.option("--max-seq-len", type=int, default=None, help="Longest prompt + response [default: the model's].")
 @click.option(
     "--seer-config",
@@ -82,6 +86,16 @@ class StageProgress:
               "values from step.onnx, which `generate --kv-cache` runs: each block's later steps run only the block.")
 @click.option("--no-resource-check", is_flag=True, help="Start even when the free disk or the available memory looks "
               "too small for the export (checked from the checkpoint's tensor shapes before anything is written).")
+@click.option("--quantize", type=click.Choice(["int8", "int4"]), default=None,
+              help="Weight-only quantization of the language model's linear layers (symmetric, blocks along the input "
+              "rows, by ONNX Runtime's quantizer); the embedding, norms and vision tower keep --dtype.")
+@click.option("--block-size", type=int, default=None,
+              help="Weights per quantization block with --quantize: 16, 32, 64, 128 or 256 [default: 32].")
+@click.option("--quant-format", type=click.Choice(["nbits", "qdq"]), default=None,
+              help="nbits: ONNX Runtime's MatMulNBits (CPU and CUDA); qdq: DequantizeLinear + MatMul, what TensorRT "
+              "builds quantized engines from (ONNX Runtime runs it too) [default: nbits; qdq with --build tensorrt].")
+@click.option("--keep-head", is_flag=True, help="With --quantize: keep the LM head (the vocabulary projection) in "
+              "--dtype, as llama.cpp's q4_0 keeps its output projection at higher precision.")
 @click.option("--json", "as_json", is_flag=True, help="Progress as JSON lines on stderr and the result as one JSON "
               "object on stdout, for scripts.")
 @click.option("--build", "build", type=click.Choice(["ort", "tensorrt"]), default=None,
@@ -97,6 +111,10 @@ def command(
     no_verify: bool,
     kv_cache: bool,
     no_resource_check: bool,
+    quantize: str | None,
+    block_size: int | None,
+    quant_format: str | None,
+    keep_head: bool,
     as_json: bool,
     build: str | None,
 ) -> None:
@@ -104,22 +122,25 @@ def command(
 
     A multimodal CHECKPOINT (LLaDA-V's layout) also gets vision.onnx: pixels -> image embeddings."""
     from seer_deploy.contracts.multimodal import VISION_FILE
+    from seer_deploy.contracts.quantization import QDQ_MIN_OPSET
     from seer_deploy.core.errors import ConfigError
     from seer_deploy.engines.build import BuildOptions, build_engines
     from seer_deploy.export.exporter import prepare_export
     from seer_deploy.export.multimodal import prepare_multimodal
-    from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
+    from seer_deploy.export.options import DEFAULT_OPSET, ExportOptions, SeerStats, load_seer_stats
     from seer_deploy.models.multimodal_files import is_multimodal_checkpoint
 
+    quantization = quantization_option(quantize, block_size, quant_format, keep_head, build)
     options = ExportOptions(
         dtype=dtype,
-        opset=opset,
+        opset=opset or (QDQ_MIN_OPSET if quantization is not None and quantization.format == "qdq" else DEFAULT_OPSET),
         max_seq_len=max_seq_len,
         seer=load_seer_stats(seer_config) if seer_config is not None else SeerStats(),
         verify=not no_verify,
         force=force,
         kv_cache=kv_cache,
         check_resources=not no_resource_check,
+        quantization=quantization,
     )
     options.validate()
     multimodal = is_multimodal_checkpoint(checkpoint)
@@ -151,6 +172,7 @@ def command(
             "out": str(result.out), "source": m.model.source, "layout": m.model.layout, "dtype": m.dtype,
             "opset": m.opset, "max_seq_len": m.max_seq_len, "seconds": round(result.seconds, 3), "files": files,
             "weights_bytes": m.weights.bytes, "sparsity_rows": len(m.seer.sparsity_rows),
+            "quantization": m.weights.quantization.to_dict() if m.weights.quantization else None,
             "verified": bool(result.max_diff), "max_diff": result.max_diff,
             **({"engine_dir": str(built.out), "buckets": list(built.manifest.buckets)} if built else {}),
         }))
@@ -163,7 +185,15 @@ def command(
         f"  {', '.join(files[:-1])}, {m.weights.file} ({m.weights.bytes / 2**20:.1f} MiB, one copy for every graph), "
         f"{len(m.seer.sparsity_rows)} sparsity rows"
     )
-    if result.max_diff:
+    if m.weights.quantization is not None:
+        click.echo(f"  quantized {m.weights.quantization.describe()}: "
+                   + ", ".join(f"{n} projections in {g}" for g, n in m.extra["quantized"]["projections"].items()))
+    if result.max_diff and m.weights.quantization is not None:
+        d = result.max_diff
+        click.echo(f"  ONNX Runtime vs torch: the same token at {d['token agreement']:.1%} of {d['positions']:.0f} "
+                   f"positions (bound {d['bound: min agreement']:.0%}; exactly the argmax at "
+                   f"{d['exact token agreement']:.1%}), sparsity max |diff| {d['sparsity max |diff|']:.2g}")
+    elif result.max_diff:
         own = {k: v for k, v in result.max_diff.items() if "torch itself" in k}
         diffs = ", ".join(f"{k} {v:.2g}" for k, v in sorted(result.max_diff.items()) if k not in own)
         click.echo(f"  ONNX Runtime vs torch, max |diff|: {diffs}")
@@ -174,3 +204,23 @@ def command(
     if built is not None:
         click.echo(f"  engine dir: {built.out} ({build}, buckets {list(built.manifest.buckets)}) in {built.seconds:.1f}s; "
                    f"run it with: seer-deploy generate {built.out} -p PROMPT")
+
+
+def quantization_option(scheme: str | None, block_size: int | None, form: str | None, keep_head: bool,
+                        build: str | None) -> Quantization | None:
+    """--quantize and its companions as one record; ConfigError for a companion without --quantize, or a form the
+    --build backend cannot read."""
+    from seer_deploy.contracts.quantization import DEFAULT_BLOCK_SIZE, Quantization
+    from seer_deploy.core.errors import ConfigError
+
+    if scheme is None:
+        given = [flag for flag, value in (("--block-size", block_size), ("--quant-format", form),
+                                          ("--keep-head", keep_head or None)) if value is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} only apply with --quantize int8 or int4; add --quantize or drop them")
+        return None
+    if build == "tensorrt" and form == "nbits":
+        raise ConfigError("TensorRT reads quantized weights as DequantizeLinear + MatMul, not ONNX Runtime's "
+                          "MatMulNBits: use --quant-format qdq with --build tensorrt")
+    return Quantization(scheme, block_size or DEFAULT_BLOCK_SIZE, form or ("qdq" if build == "tensorrt" else "nbits"),
+                        keep_head)

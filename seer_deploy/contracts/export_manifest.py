@@ -25,6 +25,7 @@ from seer_deploy.contracts.manifest_sections import (
     WeightsSpec,
 )
 from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
+from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.core.atomic import write_text_atomic
 from seer_deploy.core.errors import ArtifactError, CheckpointError
 from seer_deploy.core.files import confined, read_json
@@ -165,6 +166,8 @@ class ExportManifest:
                 file=r.string(weights, "file", "weights.file"),
                 sha256=r.string(weights, "sha256", "weights.sha256"),
                 bytes=r.integer(weights, "bytes", "weights.bytes", lo=0, hi=MAX_DIM),
+                quantization=(Quantization.read(r.obj(weights, "quantization", "weights.quantization"), r,
+                                                "weights.quantization") if "quantization" in weights else None),
             ),
             format_version=version,
             extra=dict(extra or {}),

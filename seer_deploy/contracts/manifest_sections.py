@@ -9,6 +9,7 @@ from typing import Any
 
 from seer_deploy.contracts.graphs import CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES
 from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
+from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.core.checks import int_in
 from seer_deploy.core.errors import ArtifactError, SeerDeployError
 from seer_deploy.core.fields import FieldReader
@@ -87,9 +88,11 @@ class WeightsSpec:
     file: str
     sha256: str
     bytes: int
+    quantization: Quantization | None = None  # how its linear layers were quantized (export --quantize)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "sha256": self.sha256, "bytes": self.bytes}
+        quantized = {"quantization": self.quantization.to_dict()} if self.quantization is not None else {}
+        return {"file": self.file, "sha256": self.sha256, "bytes": self.bytes, **quantized}
 
 
 class SectionReader(FieldReader):

@@ -239,7 +239,7 @@ def _check_tensorrt(options: BuildOptions, export: ExportManifest) -> None:
     from seer_deploy.engines.tensorrt_library import gpu_facts, load_library
 
     lib = load_library(options.trt_library)
-    check_build_options(lib, _trt_options(options), export.dtype)
+    check_build_options(lib, _trt_options(options), export.dtype, export.weights.quantization)
     if not lib.is_rtx:
         gpu_facts()
 
@@ -252,7 +252,7 @@ def _build_tensorrt(run: BuildRun, tmp: Path, progress: Progress) -> tuple[dict[
     options, graphs = run.options, engine_graphs(run.export)
     lib = load_library(options.trt_library)
     trt_options = _trt_options(options)
-    notes = tb.check_build_options(lib, trt_options, run.export.dtype)
+    notes = tb.check_build_options(lib, trt_options, run.export.dtype, run.export.weights.quantization)
     gpu_name, capability = ("", "") if lib.is_rtx else gpu_facts()  # only standard TensorRT builds on its GPU
     targets = ", ".join(options.compute_capabilities) or "the portable set (Ampere and later)"
     progress(f"{lib.title}, " + (f"targets {targets}, no GPU needed" if lib.is_rtx

@@ -17,6 +17,9 @@ import onnxruntime as ort
 from seer_deploy.core.errors import ArtifactError
 
 TensorKey = tuple[int, int, int, tuple[int, ...]]  # offset, length, ONNX data type, dims
+# Two values per byte: numpy cannot view them in place, so ONNX Runtime reads these from the file itself (the int4
+# weights of a `--quant-format qdq` export, which its optimizer turns into MatMulNBits anyway).
+_PACKED_TYPES = frozenset({22, 21})  # onnx.TensorProto.INT4, UINT4
 
 
 class SharedWeights:
@@ -38,7 +41,7 @@ class SharedWeights:
         size = self.mapping.size
         proto = onnx.load(str(graph_file), load_external_data=False)
         for init in proto.graph.initializer:
-            if init.data_location != onnx.TensorProto.EXTERNAL:
+            if init.data_location != onnx.TensorProto.EXTERNAL or init.data_type in _PACKED_TYPES:
                 continue
             ext = {e.key: e.value for e in init.external_data}
             try:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.core.atomic import write_bytes_atomic
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.profiles import Profile
@@ -45,8 +46,17 @@ class TensorRTBuildOptions:
     compute_capabilities: tuple[str, ...] = field(default=())  # TensorRT-RTX targets; (): its portable set
 
 
-def check_build_options(lib: TensorRTLibrary, options: TensorRTBuildOptions, dtype: str) -> list[str]:
-    """ConfigError for settings this library cannot honour; the notes to print for the ones it skips."""
+def check_build_options(lib: TensorRTLibrary, options: TensorRTBuildOptions, dtype: str,
+                        quantization: Quantization | None = None) -> list[str]:
+    """ConfigError for settings this library cannot honour (or an export's quantization it cannot build); the notes to
+    print for the ones it skips."""
+    if quantization is not None and quantization.format != "qdq":
+        raise ConfigError(f"the export's weights are quantized as ONNX Runtime's MatMulNBits ({quantization.describe()}),"
+                          f" which {lib.title} cannot parse: re-export with --quantize {quantization.scheme} "
+                          "--quant-format qdq")
+    if quantization is not None and quantization.bits == 4 and "7.5" in options.compute_capabilities:
+        raise ConfigError("--compute-capability 7.5 (Turing): TensorRT-RTX has no int4 weights there (measured: "
+                          "'HW-specific datatypes: int4'); drop 7.5 or re-export with --quantize int8")
     if options.compute_capabilities and not lib.is_rtx:
         raise ConfigError(f"--compute-capability targets TensorRT-RTX builds; {lib.title} builds for the GPU it runs "
                           "on: drop it, or build with --trt-library tensorrt_rtx")

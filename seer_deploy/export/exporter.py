@@ -64,6 +64,7 @@ from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.export.destination import ARTIFACT_KIND, destination_fingerprint
 from seer_deploy.export.graphs import WindowStepGraph, step_module
 from seer_deploy.export.options import ExportOptions
+from seer_deploy.export.quantize import QuantizedGraph, quantize_graph, quantized_record
 from seer_deploy.export.resources import check_resources, footprint
 from seer_deploy.export.streamed_reference import streamed_references
 from seer_deploy.export.trace import StreamedWeights, io_specs, trace_graph
@@ -74,6 +75,7 @@ from seer_deploy.export.validate import (
     compare_with_torch,
     make_probes,
 )
+from seer_deploy.export.validate_quantized import compare_quantized
 from seer_deploy.export.weights import SharedWeightFile
 from seer_deploy.models.checkpoint import (
     DEMO_NAMES,
@@ -96,6 +98,7 @@ STAGES: tuple[str, ...] = (
     "validating with ONNX Runtime",
     "installing",
 )
+QUANTIZED_GRAPHS = STEP_GRAPH_NAMES + CACHE_GRAPH_NAMES  # the language model's: a vision tower keeps its dtype
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}  # export.options.EXPORT_DTYPES as torch types
 MAX_TRACE_BATCH = 4096  # the batch and image dims are dynamic; these only bound torch.export's symbolic ranges
 MAX_IMAGE_TOKENS = 1 << 20
@@ -110,7 +113,6 @@ class Progress(Protocol):
 
 def quiet(stage: str, /, *, done: int = 0, total: int = 0, item: str = "") -> None:
     """A Progress that hears nothing."""
-
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ class GraphPlan:
     validate: Callable[[Path], dict[str, float]]  # the staged export dir -> max |diff| per output, or raise
     manifest_extra: Callable[[dict[str, GraphRecord]], dict[str, Any]] = field(default=lambda records: {})
     weights: StreamedWeights | None = None  # the modules are fake, their weights streamed from the checkpoint
+    head_widths: tuple[int, ...] = ()  # the LM head's output widths (the vocabulary): what --keep-head keeps
 
 
 def export_versions() -> dict[str, str]:
@@ -176,21 +179,26 @@ def cache_sizes(cfg: ModelConfig) -> dict[Size, int]:
 
 def trace_graphs(
     plan: GraphPlan, options: ExportOptions, max_seq_len: int, tmp: Path, progress: Progress
-) -> tuple[dict[str, GraphRecord], SharedWeightFile]:
-    """Trace every graph of the plan into `tmp`, all weights into one shared file, each checked against its spec."""
+) -> tuple[dict[str, GraphRecord], SharedWeightFile, dict[str, QuantizedGraph]]:
+    """Trace every graph of the plan into `tmp`, all weights into one shared file, each checked against its spec;
+    with --quantize the language model's graphs are quantized (what each kept in full precision, by graph)."""
     bounds = {Axis.BATCH: MAX_TRACE_BATCH, Axis.SEQ: max_seq_len, Axis.IMAGES: MAX_TRACE_BATCH,
               Axis.IMAGE_TOKENS: MAX_IMAGE_TOKENS, Axis.WINDOW: max_seq_len, Axis.CANDIDATES: max_seq_len}
     records: dict[str, GraphRecord] = {}
-    total = plan.weights.nbytes() if plan.weights is not None else 0
+    quantized: dict[str, QuantizedGraph] = {}
     store = SharedWeightFile(tmp)
     with store:
         for index, (graph, module) in enumerate(plan.modules):
             progress(f"tracing {graph.name}")
             args = tuple(plan.examples[name] for name in graph.input_names)
             onnx_model = trace_graph(module, args, graph, options.opset, bounds, plan.weights)
+            if options.quantization is not None and graph.name in QUANTIZED_GRAPHS:
+                quantized[graph.name] = quantize_graph(onnx_model, options.quantization, plan.head_widths)
             if index == 0:  # the first graph writes the weights; the others share them
+                total = store.pending_bytes(onnx_model, options.inline_limit_bytes)
                 progress("writing weights", total=total)
-                store.on_write = lambda done, item: progress("writing weights", done=done, total=total, item=item)
+                store.on_write = lambda done, item, total=total: progress("writing weights", done=done, total=total,
+                                                                          item=item)
             store.externalize(onnx_model, options.inline_limit_bytes)
             store.on_write = None
             path = tmp / graph.file
@@ -200,7 +208,7 @@ def trace_graphs(
             )
             check_interface(graph, records[graph.name], plan.sizes)
             del onnx_model
-    return records, store
+    return records, store, quantized
 
 
 def checkpoint_config(path: Path) -> ModelConfig:
@@ -238,6 +246,8 @@ class ExportRun:
         """Options, the length against the model's positions and `shortest` (positions, why), the statistics'
         layers, the destination's ownership: each ConfigError / ArtifactError before any work."""
         options.validate()
+        if options.quantization is not None:
+            options.quantization.check_widths(config)
         max_seq_len = options.max_seq_len or config.max_seq_len
         if max_seq_len > config.max_seq_len:
             raise ConfigError(f"--max-seq-len {max_seq_len} exceeds the model's {config.max_seq_len} positions; use at "
@@ -269,7 +279,8 @@ class ExportRun:
         options, stats, max_seq_len = self.options, self.stats, self.max_seq_len
         cfg = ModelConfig(**model.config)
         with staging_dir(self.dest, ARTIFACT_KIND) as tmp:
-            records, store = trace_graphs(plan, options, max_seq_len, tmp, report)
+            records, store, quantized = trace_graphs(plan, options, max_seq_len, tmp, report)
+            quantization = options.quantization
             manifest = ExportManifest(
                 model=model,
                 special_ids={"mask": cfg.mask_id, "eos": cfg.eos_id, "pad": cfg.pad_id, "bos": cfg.bos_id,
@@ -287,11 +298,12 @@ class ExportRun:
                 ),
                 sampling=sampling.manifest_entry(),
                 versions=export_versions(),
-                weights=WeightsSpec(store.name, store.sha256(), store.size),
+                weights=WeightsSpec(store.name, store.sha256(), store.size, quantization),
                 extra={
                     "tensors_in_weights_file": store.tensors_written,
                     "tensors_shared": store.tensors_shared,
                     **plan.manifest_extra(records),
+                    **({"quantized": quantized_record(quantized)} if quantization is not None else {}),
                     **export_tokenizer(self.checkpoint, tmp),  # tokenizer.json, chat template, special ids' sources
                 },
             )
@@ -368,7 +380,8 @@ def _load_text(run: ExportRun, report: Progress) -> Loaded:
 
     def validate(staged: Path) -> dict[str, float]:
         backend = OrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
-        return compare_with_torch(backend, refs, cfg, dtype)
+        quant = run.options.quantization
+        return compare_quantized(backend, refs, quant) if quant else compare_with_torch(backend, refs, cfg, dtype)
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode:
@@ -382,5 +395,6 @@ def _load_text(run: ExportRun, report: Progress) -> Loaded:
         sizes={Size.STAT_ROWS: len(stats.sparsity_rows), **cache_sizes(cfg)},
         validate=validate,
         weights=StreamedWeights(fake_mode, sources, torch_dtype),
+        head_widths=(cfg.vocab_size, cfg.n_embed_rows),
     )
     return Loaded(weights.layout, plan)

@@ -57,6 +57,7 @@ from seer_deploy.export.validate import (
     torch_references,
     with_cast_references,
 )
+from seer_deploy.export.validate_quantized import compare_quantized
 from seer_deploy.models.checkpoint import read_config
 from seer_deploy.models.config import ModelConfig
 from seer_deploy.models.image_prompts import ImageConditionedModel
@@ -138,7 +139,9 @@ def _load_multimodal(run: ExportRun, report: Progress) -> Loaded:
         backend = MultimodalOrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
         max_diff = {VISION.name: _check_vision(backend, pixels.numpy(), ref_embeds.numpy(), dtype)}
         backend.set_image_table(table.numpy())
-        return max_diff | compare_with_torch(backend, refs, cfg, dtype)
+        quant = run.options.quantization
+        return max_diff | (compare_quantized(backend, refs, quant) if quant else compare_with_torch(backend, refs, cfg,
+                                                                                                    dtype))
 
     def manifest_section(records: dict[str, GraphRecord]) -> dict[str, Any]:
         return {
@@ -168,6 +171,7 @@ def _load_multimodal(run: ExportRun, report: Progress) -> Loaded:
         },
         validate=validate,
         manifest_extra=manifest_section,
+        head_widths=(cfg.vocab_size, cfg.n_embed_rows),
     )
     return Loaded(loaded.lm.layout, plan)
 

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.core.checks import number_in
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.files import read_json
@@ -79,6 +80,7 @@ class ExportOptions:
     kv_cache: bool = False  # also trace the block-wise KV cache graphs (refresh, window_step): --kv-cache
     check_resources: bool = True  # refuse up front when the disk or the memory cannot hold it (export.resources)
     inline_limit_bytes: int = INLINE_LIMIT_BYTES  # initializers at least this large go to the shared weights file
+    quantization: Quantization | None = None  # weight-only int8 / int4 of the linear layers: --quantize
 
     def validate(self) -> None:
         if self.dtype == "bf16":
@@ -93,6 +95,8 @@ class ExportOptions:
             raise ConfigError(f"--max-seq-len must be positive, got {self.max_seq_len}")
         if self.inline_limit_bytes < 0:
             raise ConfigError("inline_limit_bytes must be >= 0")
+        if self.quantization is not None:
+            self.quantization.check(self.opset)
 
 
 def load_seer_stats(path: str | os.PathLike[str]) -> SeerStats:

@@ -19,6 +19,7 @@ from typing import Self
 import numpy as np
 import onnx_ir as ir
 
+from seer_deploy.export.quantize import QuantizedTensor
 from seer_deploy.export.streamed_weights import CheckpointTensor
 
 WEIGHTS_FILE = "weights.bin"
@@ -38,6 +39,7 @@ class SharedWeightFile:
         self.on_write = on_write
         self._fh = open(directory / name, "wb")  # noqa: SIM115 (closed by close() / the context manager)
         self._offsets: dict[Hashable, int] = {}
+        self._claimed: set[Hashable] = set()  # quantized parts some graph reads already
         self._hash = hashlib.sha256()
         self.size = 0
         self.tensors_written = 0
@@ -67,6 +69,35 @@ class SharedWeightFile:
         self._hash.update(data)
         self.size += len(data) if isinstance(data, bytes) else data.nbytes
 
+    def _add_quantized(self, tensor: QuantizedTensor, name: str) -> tuple[int, int]:
+        """(offset, length) of one part of a quantized weight: on its first part the weight is quantized (read from
+        its source) and every part written; the other parts, and other graphs' uses, find them written."""
+        key = (tensor.weight, tensor.part)
+        if key not in self._offsets:
+            for part, array in tensor.weight.parts().items():
+                self.add(array.tobytes(), key=(tensor.weight, part), name=f"{name} ({part})")
+        if key in self._claimed:
+            self.tensors_shared += 1
+        self._claimed.add(key)
+        return self._offsets[key], tensor.nbytes
+
+    def pending_bytes(self, model: ir.Model, inline_limit_bytes: int = INLINE_LIMIT_BYTES) -> int:
+        """What `externalize(model)` would write into an empty file, less alignment: the progress bar's total."""
+        seen: set[Hashable] = set()
+        total = 0
+        for value in model.graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, QuantizedTensor):
+                key: Hashable = (tensor.weight, tensor.part)
+            elif tensor is not None and tensor.dtype in _FLOAT_TYPES and tensor.nbytes >= max(inline_limit_bytes, 1):
+                key = tensor.weight if isinstance(tensor, CheckpointTensor) else id(tensor)
+            else:
+                continue
+            if key not in seen:
+                seen.add(key)
+                total += tensor.nbytes
+        return total
+
     def sha256(self) -> str:
         return self._hash.hexdigest()
 
@@ -92,6 +123,13 @@ class SharedWeightFile:
         moved = 0
         for name, value in model.graph.initializers.items():
             tensor = value.const_value
+            if isinstance(tensor, QuantizedTensor):  # every part, whatever its size: they are written together
+                offset, length = self._add_quantized(tensor, name)
+                value.const_value = ir.ExternalTensor(self.name, offset, length, tensor.dtype,
+                                                      shape=ir.Shape(tensor.shape.numpy()), name=name,
+                                                      base_dir=self.directory)
+                moved += 1
+                continue
             if tensor is None or tensor.dtype not in _FLOAT_TYPES or tensor.nbytes < max(inline_limit_bytes, 1):
                 continue
             if isinstance(tensor, CheckpointTensor):  # read now, written from its buffer, then dropped
