@@ -9,6 +9,7 @@ deterministic and the rows differ only in how much work they do and where.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,6 +27,7 @@ from seer_deploy.bench.results import BenchResult, RowResult
 from seer_deploy.bench.rows import FAST_ROWS, ROW_DESCRIPTIONS, Runner, oracle_row, reference_row, service_row
 from seer_deploy.bench.scaling import SCALING_BACKENDS, ScalingSettings, run_scaling
 from seer_deploy.bench.workloads import Workload, picture_workload, text_workload
+from seer_deploy.contracts.quantization import SCHEMES, Quantization
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.demo_tasks import Example
@@ -59,6 +61,7 @@ class BenchSettings:
     device: str | None = None  # "cpu", "cuda[:N]": torch's device and ONNX Runtime's CUDA provider (None: defaults)
     io_binding: bool = False  # ONNX Runtime rows through IO binding
     cuda_graph: bool = False  # ONNX Runtime rows with CUDA graphs (CUDA only)
+    quantize: tuple[str, ...] = ("int8", "int4")  # also export these quantizations: the ort-int8-seer ... rows
 
     def fast_config(self, gen_length: int) -> GenerationConfig:
         """The fast rows' settings at `gen_length`: the threshold rule over blocks of fast_block_length, with the
@@ -87,6 +90,9 @@ class BenchSettings:
         if self.fast_block_length < 1:
             raise ConfigError(f"--fast-block-length must be >= 1, got {self.fast_block_length}")
         self.fast_config(self.fast_block_length).validate()  # --threshold in (0, 1]
+        unknown = [q for q in self.quantize if q not in SCHEMES]
+        if unknown:
+            raise ConfigError(f"--quantize {','.join(unknown)}: use int8, int4 or both (int8,int4), or none")
 
 
 @dataclass
@@ -117,7 +123,8 @@ class Prepared:
 
     def rows(self) -> list[str]:
         names = ["reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast",
-                 "ort-seer-progressive", "ort-oracle", "torch-seer"]
+                 "ort-seer-progressive", "ort-oracle",
+                 *(f"ort-{q}-seer{fast}" for q in self.settings.quantize for fast in ("", "-fast")), "torch-seer"]
         if self.settings.tail_context is not None:
             names.insert(names.index("ort-oracle"), "ort-seer-tail")
         return names + (["trt-full", "trt-seer"] if "trt" in self.services else [])
@@ -184,6 +191,13 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
     export_seconds = time.perf_counter() - start
     services = {"torch": torch_service,
                 "ort": service(exported.out, io_binding=settings.io_binding, cuda_graph=settings.cuda_graph)}
+    for scheme in settings.quantize:
+        say(f"exporting {settings.target} quantized to {scheme}")
+        quantized = export(settings.target, work_dir / f"export-{scheme}",
+                           ExportOptions(seer=SeerStats.for_config(seer), kv_cache=True,
+                                         quantization=Quantization(scheme)))
+        services[f"ort-{scheme}"] = service(quantized.out, io_binding=settings.io_binding,
+                                            cuda_graph=settings.cuda_graph)
     skipped: list[dict[str, str]] = []
     why = _tensorrt_ready() if settings.tensorrt else "not asked for (--no-tensorrt)"
     if why is None and multimodal:
@@ -217,9 +231,12 @@ def _runner(p: Prepared, row: str, config: GenerationConfig, timings: dict[str, 
         return reference_row(p.services["torch"], config)
     if row == "torch-seer":
         return service_row(p.services["torch"], config, p.seer)
+    fast = p.settings.fast_config(config.gen_length)
+    quantized = re.fullmatch(r"ort-(int\d)-seer(-fast)?", row)
+    if quantized:
+        return service_row(p.services[f"ort-{quantized[1]}"], fast if quantized[2] else config, p.seer)
     engine = "trt" if row.startswith("trt") else "ort"
     service = p.services[engine]
-    fast = p.settings.fast_config(config.gen_length)
     if row == "ort-parallel":
         return service_row(service, replace(fast, kv_cache=False), None)
     if row == "ort-fastdllm":

@@ -16,6 +16,7 @@ loop itself, and the oracle a study the service does not offer:
               prompt + that length (no detector can beat it)
   ort-seer-tail  ONNX Runtime with Seer and the tail context of `bench --tail-context` in place of the config's:
               the same cut and steps, that many cut slots in view as committed EOS
+  ort-int8-seer / ort-int4-seer (and -fast)  ort-seer (and ort-seer-fast) on an export quantized to 8 / 4 bits
   torch-seer  the runtime loop on torch eager with Seer
   trt-full / trt-seer  the same on a TensorRT engine, when a GPU and TensorRT are present
 """
@@ -37,9 +38,10 @@ from seer_deploy.service import Request, Service
 
 ROW_NAMES: tuple[str, ...] = (
     "reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast", "ort-seer-tail", "ort-oracle",
-    "torch-seer", "trt-full", "trt-seer",
+    "ort-int8-seer", "ort-int8-seer-fast", "ort-int4-seer", "ort-int4-seer-fast", "torch-seer", "trt-full", "trt-seer",
 )
-FAST_ROWS = ("ort-parallel", "ort-fastdllm", "ort-seer-fast", "ort-seer-progressive")  # the rows that run `BenchSettings.fast_config`
+FAST_ROWS = ("ort-parallel", "ort-fastdllm", "ort-seer-fast", "ort-seer-progressive", "ort-int8-seer-fast",
+             "ort-int4-seer-fast")  # the rows that run `BenchSettings.fast_config`
 ROW_DESCRIPTIONS: dict[str, str] = {
     "reference": "the LLaDA-style loop (`reference.generate`) in torch eager at full gen_length: what users run today",
     "ort-full": "the runtime loop (`run_generation`) on ONNX Runtime at full gen_length, no Seer",
@@ -60,6 +62,10 @@ ROW_DESCRIPTIONS: dict[str, str] = {
     "'all': every step at full length, answers closer to full length's)",
     "ort-oracle": "ONNX Runtime told each answer's true length (from ort-full) before it starts: every step, the "
     "first included, runs on prompt + that length; the limit no detector can beat",
+    **{f"ort-{q}-seer": f"ort-seer on the export quantized to {q} (`export --quantize {q}`: weight-only, blocks of "
+       "32, MatMulNBits; the embedding keeps fp32), with the same Seer config: the cut read from the quantized "
+       "graph's own step-zero statistics" for q in ("int8", "int4")},
+    **{f"ort-{q}-seer-fast": f"ort-seer-fast on the export quantized to {q}" for q in ("int8", "int4")},
     "torch-seer": "the same runtime loop with Seer on torch eager (`TorchBackend`): Seer without the exported graphs",
     "trt-full": "the runtime loop on a TensorRT engine at full gen_length",
     "trt-seer": "the runtime loop on a TensorRT engine with Seer (kept lengths rounded up to the engine's buckets)",

@@ -52,7 +52,7 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
     if settings.tail_context is not None:
         parts += ["--tail-context", str(settings.tail_context)]
     parts += ["--fast-block-length", str(settings.fast_block_length), "--threshold", f"{settings.threshold:g}",
-              "--first-canvas", str(settings.first_canvas)]
+              "--first-canvas", str(settings.first_canvas), "--quantize", ",".join(settings.quantize) or "none"]
     if settings.device is not None:
         parts += ["--device", settings.device]
     parts += ["--io-binding"] * settings.io_binding + ["--cuda-graph"] * settings.cuda_graph
@@ -94,10 +94,13 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
                    "cpu, ONNX Runtime CUDA if installed].")
 @click.option("--io-binding", is_flag=True, help="ONNX Runtime rows through IO binding (see generate --help).")
 @click.option("--cuda-graph", is_flag=True, help="ONNX Runtime rows with CUDA graphs per call shape (CUDA only).")
+@click.option("--quantize", "quantize", default="int8,int4", show_default=True, metavar="int8,int4|none",
+              help="Also export the target quantized (weight-only, `export --quantize`) and measure ort-seer and "
+                   "ort-seer-fast on each: the ort-int8-seer ... rows; none: no such rows.")
 def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int, repeats: int, threads: int, out: Path,
             scaling: bool, scaling_lengths: str, scaling_shape: str, tensorrt: bool, tail_context: str | None,
             fast_block_length: int, threshold: float, first_canvas: int, device: str | None, io_binding: bool,
-            cuda_graph: bool) -> None:
+            cuda_graph: bool, quantize: str) -> None:
     """Benchmark TARGET (a checkpoint directory, 'demo' (the default) or 'demo-vl'): reference, ONNX Runtime full /
     Seer / oracle, the peers' recipes (Fast-dLLM's parallel decoding and dual KV cache) with and without Seer, torch
     with Seer, and step time against length on a large random model.
@@ -129,7 +132,8 @@ def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int
                              threads=threads, scaling=scaling_settings, tensorrt=tensorrt,
                              tail_context=None if tail_context is None else parse_tail_context(tail_context),
                              fast_block_length=fast_block_length, threshold=threshold, first_canvas=first_canvas,
-                             device=device, io_binding=io_binding, cuda_graph=cuda_graph)
+                             device=device, io_binding=io_binding, cuda_graph=cuda_graph,
+                             quantize=() if quantize == "none" else tuple(dict.fromkeys(quantize.split(","))))
     settings.validate()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a directory for bench.json, bench.md and bench.png")
