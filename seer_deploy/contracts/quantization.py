@@ -74,7 +74,8 @@ class Quantization:
                     format=reader.string(raw, "format", f"{label}.format"),
                     keep_head=bool(raw.get("keep_head", False)))
         if quant.scheme not in SCHEMES or quant.format not in FORMATS or quant.block_size not in BLOCK_SIZES:
-            raise reader.refuse(f"{label} {quant.to_dict()} is not a quantization this seer-deploy writes")
+            raise reader.refuse(f"{label} (scheme {quant.scheme!r}, block_size {quant.block_size}, format "
+                                f"{quant.format!r}) is not a quantization this seer-deploy writes")
         return quant
 
     def describe(self) -> str:
