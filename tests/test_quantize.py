@@ -176,3 +176,18 @@ def test_quantized_demo_vl_answers_pictures(tmp_path: Path) -> None:
     got, want = answers(int4, workload.requests), answers(full, workload.requests, seer=False)
     assert ExportManifest.load(int4).weights.quantization == Quantization("int4")
     assert (got == want).mean() >= 0.95  # measured: all 12 of 12 answers identical at int4
+
+
+def test_the_resource_check_estimates_the_quantized_weights_file(demo_exports: dict[str, Path]) -> None:
+    import torch
+
+    from seer_deploy.export.resources import footprint
+    from seer_deploy.models.checkpoint import checkpoint_weights, resolve_checkpoint
+    from seer_deploy.models.weight_sources import weight_sources
+
+    sources = weight_sources(checkpoint_weights(resolve_checkpoint("demo")))
+    for name in ("fp32", "int8", "int4"):
+        quant = ExportManifest.load(demo_exports[name]).weights.quantization
+        estimate = footprint(sources, torch.float32, True, quant).weights
+        written = ExportManifest.load(demo_exports[name]).weights.bytes
+        assert 0.98 * written <= estimate <= 1.02 * written, (name, estimate, written)

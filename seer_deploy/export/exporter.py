@@ -64,7 +64,7 @@ from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.export.destination import ARTIFACT_KIND, destination_fingerprint
 from seer_deploy.export.graphs import WindowStepGraph, step_module
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.export.quantize import QuantizedGraph, quantize_graph, quantized_record
+from seer_deploy.export.quantize import QUANTIZED_GRAPHS, QuantizedGraph, quantize_graph, quantized_record
 from seer_deploy.export.resources import check_resources, footprint
 from seer_deploy.export.streamed_reference import streamed_references
 from seer_deploy.export.trace import StreamedWeights, io_specs, trace_graph
@@ -98,7 +98,6 @@ STAGES: tuple[str, ...] = (
     "validating with ONNX Runtime",
     "installing",
 )
-QUANTIZED_GRAPHS = STEP_GRAPH_NAMES + CACHE_GRAPH_NAMES  # the language model's: a vision tower keeps its dtype
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}  # export.options.EXPORT_DTYPES as torch types
 MAX_TRACE_BATCH = 4096  # the batch and image dims are dynamic; these only bound torch.export's symbolic ranges
 MAX_IMAGE_TOKENS = 1 << 20
@@ -345,7 +344,8 @@ def prepare_export(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
     source = str(checkpoint) if str(checkpoint) in DEMO_NAMES else str(path.absolute())
     run = ExportRun.check(path, source, checkpoint_config(path), out, options, _load_text)
     if options.check_resources:
-        need = footprint(weight_sources(checkpoint_weights(path)), TORCH_DTYPES[options.dtype], options.verify)
+        sources = weight_sources(checkpoint_weights(path))
+        need = footprint(sources, TORCH_DTYPES[options.dtype], options.verify, options.quantization)
         check_resources(need, run.dest, options.verify)
     return run
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.models.weight_sources import WeightSource
 
@@ -36,16 +37,17 @@ class Footprint:
 
     disk: int
     memory: int
-    weights: int  # the weights file alone, in the export's dtype
+    weights: int  # the weights file alone, in the export's dtype (its projections quantized with --quantize)
 
 
-def footprint(sources: Mapping[str, WeightSource], dtype: torch.dtype, verify: bool) -> Footprint:
+def footprint(sources: Mapping[str, WeightSource], dtype: torch.dtype, verify: bool,
+              quantization: Quantization | None = None) -> Footprint:
     size = torch.empty((), dtype=dtype).element_size()
     numel = {name: math.prod(source.shape) for name, source in sources.items()}
-    weights = sum(numel.values()) * size
+    weights = sum(_written(name, source.shape, size, quantization) for name, source in sources.items())
     largest = max(numel.values(), default=0)
     stored = max((source.nbytes for source in sources.values()), default=0)
-    writing = stored + 2 * largest * size
+    writing = stored + 2 * largest * (size if quantization is None else 4)  # quantized from float32
     stages = [writing]
     if verify:
         per_param = 4 + (size if size != 4 else 0)  # float32, and the export's dtype beside it
@@ -58,6 +60,17 @@ def footprint(sources: Mapping[str, WeightSource], dtype: torch.dtype, verify: b
         stages.append(top + max(layers.values(), default=0) * per_param + stored + ACTIVATION_BYTES)
         stages.append(weights + largest * 4 + ACTIVATION_BYTES)
     return Footprint(disk=int(weights * DISK_MARGIN), memory=BASELINE_BYTES + max(stages), weights=weights)
+
+
+def _written(name: str, shape: tuple[int, ...], size: int, quantization: Quantization | None) -> int:
+    """A tensor's bytes in the weights file: a layer's projection (and the LM head, unless kept) quantized to
+    bits/8 per weight plus one scale per block; everything else in the export's dtype."""
+    n = math.prod(shape)
+    projection = name.startswith("layers.") or (name.startswith("lm_head.") and not quantization.keep_head) \
+        if quantization is not None else False
+    if quantization is None or len(shape) != 2 or not projection:
+        return n * size
+    return n * quantization.bits // 8 + n // quantization.block_size * size
 
 
 def available_memory() -> int | None:
