@@ -159,7 +159,8 @@ class OrtBackend:
             so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
         if self.options.shares_weights():
             check_external_data(self.export_dir / graph.file)
-            self.weights.add_to(so, self.export_dir / graph.file, arena=not casts)
+            self.weights.add_to(so, self.export_dir / graph.file, arena=not casts,
+                                prepack=self.manifest.weights.quantization is not None)
         session = open_session(self.export_dir / graph.file, so, providers, self.disabled_optimizers())
         got = sorted(i.name for i in session.get_inputs())
         if got != sorted(io.input_names) or got != sorted(graph.inputs):
