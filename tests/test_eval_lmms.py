@@ -98,7 +98,7 @@ def test_lmms_eval_on_demo_vl_answers_as_the_service_does(tmp_path: Path, capsys
 
 @requires_demo
 def test_readme_docvqa_recipe_reads_local_files_offline(tmp_path: Path) -> None:
-    """The README's DocVQA command on a two-question copy of DocVQA's format: lmms-eval's own docvqa_val (its prompt
+    """docs/evaluation.md's DocVQA recipe on a two-question copy of DocVQA's format: lmms-eval's own docvqa_val (its prompt
     with no `<image>` in it, its ANLS metric) on local parquet, no download. demo-vl reads shapes, not words: it scores
     0; the run is the point."""
     import lmms_eval
