@@ -12,6 +12,8 @@
     seer-deploy eval demo --tasks demo --modes all --threads 1 --json benchmarks/results-eval/demo.json
     seer-deploy eval demo-vl --tasks demo_vl --modes full,seer,seer-tail --gen-length 32 --threads 1 \
         --json benchmarks/results-eval/demo-vl.json                               # accuracy in every mode
+    seer-deploy eval demo-vl --harness lmms-eval --tasks demo_vl --modes all --gen-length 32 --tail-context 0 \
+        --threads 1 --json benchmarks/results-eval/demo-vl-lmms.json              # the same through lmms-eval
     python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
 
 The first part is the run with the fast rows (parallel decoding, the KV cache: benchmarks/results-fast, with its
@@ -37,7 +39,7 @@ RESULTS_SERVE = ROOT / "benchmarks" / "results-serve"  # benchmarks/load_generat
 RESULTS_TRT = ROOT / "benchmarks" / "results-trt"  # benchmarks/trt_build_cost.py's table and its reading: notes.md
 RESULTS_LLAMA = ROOT / "benchmarks" / "results-llama"  # benchmarks/llama_cpp/compare.py's run: notes.md
 RESULTS_SCALE = ROOT / "benchmarks" / "results-scale"  # benchmarks/scale_export.py's runs: notes.md and the JSON
-RESULTS_EVAL = ROOT / "benchmarks" / "results-eval"  # seer-deploy eval --json: demo.md, demo-vl.md; notes.md
+RESULTS_EVAL = ROOT / "benchmarks" / "results-eval"  # eval --json: demo.md, demo-vl.md, demo-vl-lmms.md; notes.md
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
      "python benchmarks/bench_loopcore.py"),
@@ -84,8 +86,8 @@ def main() -> None:
     vl = RESULTS_VL / "bench.json"
     parts += [render_markdown(json.loads(vl.read_text()), "benchmarks/results-vl/bench.png") if vl.is_file()
               else "# seer-deploy bench: demo-vl\n\n(not measured: benchmarks/results-vl/bench.json is missing)", ""]
-    parts += ["# Accuracy in every mode: seer-deploy eval (lm-evaluation-harness)", ""]
-    for name in ("notes.md", "demo.md", "demo-vl.md"):  # the notes, then each table under its own command
+    parts += ["# Accuracy in every mode: seer-deploy eval (lm-evaluation-harness, lmms-eval)", ""]
+    for name in ("notes.md", "demo.md", "demo-vl.md", "demo-vl-lmms.md"):  # the notes, then each table under its command
         path = RESULTS_EVAL / name
         parts += [path.read_text().strip() if path.is_file() else f"(not measured: benchmarks/results-eval/{name} "
                   "is missing)", ""]

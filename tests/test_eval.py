@@ -58,7 +58,7 @@ def test_paired_interval() -> None:
 
 
 def test_stop_sequences_cut_at_the_first() -> None:
-    from seer_deploy.evaluation.lm import cut_at_stops  # imports lm-eval: after the eval's offline switches
+    from seer_deploy.evaluation.answering import cut_at_stops
 
     assert cut_at_stops("12\n34 Question: x", ["Question:", "\n"]) == "12"
     assert cut_at_stops("1234", ["\n", ""]) == "1234"

@@ -14,7 +14,7 @@ from conftest import requires_demo
 
 from seer_deploy.cli import main
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.evaluation.tasks import go_offline, task_manager
+from seer_deploy.evaluation.tasks import HARNESSES, go_offline
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
@@ -48,7 +48,7 @@ def test_local_completions_scores_as_eval_does(export_dir: Path, server: Backgro
         model="local-completions",
         model_args={"model": "demo", "base_url": f"{server.url}/v1/completions", "tokenizer_backend": None,
                     "tokenized_requests": False, "num_concurrent": 1, "max_retries": 1},
-        tasks=["demo"], task_manager=task_manager(), limit=DOCUMENTS, log_samples=True, bootstrap_iters=0)
+        tasks=["demo"], task_manager=HARNESSES["lm-eval"].task_manager(), limit=DOCUMENTS, log_samples=True, bootstrap_iters=0)
     assert served is not None
     samples = sorted(served["samples"]["demo"], key=lambda s: s["doc_id"])
     served_answers = [s["resps"][0][0] for s in samples]

@@ -1,6 +1,6 @@
-"""`seer-deploy eval TARGET --tasks ... --modes ...`: lm-evaluation-harness tasks on TARGET in every mode, side by
-side with full length on the same documents (seer_deploy.evaluation); one table on stdout, --json FILE writes the
-JSON and a markdown table beside it (FILE with .md).
+"""`seer-deploy eval TARGET --tasks ... --modes ...`: lm-evaluation-harness (or lmms-eval) tasks on TARGET in every
+mode, side by side with full length on the same documents (seer_deploy.evaluation); one table on stdout, --json FILE
+writes the JSON and a markdown table beside it (FILE with .md).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import click
 from seer_deploy.cli.options import generation_config, generation_options, template_options
 from seer_deploy.cli.verbs import summary
 from seer_deploy.core.errors import ConfigError
+from seer_deploy.evaluation.tasks import HARNESSES  # light: no harness, no torch until a run
 from seer_deploy.runtime.targets import BACKEND_CHOICES, BackendChoice
 
 if TYPE_CHECKING:
@@ -31,15 +32,18 @@ def split_names(text: str, option: str) -> tuple[str, ...]:
 
 @click.command("eval", short_help=summary("eval"))
 @click.argument("target")
-@click.option("--tasks", required=True, help="lm-evaluation-harness tasks, comma-separated: the bundled 'demo' and "
-              "'demo_vl', the harness's own (their data local: see --include-path), or task YAML files.")
+@click.option("--tasks", required=True, help="The harness's tasks, comma-separated: the bundled 'demo' and 'demo_vl' "
+              "(lmms-eval: 'demo_vl'), the harness's own (their data local: see --include-path), or task YAML files.")
+@click.option("--harness", type=click.Choice(list(HARNESSES)), default="lm-eval", show_default=True,
+              help="Who loads and scores the tasks: lm-evaluation-harness (text; pictures by doc_to_image) or "
+                   "lmms-eval (DocVQA, ChartQA, MathVista, ...: pictures through the service).")
 @click.option("--modes", default="full,seer,seer-fast", show_default=True,
               help="Modes to compare, comma-separated, or 'all' (full always runs: the baseline): full, seer, "
                    "seer-fast, fast, threshold, seer-tail, seer-progressive (their flags above).")
 @click.option("--limit", type=int, default=None, help="The first N documents of each task (a quick look).")
 @click.option("--num-fewshot", type=int, default=None, help="Few-shot examples [default: each task's own].")
 @click.option("--include-path", "include_paths", multiple=True, type=click.Path(path_type=Path),
-              help="A directory of your own task YAMLs (e.g. gsm8k on your local files); repeatable.")
+              help="A directory of your own task YAMLs (e.g. gsm8k or docvqa_val on your local files); repeatable.")
 @generation_options
 @click.option("--threshold", type=float, default=0.9, show_default=True,
               help="The threshold modes' --decode threshold value (Fast-dLLM's 0.9).")
@@ -62,15 +66,15 @@ def split_names(text: str, option: str) -> tuple[str, ...]:
               help="Also write the table and every document's answer and score as JSON to FILE, and as markdown "
                    "beside it (FILE with .md).")
 @template_options
-def command(target: str, tasks: str, modes: str, limit: int | None, num_fewshot: int | None,
+def command(target: str, tasks: str, harness: str, modes: str, limit: int | None, num_fewshot: int | None,
             include_paths: tuple[Path, ...], gen_length: int, steps: int | None, block_length: int | None,
             temperature: float, remasking: str, cfg_scale: float, seed: int, threshold: float, fast_block_length: int,
             tail_context: str, first_canvas: int, backend_name: BackendChoice | None, batch_size: int,
             seer_config: Path | None, providers: tuple[str, ...], threads: int | None, device: str | None,
             confidence: float, json_file: Path | None, chat_template: Path | None, raw_prompts: bool) -> None:
-    """Score TARGET on lm-evaluation-harness generation tasks once per mode on the same documents: per task and
-    mode the task's metric, its paired difference from full length, the answers identical to full length's, and
-    the cost (tokens processed, passes, seconds, Seer's kept length).
+    """Score TARGET on lm-evaluation-harness (or, with --harness lmms-eval, lmms-eval) generation tasks once per mode
+    on the same documents: per task and mode the task's metric, its paired difference from full length, the
+    answers identical to full length's, and the cost (tokens processed, passes, seconds, Seer's kept length).
 
     Log-likelihood (multiple-choice) tasks are refused: the graphs return token ids and confidences, not
     log-probabilities. Nothing is downloaded: tasks read local data."""
@@ -86,7 +90,7 @@ def command(target: str, tasks: str, modes: str, limit: int | None, num_fewshot:
         raise ConfigError(f"--first-canvas must be >= 0, got {first_canvas}")
     generation = generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale)
     settings = EvalSettings(
-        target=target, tasks=split_names(tasks, "--tasks"), modes=parse_modes(modes),
+        target=target, tasks=split_names(tasks, "--tasks"), modes=parse_modes(modes), harness=harness,
         service=ServiceOptions(generation=generation, backend=backend_name, batch_size=batch_size,
                                providers=providers or None, threads=threads, device=device, seer_config=seer_config,
                                seed=seed, chat_template=chat_template, raw_prompts=raw_prompts),
@@ -103,7 +107,8 @@ def command(target: str, tasks: str, modes: str, limit: int | None, num_fewshot:
     if json_file is not None:
         from seer_deploy.core.atomic import write_atomic
 
-        record = to_json(rows, invoked, {"target": target, "tasks": list(settings.tasks), "limit": limit,
+        record = to_json(rows, invoked, {"target": target, "harness": harness, "tasks": list(settings.tasks),
+                                         "limit": limit,
                                          "modes": [m.name for m in settings.modes], "gen_length": gen_length,
                                          "confidence": confidence})
         markdown = json_file.with_suffix(".md")
@@ -128,8 +133,9 @@ command.help = inspect.cleandoc(command.help or "") + modes_legend()
 def canonical_command(target: str, settings: EvalSettings, gen_length: int, steps: int | None,
                       block_length: int | None) -> str:
     """The command line that reproduces the run (what the markdown records), the main options spelled out."""
-    parts = ["seer-deploy", "eval", target, "--tasks", ",".join(settings.tasks),
-             "--modes", ",".join(m.name for m in settings.modes), "--gen-length", str(gen_length)]
+    parts = ["seer-deploy", "eval", target, "--tasks", ",".join(settings.tasks)]
+    parts += ["--harness", settings.harness] if settings.harness != "lm-eval" else []
+    parts += ["--modes", ",".join(m.name for m in settings.modes), "--gen-length", str(gen_length)]
     parts += ["--steps", str(steps)] if steps is not None else []
     parts += ["--block-length", str(block_length)] if block_length is not None else []
     parts += ["--limit", str(settings.limit)] if settings.limit is not None else []

@@ -30,6 +30,15 @@ def demo_vl_records(n: int = DOCUMENTS) -> list[dict[str, Any]]:
              "answer": e.answer} for e in heldout_examples(n)]
 
 
+def picture(doc: dict[str, Any]) -> list[Any]:
+    """A demo-vl document's picture, drawn from its shapes as the bench draws it: both harnesses' doc_to_image /
+    doc_to_visual (the bundled demo_vl YAMLs)."""
+    from seer_deploy.models.demo_vl_tasks import Shape, render
+
+    shapes = tuple(Shape(**{**s, "tint": tuple(s["tint"])}) for s in doc["shapes"])
+    return [render(shapes)]
+
+
 def jsonl(records: list[dict[str, Any]]) -> str:
     return "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
 

@@ -15,7 +15,7 @@ from seer_deploy.evaluation.run import Cell
 HEADERS = ("task", "mode", "metric", "docs", "score", "vs full [CI]", "identical", "tokens processed", "passes", "seconds",
            "kept / gen")
 MEANING = (
-    "score: the task's metric (lm-evaluation-harness's own scoring) on the same documents in every mode; "
+    "score: the task's metric (the harness's own scoring) on the same documents in every mode; "
     "vs full [CI]: the mean per-document difference from full length with its paired {confidence:.0%} bootstrap "
     "interval (an interval containing 0: no measurable change); identical: answers equal to full length's, "
     "character for character; tokens processed and passes: the model's work (real tokens through it, forward passes); "

@@ -1,19 +1,23 @@
 """`seer-deploy eval`: every task once per mode on the same documents, through one opened service.
 
-The target is opened once (`Service`); each mode is an lm-eval model (`ServiceLM`) over it with that mode's
-settings, and each (task, mode) is one `lm_eval.simple_evaluate` with the per-document samples logged, so every mode
-is scored by the harness itself on the same documents and compared with full length document by document.
+The target is opened once (`Service`); each mode is a harness model (lm-eval's `ServiceLM` or lmms-eval's
+`ServiceLMMS`, both over answering.ServiceAnswers) with that mode's settings, and each (task, mode) is one
+`simple_evaluate` of that harness with the per-document samples logged, so every mode is scored by the harness itself
+on the same documents and compared with full length document by document.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from seer_deploy.core.errors import ConfigError
+from seer_deploy.evaluation.answering import ServiceAnswers
 from seer_deploy.evaluation.modes import BASELINE, Mode, ModeSettings, mode_generation, mode_seer
+from seer_deploy.evaluation.tasks import HARNESSES, Harness, generation_tasks, go_offline
 from seer_deploy.runtime.loop import check_supported
 from seer_deploy.service import Service, ServiceOptions, resolve_seer
 
@@ -25,6 +29,7 @@ class EvalSettings:
     target: str
     tasks: tuple[str, ...]
     modes: tuple[Mode, ...]  # the baseline first (`parse_modes`)
+    harness: str = "lm-eval"  # or "lmms-eval" (tasks.HARNESSES)
     service: ServiceOptions = field(default_factory=ServiceOptions)  # the target's options, as `generate` takes them
     mode_settings: ModeSettings = field(default_factory=ModeSettings)
     limit: int | None = None  # documents per task (the first ones)
@@ -35,6 +40,8 @@ class EvalSettings:
     def validate(self) -> None:
         if not self.tasks:
             raise ConfigError("--tasks is empty; name at least one task, e.g. --tasks demo")
+        if self.harness not in HARNESSES:
+            raise ConfigError(f"--harness: unknown harness '{self.harness}'; choose from {', '.join(HARNESSES)}")
         if not self.modes or self.modes[0].name != BASELINE:
             raise ConfigError(f"the modes must start with '{BASELINE}', the baseline the others are compared with")
         if self.limit is not None and self.limit < 1:
@@ -79,13 +86,12 @@ def open_service(settings: EvalSettings, say: Say) -> Service:
 
 def run_eval(settings: EvalSettings, say: Say = lambda _: None) -> list[Cell]:
     """Every (task, mode) cell, tasks in the order given, modes in order (the baseline first)."""
-    from seer_deploy.evaluation.tasks import generation_tasks, go_offline, require_harness, task_manager
-
     settings.validate()
     go_offline()
-    require_harness()
-    manager = task_manager(settings.include_paths)
-    tasks = generation_tasks(manager, settings.tasks)
+    harness = HARNESSES[settings.harness]
+    harness.require()
+    manager = harness.task_manager(settings.include_paths)
+    tasks = generation_tasks(harness, manager, settings.tasks)
     service = open_service(settings, say)
     for mode in settings.modes:  # a mode the target cannot run (--kv-cache on an export without it) fails first
         check_supported(mode_generation(mode, settings.service.generation, settings.mode_settings), service.backend)
@@ -93,38 +99,40 @@ def run_eval(settings: EvalSettings, say: Say = lambda _: None) -> list[Cell]:
     for task in tasks:
         for mode in settings.modes:
             say(f"{task}: {mode.name}")
-            cells.append(run_cell(service, manager, task, mode, settings))
+            cells.append(run_cell(service, harness, manager, task, mode, settings))
     return cells
 
 
-def run_cell(service: Service, manager: Any, task: str, mode: Mode, settings: EvalSettings) -> Cell:
+def run_cell(service: Service, harness: Harness, manager: Any, task: str, mode: Mode, settings: EvalSettings) -> Cell:
     """One task under one mode, scored by the harness, with the service's runs' costs."""
-    from lm_eval import simple_evaluate
-
-    from seer_deploy.evaluation.lm import ServiceLM
-
     generation = mode_generation(mode, settings.service.generation, settings.mode_settings)
     seer = mode_seer(mode, service.seer, generation.gen_length, settings.mode_settings)
-    lm = ServiceLM(service, generation, seer)
-    results = simple_evaluate(model=lm, tasks=[task], num_fewshot=settings.num_fewshot, limit=settings.limit,
-                              task_manager=manager, log_samples=True, bootstrap_iters=0, random_seed=None,
-                              numpy_random_seed=None, torch_random_seed=None, fewshot_random_seed=1234)
+    answers = ServiceAnswers(service, generation, seer)
+    results = harness.simple_evaluate()(
+        model=harness.model(answers), tasks=[task], num_fewshot=settings.num_fewshot, limit=settings.limit,
+        task_manager=manager, log_samples=True, bootstrap_iters=0, random_seed=None, numpy_random_seed=None,
+        torch_random_seed=None, fewshot_random_seed=1234)
     metrics = {k: float(v) for k, v in results["results"][task].items()
-               if "," in k and isinstance(v, int | float) and "_stderr" not in k}
+               if "," in k and isinstance(v, numbers.Real) and "_stderr" not in k}
     if not metrics:
         raise ConfigError(f"task '{task}' reported no metric; give its YAML a metric_list")
     key = next(iter(metrics))
-    scores, answers = per_document(results["samples"][task], key)
-    kept = [a.seer.kept for r in lm.runs for a in r.answers if a.seer is not None]
-    return Cell(task, mode.name, key, metrics[key], scores, answers, metrics,
-                tokens_processed=sum(r.tokens_processed for r in lm.runs), passes=sum(r.steps_run for r in lm.runs),
-                seconds=sum(r.seconds for r in lm.runs), mean_kept=sum(kept) / len(kept) if kept else None,
+    scores, texts = per_document(results["samples"][task], key)
+    runs = answers.runs
+    kept = [a.seer.kept for r in runs for a in r.answers if a.seer is not None]
+    return Cell(task, mode.name, key, metrics[key], scores, texts, metrics,
+                tokens_processed=sum(r.tokens_processed for r in runs), passes=sum(r.steps_run for r in runs),
+                seconds=sum(r.seconds for r in runs), mean_kept=sum(kept) / len(kept) if kept else None,
                 gen_length=generation.gen_length)
 
 
 def per_document(samples: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[str]]:
-    """The per-document scores of metric `key` ('metric,filter') and the raw answers, in document order."""
+    """The per-document scores of metric `key` ('metric,filter') and the raw answers, in document order. lmms-eval's
+    samples do not name their filter: a task of several filters then logs a document more than once, refused."""
     metric, _, filter_name = key.partition(",")
     chosen = sorted((s for s in samples if s.get("filter", "none") == (filter_name or "none")),
                     key=lambda s: s["doc_id"])
+    if len({s["doc_id"] for s in chosen}) != len(chosen):
+        raise ConfigError(f"the harness logged documents more than once for metric '{key}' (a task of several "
+                          "filters whose samples do not name their filter); give the task one filter")
     return [float(s[metric]) for s in chosen], [str(s["resps"][0][0]) for s in chosen]

@@ -1,5 +1,5 @@
 """The demo-vl task's documents for lm-eval (custom_dataset, doc_to_image): demo_vl.jsonl beside this file, each
-picture drawn from its shapes as the bench draws it."""
+picture drawn from its shapes as the bench draws it (demo_data.picture, which lmms-eval's demo_vl task uses too)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ def load(**_: Any) -> dict[str, Any]:
 
 
 def picture(doc: dict[str, Any]) -> list[Any]:
-    from seer_deploy.models.demo_vl_tasks import Shape, render
+    from seer_deploy.evaluation.demo_data import picture
 
-    shapes = tuple(Shape(**{**s, "tint": tuple(s["tint"])}) for s in doc["shapes"])
-    return [render(shapes)]
+    return picture(doc)
