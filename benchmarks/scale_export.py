@@ -28,6 +28,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -71,15 +72,17 @@ def stage_seconds(stderr: str) -> dict[str, float]:
             for k, name in enumerate(names)}
 
 
-def export(ckpt: Path, out: Path, dtype: str, kv_cache: bool) -> dict[str, Any]:
+def export(ckpt: Path, out: Path, dtype: str, kv_cache: bool, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """`seer-deploy export` as one measured process (extra: more flags, e.g. --quantize int4 for quant_memory.py)."""
     cmd = [*SEER_CLI, "export", str(ckpt), "--out", str(out), "--dtype", dtype, "--json", "--force",
-           *(["--kv-cache"] if kv_cache else [])]
+           *(["--kv-cache"] if kv_cache else []), *extra]
     free_before = shutil.disk_usage(out.parent).free
     log(f"$ {' '.join(cmd[-9:])}")
     p = run_measured(cmd, cwd=REPO)
     record: dict[str, Any] = {"command": "seer-deploy " + " ".join(cmd[len(SEER_CLI):]), "rc": p.rc,
                               "wall_s": round(p.wall_s, 1), "peak_rss_gib": round(p.peak_rss / GiB, 2),
-                              "stages_s": stage_seconds(p.err), "free_disk_before_gib": round(free_before / GiB, 1)}
+                              "peak_rss_mib": round(p.peak_rss / 2**20), "stages_s": stage_seconds(p.err),
+                              "free_disk_before_gib": round(free_before / GiB, 1)}
     if p.rc != 0:
         record["error"] = (p.err.strip().splitlines() or ["?"])[-1]
         log(f"export failed (rc {p.rc}): {record['error']}")
@@ -92,13 +95,17 @@ def export(ckpt: Path, out: Path, dtype: str, kv_cache: bool) -> dict[str, Any]:
     return record
 
 
-def generate(out: Path, gen_length: int) -> dict[str, Any]:
-    cmd = [*SEER_CLI, "generate", str(out), "-p", PROMPT, "--gen-length", str(gen_length), "--steps",
-           str(gen_length), "--block-length", str(gen_length), "--no-seer", "--json"]
-    log(f"$ seer-deploy generate {out} --gen-length {gen_length} --steps {gen_length} --json")
+def generate(out: Path, gen_length: int, prompts: Sequence[str] = (PROMPT,), extra: Sequence[str] = ()
+             ) -> dict[str, Any]:
+    """`seer-deploy generate` on the export as one measured process, all prompts in one batch."""
+    cmd = [*SEER_CLI, "generate", str(out), *(a for p in prompts for a in ("-p", p)), "--gen-length",
+           str(gen_length), "--steps", str(gen_length), "--block-length", str(gen_length), "--no-seer", "--json",
+           *extra]
+    log(f"$ seer-deploy generate {out} ({len(prompts)} prompts) --gen-length {gen_length} {' '.join(extra)}")
     p: Proc = run_measured(cmd, cwd=REPO)
     record: dict[str, Any] = {"command": "seer-deploy " + " ".join(cmd[len(SEER_CLI):]), "rc": p.rc,
-                              "wall_s": round(p.wall_s, 1), "peak_rss_gib": round(p.peak_rss / GiB, 2)}
+                              "wall_s": round(p.wall_s, 1), "peak_rss_gib": round(p.peak_rss / GiB, 2),
+                              "peak_rss_mib": round(p.peak_rss / 2**20)}
     if p.rc != 0:
         record["error"] = (p.err.strip().splitlines() or ["?"])[-1]
         return record

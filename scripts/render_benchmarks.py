@@ -8,6 +8,7 @@
     python benchmarks/bench_step_latency.py --threads 2 > benchmarks/results/step_latency.md
     python benchmarks/bench_hybrid.py --threads 2 > benchmarks/results/hybrid.md
     python benchmarks/compare_runs.py BEFORE/bench.json AFTER/bench.json > benchmarks/results/redesign_check.md
+    PYTHONPATH=. python benchmarks/quant_memory.py demo; ... llada --layers 1; ... --render   # memory, issue 31
     PYTHONPATH=. python scripts/gpu_check.py --out benchmarks/results-gpu/gpu_check.json   # on a GPU machine
     seer-deploy eval demo --tasks demo --modes all --threads 1 --json benchmarks/results-eval/demo.json
     seer-deploy eval demo-vl --tasks demo_vl --modes full,seer,seer-tail --gen-length 32 --threads 1 \
@@ -40,6 +41,7 @@ RESULTS_TRT = ROOT / "benchmarks" / "results-trt"  # benchmarks/trt_build_cost.p
 RESULTS_LLAMA = ROOT / "benchmarks" / "results-llama"  # benchmarks/llama_cpp/compare.py's run: notes.md
 RESULTS_SCALE = ROOT / "benchmarks" / "results-scale"  # benchmarks/scale_export.py's runs: notes.md and the JSON
 RESULTS_EVAL = ROOT / "benchmarks" / "results-eval"  # eval --json: demo.md, demo-vl.md, demo-vl-lmms.md; notes.md
+RESULTS_QUANT_MEMORY = ROOT / "benchmarks" / "results-quant-memory"  # benchmarks/quant_memory.py: table.md; notes.md
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
      "python benchmarks/bench_loopcore.py"),
@@ -97,6 +99,9 @@ def main() -> None:
         parts += [path.read_text().strip() if path.is_file() else f"(no GPU run recorded: benchmarks/results-gpu/{name} "
                   "is missing)", ""]
     parts += _section("Export at scale: LLaDA-8B's shape on this machine", RESULTS_SCALE / "notes.md")
+    parts += _section("Memory: weight-only int8 and int4 exports (issue 31)", RESULTS_QUANT_MEMORY / "notes.md")
+    table = RESULTS_QUANT_MEMORY / "table.md"  # benchmarks/quant_memory.py --render, from the JSON beside it
+    parts += [table.read_text().strip() if table.is_file() else f"(not measured: {table} is missing)", ""]
     parts += _section("TensorRT-RTX builds", RESULTS_TRT / "notes.md")
     serve = RESULTS_SERVE / "notes.md"
     parts += ["# Serving: seer-deploy serve under load", "",
