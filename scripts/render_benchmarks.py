@@ -41,6 +41,7 @@ RESULTS_TRT = ROOT / "benchmarks" / "results-trt"  # benchmarks/trt_build_cost.p
 RESULTS_LLAMA = ROOT / "benchmarks" / "results-llama"  # benchmarks/llama_cpp/compare.py's run: notes.md
 RESULTS_SCALE = ROOT / "benchmarks" / "results-scale"  # benchmarks/scale_export.py's runs: notes.md and the JSON
 RESULTS_EVAL = ROOT / "benchmarks" / "results-eval"  # eval --json: demo.md, demo-vl.md, demo-vl-lmms.md; notes.md
+RESULTS_QUANT_BENCH = ROOT / "benchmarks" / "results-quant-bench"  # seer-deploy bench --quantize int8,int4: notes.md
 RESULTS_QUANT_MEMORY = ROOT / "benchmarks" / "results-quant-memory"  # benchmarks/quant_memory.py: table.md; notes.md
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
@@ -102,6 +103,12 @@ def main() -> None:
     parts += _section("Memory: weight-only int8 and int4 exports (issue 31)", RESULTS_QUANT_MEMORY / "notes.md")
     table = RESULTS_QUANT_MEMORY / "table.md"  # benchmarks/quant_memory.py --render, from the JSON beside it
     parts += [table.read_text().strip() if table.is_file() else f"(not measured: {table} is missing)", ""]
+    quant_bench = RESULTS_QUANT_BENCH / "bench.json"  # the bench with its ort-int8 / ort-int4 rows, and its reading
+    if quant_bench.is_file():
+        rendered = render_markdown(json.loads(quant_bench.read_text()), "benchmarks/results-quant-bench/bench.png")
+        title, _, body = rendered.partition("\n")
+        parts += [f"{title}, with the quantized rows (issue 31)", (RESULTS_QUANT_BENCH / "notes.md").read_text().strip(),
+                  body, ""]
     parts += _section("TensorRT-RTX builds", RESULTS_TRT / "notes.md")
     serve = RESULTS_SERVE / "notes.md"
     parts += ["# Serving: seer-deploy serve under load", "",
