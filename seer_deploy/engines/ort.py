@@ -157,10 +157,12 @@ class OrtBackend:
             so.enable_mem_pattern = False
             so.enable_cpu_mem_arena = False
             so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+        prepack = self.prepacks()
         if self.options.shares_weights():
             check_external_data(self.export_dir / graph.file)
-            self.weights.add_to(so, self.export_dir / graph.file, arena=not casts,
-                                prepack=self.manifest.weights.quantization is not None)
+            self.weights.add_to(so, self.export_dir / graph.file, arena=not casts, prepack=prepack)
+        elif not prepack:
+            so.add_session_config_entry("session.disable_prepacking", "1")
         session = open_session(self.export_dir / graph.file, so, providers, self.disabled_optimizers())
         got = sorted(i.name for i in session.get_inputs())
         if got != sorted(io.input_names) or got != sorted(graph.inputs):
@@ -185,6 +187,18 @@ class OrtBackend:
         float16 copy, each weight cast to float32 just before its MatMul; slower than a float32 export, which float16
         on a CPU is anyway."""
         return self.options.resolved_providers()[0] == CPU and self.manifest.dtype == "fp16"
+
+    def prepacks(self) -> bool:
+        """Whether ONNX Runtime may prepack the MatMul weights (a private copy per session). Not where the sessions
+        read one memory map of the weights (share_weights), except a quantized export's MatMulNBits, which without
+        its packed layout dequantizes every block on every call (2.0-2.4x slower per step on a 1024-wide model), and
+        never a quantized float16 export on the CPU: ONNX Runtime 1.32's prepacked float16 MatMulNBits there gives
+        wrong tokens (measured on the demo: 0 of 40 answers right at int8 and int4, 40 unpacked; the export's own
+        check caught it at 63% token agreement)."""
+        quantized = self.manifest.weights.quantization is not None
+        if quantized and self.casts_weights():
+            return False
+        return quantized or not self.options.shares_weights()
 
     def disabled_optimizers(self) -> tuple[str, ...]:
         """The graph optimizations the sessions run without (casts_weights)."""

@@ -33,10 +33,7 @@ class SharedWeights:
     def add_to(self, options: ort.SessionOptions, graph_file: Path, arena: bool = True, prepack: bool = False) -> None:
         """Hand the session every external initializer of `graph_file` (whose external data was checked to lie in
         its directory) as a view of the mapping, turn prepacking off unless `prepack` and (with `arena`) share the
-        environment's arena.
-
-        A quantized export prepacks: MatMulNBits without its packed layout dequantizes every block on every call
-        (measured on a 1024-wide model: 2.0-2.4x slower per step), and its packed copy is small (int4 or int8)."""
+        environment's arena (OrtBackend.prepacks says when to prepack)."""
         import onnx
 
         if self.mapping is None:
