@@ -12,6 +12,7 @@
     seer-deploy eval demo --tasks demo --modes all --threads 1 --json benchmarks/results-eval/demo.json
     seer-deploy eval demo-vl --tasks demo_vl --modes full,seer,seer-tail --gen-length 32 --threads 1 \
         --json benchmarks/results-eval/demo-vl.json                               # accuracy in every mode
+    PYTHONPATH=. python benchmarks/quant_study.py --out benchmarks/results-quant  # Seer on int8 / int4 weights
     python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
 
 The first part is the run with the fast rows (parallel decoding, the KV cache: benchmarks/results-fast, with its
@@ -38,6 +39,7 @@ RESULTS_TRT = ROOT / "benchmarks" / "results-trt"  # benchmarks/trt_build_cost.p
 RESULTS_LLAMA = ROOT / "benchmarks" / "results-llama"  # benchmarks/llama_cpp/compare.py's run: notes.md
 RESULTS_SCALE = ROOT / "benchmarks" / "results-scale"  # benchmarks/scale_export.py's runs: notes.md and the JSON
 RESULTS_EVAL = ROOT / "benchmarks" / "results-eval"  # seer-deploy eval --json: demo.md, demo-vl.md; notes.md
+RESULTS_QUANT = ROOT / "benchmarks" / "results-quant"  # benchmarks/quant_study.py: quant_study.md, the JSON; notes.md
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
      "python benchmarks/bench_loopcore.py"),
@@ -93,6 +95,11 @@ def main() -> None:
     for name in ("notes.md", "gpu_check.md"):
         path = RESULTS_GPU / name
         parts += [path.read_text().strip() if path.is_file() else f"(no GPU run recorded: benchmarks/results-gpu/{name} "
+                  "is missing)", ""]
+    parts += ["# Seer on quantized weights: benchmarks/quant_study.py", ""]
+    for name in ("notes.md", "quant_study.md"):  # the reading, then the script's tables
+        path = RESULTS_QUANT / name
+        parts += [path.read_text().strip() if path.is_file() else f"(not measured: benchmarks/results-quant/{name} "
                   "is missing)", ""]
     parts += _section("Export at scale: LLaDA-8B's shape on this machine", RESULTS_SCALE / "notes.md")
     parts += _section("TensorRT-RTX builds", RESULTS_TRT / "notes.md")
