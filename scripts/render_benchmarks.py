@@ -15,6 +15,7 @@
         --json benchmarks/results-eval/demo-vl.json                               # accuracy in every mode
     seer-deploy eval demo-vl --harness lmms-eval --tasks demo_vl --modes all --gen-length 32 --tail-context 0 \
         --threads 1 --json benchmarks/results-eval/demo-vl-lmms.json              # the same through lmms-eval
+    PYTHONPATH=. python benchmarks/quant_study.py --out benchmarks/results-quant  # Seer on int8 / int4 weights
     python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
 
 The first part is the run with the fast rows (parallel decoding, the KV cache: benchmarks/results-fast, with its
@@ -41,6 +42,7 @@ RESULTS_TRT = ROOT / "benchmarks" / "results-trt"  # benchmarks/trt_build_cost.p
 RESULTS_LLAMA = ROOT / "benchmarks" / "results-llama"  # benchmarks/llama_cpp/compare.py's run: notes.md
 RESULTS_SCALE = ROOT / "benchmarks" / "results-scale"  # benchmarks/scale_export.py's runs: notes.md and the JSON
 RESULTS_EVAL = ROOT / "benchmarks" / "results-eval"  # eval --json: demo.md, demo-vl.md, demo-vl-lmms.md; notes.md
+RESULTS_QUANT = ROOT / "benchmarks" / "results-quant"  # benchmarks/quant_study.py: quant_study.md, the JSON; notes.md
 RESULTS_QUANT_BENCH = ROOT / "benchmarks" / "results-quant-bench"  # seer-deploy bench --quantize int8,int4: notes.md
 RESULTS_QUANT_MEMORY = ROOT / "benchmarks" / "results-quant-memory"  # benchmarks/quant_memory.py: table.md; notes.md
 SCRIPTS = (
@@ -98,6 +100,11 @@ def main() -> None:
     for name in ("notes.md", "gpu_check.md"):
         path = RESULTS_GPU / name
         parts += [path.read_text().strip() if path.is_file() else f"(no GPU run recorded: benchmarks/results-gpu/{name} "
+                  "is missing)", ""]
+    parts += ["# Seer on quantized weights: benchmarks/quant_study.py", ""]
+    for name in ("notes.md", "quant_study.md"):  # the reading, then the script's tables
+        path = RESULTS_QUANT / name
+        parts += [path.read_text().strip() if path.is_file() else f"(not measured: benchmarks/results-quant/{name} "
                   "is missing)", ""]
     parts += _section("Export at scale: LLaDA-8B's shape on this machine", RESULTS_SCALE / "notes.md")
     parts += _section("Memory: weight-only int8 and int4 exports (issue 31)", RESULTS_QUANT_MEMORY / "notes.md")

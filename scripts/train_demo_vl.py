@@ -173,7 +173,7 @@ def calibrate_seer(lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalToke
     prepared = prepare_image_prompts(lm.eval(), vision.eval(), tok, prompts, config, batch_size=n)
     model, ids = prepared.model, prepared.ids
     full = full_generation(model, ids, config, batch_size=n)
-    result = calibrate_model(model, ids, config, CalibrationOptions(), full_tokens=full, batch_size=n)
+    result = calibrate_model(prepared.source, ids, config, CalibrationOptions(), full_tokens=full, batch_size=n)
     safe = result.config
     fit = fit_identity_margin(lambda seer: batched_generation(model, ids, config, seer=seer, batch_size=n), safe, full,
                               true_lengths(full, stop_ids(lm.cfg)),

@@ -112,15 +112,32 @@ def batched_generation(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Answers [N, gen_length] and kept lengths [N] (gen_length without Seer) from the reference loop, in batches
     of similar prompt length, in prompt order."""
+
+    def run(batch: list[list[int]]) -> tuple[np.ndarray, list[int] | None]:
+        out = generate(model, batch, config, seer=seer)
+        return out.tokens.numpy(), None if out.seer is None else [r.kept for r in out.seer]
+
+    return in_length_order(prompts, config.gen_length, batch_size, run, progress)
+
+
+def in_length_order(
+    prompts: Sequence[list[int]],
+    gen_length: int,
+    batch_size: int,
+    run: Callable[[list[list[int]]], tuple[np.ndarray, list[int] | None]],
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`run` (a batch -> its answers and kept lengths, None at full length) over batches of similar prompt length,
+    so little padding runs; answers [N, gen_length] and kept lengths [N] come back in prompt order."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    tokens = np.zeros((len(prompts), config.gen_length), dtype=np.int64)
-    kept = np.full(len(prompts), config.gen_length, dtype=np.int64)
+    tokens = np.zeros((len(prompts), gen_length), dtype=np.int64)
+    kept = np.full(len(prompts), gen_length, dtype=np.int64)
     for lo in range(0, len(order), batch_size):
         idx = order[lo : lo + batch_size]
-        out = generate(model, [prompts[i] for i in idx], config, seer=seer)
-        tokens[idx] = out.tokens.numpy()
-        if out.seer is not None:
-            kept[idx] = [r.kept for r in out.seer]
+        answers, batch_kept = run([prompts[i] for i in idx])
+        tokens[idx] = answers
+        if batch_kept is not None:
+            kept[idx] = batch_kept
         if progress is not None:
             progress(min(lo + batch_size, len(order)), len(order))
     return tokens, kept

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from seer_deploy.calibration.collect import StepZeroSet, Thresholds, full_generation, step_zero_set, stop_ids
+from seer_deploy.calibration.collect import StepZeroSet, Thresholds, stop_ids
+from seer_deploy.calibration.sources import AnswerSource
 from seer_deploy.calibration.sparsity_fit import auc_table, pooling_candidates, sparsity_config
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.core.sparsity import STAT_NAMES
-from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.seer.config import DETECTORS, SeerConfig
 from seer_deploy.seer.detect import Boundary, detect_eos, detect_sparsity, fuse
 from seer_deploy.seer.metrics import cut_metrics, true_lengths
@@ -76,13 +76,14 @@ def choose_floor_margin(
     """(floor, margin, mean kept): the pair meeting `target` safe share with the least mean kept length.
 
     candidate [N]: each response's best boundary (-1 = none); a response is cut when its confidence reaches the
-    floor, and kept = candidate + margin. Ties go to the higher floor (fewer cuts).
+    floor, and kept = candidate + margin. Ties go to the higher floor (fewer cuts). Floors are never negative (a
+    config refuses them; a small prompt set or an export's few statistics can score a boundary below zero).
     """
     n = candidate.size
     allowed = int(np.floor(n * (1 - target) + 1e-9))
     has = candidate >= 1
     if floors is None:
-        conf = np.unique(confidence[has])
+        conf = np.unique(confidence[has & (confidence >= 0)])
         picks = conf if conf.size <= 96 else np.quantile(conf, np.linspace(0, 1, 96))
         floors = [*picks.tolist(), NEVER]
     best: tuple[float, int, float] = (NEVER, min_margin, float(gen_length))
@@ -223,7 +224,7 @@ def fit_detectors(
 
 
 def calibrate_model(
-    model: MaskPredictor,
+    source: AnswerSource,
     prompts: Sequence[list[int]],
     config: GenerationConfig,
     options: CalibrationOptions = CalibrationOptions(),
@@ -232,20 +233,22 @@ def calibrate_model(
     batch_size: int = 64,
     progress: Callable[[int, int], None] | None = None,
 ) -> CalibrationResult:
-    """Run step zero and full-length generation on `prompts`, then `fit_detectors` (full_tokens: reuse a cached
-    run). `model` may be an ImageConditionedModel whose prompts hold image ids (`prompt_set`)."""
+    """Run step zero and full-length generation on `prompts` with `source` (a checkpoint's torch model, or an
+    export's backend: `calibration.sources`), then `fit_detectors` (full_tokens: reuse a cached run). A torch model
+    may be an ImageConditionedModel whose prompts hold image ids (`prompt_set`)."""
     options.validate()
-    cfg = model.cfg
+    cfg = source.cfg
     config.validate(cfg.max_seq_len, max(len(p) for p in prompts))
     if full_tokens is None:
-        full_tokens = full_generation(model, prompts, config, batch_size, progress)
+        full_tokens = source.answers(prompts, config, batch_size=batch_size, progress=progress)[0]
     if full_tokens.shape != (len(prompts), config.gen_length):
         raise ConfigError(f"cached full-length answers have shape {full_tokens.shape}, expected "
                           f"{(len(prompts), config.gen_length)}; delete the cache and rerun")
     true_len = true_lengths(full_tokens, stop_ids(cfg))
-    data = step_zero_set(model, prompts, config.gen_length, options.thresholds, batch_size)
+    data = source.step_zero(prompts, config.gen_length, options.thresholds, batch_size)
     result = fit_detectors(data, true_len, cfg.eos_id, cfg.n_layers, options)
     result.report["steps"] = config.steps
     result.report["block_length"] = config.block
     result.report["stat_names"] = list(STAT_NAMES)
+    result.report["statistics"] = source.statistics(options.thresholds)
     return result

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from seer_deploy.calibration.collect import batched_generation, stop_ids
+from seer_deploy.calibration.collect import stop_ids
 from seer_deploy.calibration.detector_fit import CalibrationOptions, split_indices
+from seer_deploy.calibration.sources import AnswerSource
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.seer.config import SeerConfig, TailContext
 from seer_deploy.seer.metrics import identical_share, true_lengths
 
@@ -124,7 +124,7 @@ def check_target_identical(target: float) -> None:
 
 
 def fit_identity_on_split(
-    model: MaskPredictor,
+    source: AnswerSource,
     prompts: Sequence[list[int]],
     config: GenerationConfig,
     seer: SeerConfig,
@@ -137,17 +137,18 @@ def fit_identity_on_split(
     batch_size: int = 64,
     log: Callable[[str], None] = lambda _: None,
 ) -> tuple[IdentityFit, float]:
-    """`fit_identity_margin` on the calibration split of `prompts` (the split `fit_detectors` uses), then the share
-    of the validation split's answers that equal full length's under the fitted margin and tail context."""
+    """`fit_identity_margin` on the calibration split of `prompts` (the split `fit_detectors` uses), with `source`'s
+    answers (`calibration.sources`), then the share of the validation split's answers that equal full length's under
+    the fitted margin and tail context."""
     check_target_identical(target_identical)
     if margin_span < 0:
         raise ConfigError(f"margin span {margin_span} must be >= 0")
-    true_len = true_lengths(full_tokens, stop_ids(model.cfg))
+    true_len = true_lengths(full_tokens, stop_ids(source.cfg))
     cal, val = split_indices(len(prompts), options.holdout, options.seed)
 
     def runner(indices: np.ndarray) -> Callable[[SeerConfig], tuple[np.ndarray, np.ndarray]]:
         subset = [prompts[i] for i in indices]
-        return lambda s: batched_generation(model, subset, config, seer=s, batch_size=batch_size)
+        return lambda s: source.answers(subset, config, seer=s, batch_size=batch_size)
 
     margins = identity_margins(seer, config.gen_length, margin_span)
     fit = fit_identity_margin(runner(cal), seer, full_tokens[cal], true_len[cal], margins,

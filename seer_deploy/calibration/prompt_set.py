@@ -1,24 +1,33 @@
-"""Calibration prompts, text or with pictures, turned into what calibration runs on: a model and prompt ids.
+"""Calibration prompts, text or with pictures, turned into what calibration runs on: an answer source
+(`calibration.sources`: a checkpoint's torch model, or an export's backend) and prompt ids.
 
 The prompts are requests, as `generate` takes them (a prompts file: `models.requests.read_prompts_file`). For a
-multimodal checkpoint the vision tower
-encodes every picture of the set once, into one image table: `expand_placeholders` numbers the image ids across the
-whole prompt list, so a single ImageConditionedModel over that table serves every batch, and the calibration code (a
-MaskPredictor on prompt ids, the torch reference loop) runs on it unchanged.
+multimodal target the vision tower (the checkpoint's, or the export's vision graph) encodes every picture of the set
+once, into one image table: `expand_placeholders` numbers the image ids across the whole prompt list, so a single
+table serves every batch (an ImageConditionedModel over it, or the export backend's image table), and the
+calibration code runs on it unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
 
 import torch
 from PIL import Image
 
+from seer_deploy.calibration.sources import AnswerSource, BackendSource, TorchSource
+from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
+from seer_deploy.core.backend import ImageBackend
+from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
+from seer_deploy.engines.manifest import EngineManifest
 from seer_deploy.models.checkpoint import load_checkpoint
 from seer_deploy.models.image import pixel_batch
-from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.image_placeholders import MultimodalTokenizer, encode_pictures, expand_placeholders
 from seer_deploy.models.image_prompts import ImageConditionedModel, image_table
 from seer_deploy.models.llada import MaskPredictor
 from seer_deploy.models.multimodal import load_multimodal
@@ -26,22 +35,39 @@ from seer_deploy.models.multimodal_files import is_multimodal_checkpoint
 from seer_deploy.models.requests import Request, check_request_images, load_pictures
 from seer_deploy.models.tokenizer import Tokenizer
 from seer_deploy.models.vision import VisionEncoder
+from seer_deploy.runtime.openers import open_target
+from seer_deploy.runtime.targets import Description, TargetOptions, describe, engine_export_dir
 
 
 @dataclass
 class PreparedPrompts:
-    """What calibrate_model runs on: the checkpoint's language model, or an ImageConditionedModel holding every
-    picture of the set, and the prompt ids (image ids included, indexing that model's image table)."""
+    """What calibrate_model runs on: the source of step zero and answers (a checkpoint's language model, or an
+    ImageConditionedModel holding every picture of the set; an export's backend holding them in its image table),
+    and the prompt ids (image ids included, indexing that table)."""
 
-    model: MaskPredictor
+    source: AnswerSource
     ids: list[list[int]]
     n_images: int = 0
 
+    @property
+    def model(self) -> MaskPredictor:
+        """A checkpoint's torch model, for code that runs the reference loop on it directly; an export has none."""
+        if not isinstance(self.source, TorchSource):
+            raise ConfigError("these prompts run on an export, which has no torch model; use its source")
+        return self.source.model
+
 
 def prepare_prompts(target: str, prompts: Sequence[Request], config: GenerationConfig,
-                    batch_size: int = 64) -> PreparedPrompts:
-    """Check `prompts` against TARGET (a text or multimodal checkpoint, 'demo', 'demo-vl'), then load it and turn
-    them into ids, encoding their pictures once; every input error comes before any model runs."""
+                    batch_size: int = 64, threads: int | None = None) -> PreparedPrompts:
+    """Check `prompts` against TARGET (a text or multimodal checkpoint, 'demo', 'demo-vl', or an export directory of
+    one), then load it and turn them into ids, encoding their pictures once; every input error comes before any model
+    runs. `threads`: ONNX Runtime's intra-op threads for an export (default: its own)."""
+    path = Path(target).expanduser()
+    if (path / ENGINE_FILE).is_file():
+        raise ConfigError(f"TARGET '{target}' is an engine directory; calibrate the export it was built from "
+                          f"({engine_export_dir(path, EngineManifest.load(path))}): the engine runs its graphs")
+    if (path / EXPORT_FILE).is_file():
+        return prepare_export_prompts(describe(target), prompts, config, batch_size, threads)
     multimodal = is_multimodal_checkpoint(target)
     check_request_images(prompts, target, multimodal)
     pictures = load_pictures(prompts)
@@ -53,7 +79,33 @@ def prepare_prompts(target: str, prompts: Sequence[Request], config: GenerationC
     text_tokenizer = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id, ckpt.config.eot_id)
     ids = [text_tokenizer.encode_prompt(p.prompt) for p in prompts]
     config.validate(ckpt.config.max_seq_len, max((len(p) for p in ids), default=0))
-    return PreparedPrompts(ckpt.model, ids)
+    return PreparedPrompts(TorchSource(ckpt.model), ids)
+
+
+def prepare_export_prompts(described: Description, prompts: Sequence[Request], config: GenerationConfig,
+                           batch_size: int = 64, threads: int | None = None) -> PreparedPrompts:
+    """An export opened on ONNX Runtime, its own tokenizer's ids, and its vision graph's embeddings of every picture
+    set once as its image table (ids numbered across the whole set, as a service numbers a batch's). The prompt
+    lengths, their pictures' tokens included, are checked before the vision graph runs."""
+    assert described.export is not None  # describe() reads an export dir's manifest
+    backend, info = open_target(described.target, "ort", TargetOptions(threads=threads), described)
+    check_request_images(prompts, described.target, info.images is not None)
+    pictures = load_pictures(prompts)
+    ids = [info.tokenizer().encode_prompt(p.prompt) for p in prompts]
+    images = info.images
+    extra = [0 if images is None else sum(images.picture_tokens(p) - 1 for p in per_prompt) for per_prompt in pictures]
+    config.validate(backend.max_seq_len, max((len(p) + n for p, n in zip(ids, extra, strict=True)), default=0))
+    flat = [p for per_prompt in pictures for p in per_prompt]
+    if images is not None:
+        image_backend = cast(ImageBackend, backend)  # a multimodal export's backend
+        embeds = [e for lo in range(0, len(flat), batch_size) for e in
+                  encode_pictures(image_backend.encode_images, flat[lo : lo + batch_size], images.image, images.anyres)]
+        ids = expand_placeholders(ids, [len(p) for p in pictures], [len(e) for e in embeds],
+                                  images.image_token_index, images.id_base)
+        image_backend.set_image_table(embeds)
+    seer = described.export.seer
+    return PreparedPrompts(BackendSource(backend, info.config, (seer.abs_threshold, seer.rel_threshold), info.mask_id,
+                                         info.pad_id, info.eos_id), ids, len(flat))
 
 
 @torch.no_grad()
@@ -72,4 +124,4 @@ def prepare_image_prompts(lm: MaskPredictor, vision: VisionEncoder, tokenizer: M
     flat = [p for per_prompt in (pictures if pictures is not None else load_pictures(prompts)) for p in per_prompt]
     embeds = [vision(torch.from_numpy(pixel_batch(list(flat[lo : lo + batch_size]), vcfg.image)))
               for lo in range(0, len(flat), batch_size)]
-    return PreparedPrompts(ImageConditionedModel(lm, image_table(embeds, lm.cfg.d_model)), ids, len(flat))
+    return PreparedPrompts(TorchSource(ImageConditionedModel(lm, image_table(embeds, lm.cfg.d_model))), ids, len(flat))

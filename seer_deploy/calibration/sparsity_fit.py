@@ -64,15 +64,18 @@ def auc_table(data: StepZeroSet, true_len: np.ndarray) -> dict[Thresholds, np.nd
 
 def pooling_candidates(sparsity_rows: tuple[SparsityRow, ...], aucs: np.ndarray,
                        n_layers: int) -> dict[str, tuple[SparsityRow, ...]]:
-    """Sparsity rows to pool, as candidates: the best single row, the best layer, the last layer, every layer."""
+    """Sparsity rows to pool, as candidates: the best single row, the best layer, the last layer, every layer
+    (of the layers the rows cover: an export reports its stats layers only, and may lack the last)."""
     sep = np.abs(aucs - 0.5)
     best = sparsity_rows[int(np.argmax(sep))]
-    layer_sep = {layer: max(sep[i] for i, r in enumerate(sparsity_rows) if r[0] == layer) for layer in range(n_layers)}
+    layers = sorted({r[0] for r in sparsity_rows})
+    layer_sep = {layer: max(sep[i] for i, r in enumerate(sparsity_rows) if r[0] == layer) for layer in layers}
     best_layer = max(layer_sep, key=lambda layer: (layer_sep[layer], layer))
+    last = tuple(r for r in sparsity_rows if r[0] == n_layers - 1)
     return {
         "best-row": (best,),
         "best-layer": tuple(r for r in sparsity_rows if r[0] == best_layer),
-        "last-layer": tuple(r for r in sparsity_rows if r[0] == n_layers - 1),
+        **({"last-layer": last} if last else {}),
         "all-layers": sparsity_rows,
     }
 

@@ -1,6 +1,7 @@
-"""`seer-deploy calibrate`: choose Seer's detector settings and margin for a checkpoint on a prompt set, and
-optionally (`--target-identical`) the margin and tail context end to end against full-length answers. A multimodal
-checkpoint is calibrated the same way, on prompts with pictures (calibration.prompt_set)."""
+"""`seer-deploy calibrate`: choose Seer's detector settings and margin for a checkpoint or an export on a prompt set,
+and optionally (`--target-identical`) the margin and tail context end to end against full-length answers. A
+multimodal target is calibrated the same way, on prompts with pictures (calibration.prompt_set); an export (quantized
+or not) on its own step zero and runtime-loop answers (calibration.sources)."""
 
 from __future__ import annotations
 
@@ -60,17 +61,23 @@ def parse_buckets(text: str | None) -> tuple[int, ...]:
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the calibration/validation split.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="An export's ONNX Runtime intra-op threads [default: ONNX Runtime's].")
 def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_length: int, steps: int | None,
             block_length: int | None, detector: str, holdout: float, min_margin: int, buckets: str | None,
             tail_context: str, target_identical: float | None, identity_tail_contexts: str,
-            identity_margin_span: int, batch_size: int, seed: int) -> None:
+            identity_margin_span: int, batch_size: int, seed: int, threads: int | None) -> None:
     """Calibrate Seer for TARGET and write the config to --out.
 
     TARGET is a checkpoint directory or 'demo'; or a multimodal one, 'demo-vl' or a LLaDA-V-layout directory, whose
     prompts may hold pictures (see --prompts): each picture is encoded once by the checkpoint's vision tower. A
     prompts line with a picture: {"prompt": "<image> What is shown?", "image": "pictures/1.png"}.
+
+    TARGET may also be an export directory (quantized or not): step zero and the full-length answers then come from
+    the export on ONNX Runtime, and the statistics are the ones its graph reports (its stats layers at its one
+    threshold pair: no threshold sweep). Put the written file in the export directory as seer.json to make it the
+    export's own.
     """
-    from seer_deploy.calibration.collect import full_generation
     from seer_deploy.calibration.detector_fit import CalibrationOptions, calibrate_model, split_indices
     from seer_deploy.calibration.identity_fit import check_target_identical, fit_identity_on_split
     from seer_deploy.calibration.prompt_set import prepare_prompts
@@ -92,16 +99,16 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
         raise ConfigError("--batch-size must be >= 1")
     prompts = read_prompts_file(prompts_file)
     split_indices(len(prompts), holdout, seed)  # enough prompts to split
-    prepared = prepare_prompts(target, prompts, config, batch_size)  # input errors before any model runs
-    model, ids = prepared.model, prepared.ids
-    full = full_generation(model, ids, config, batch_size,
-                           lambda done, total: click.echo(f"full-length generation: {done}/{total}", err=True))
-    result = calibrate_model(model, ids, config, options, full_tokens=full, batch_size=batch_size)
+    prepared = prepare_prompts(target, prompts, config, batch_size, threads)  # input errors before any model runs
+    source, ids = prepared.source, prepared.ids
+    full, _ = source.answers(ids, config, batch_size=batch_size,
+                             progress=lambda done, total: click.echo(f"full-length generation: {done}/{total}", err=True))
+    result = calibrate_model(source, ids, config, options, full_tokens=full, batch_size=batch_size)
     report = result.report | {"n_images": prepared.n_images}
     seer = result.config.with_(tail_context=context, calibration=report)
     if target_identical is not None:
         fit, validation = fit_identity_on_split(
-            model, ids, config, seer, full, options, tail_contexts=try_contexts,
+            source, ids, config, seer, full, options, tail_contexts=try_contexts,
             target_identical=target_identical, margin_span=identity_margin_span, batch_size=batch_size,
             log=lambda line: click.echo(line, err=True))
         report = report | {"identity_margin": fit.to_dict() | {"identical": fit.identical,
@@ -117,6 +124,10 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
         click.echo(f"  {name:9s} margin {entry['margin']:3d}  safe {cal['safe']:.3f} / {val['safe']:.3f}  "
                    f"mean kept {cal['mean_kept']:.1f} / {val['mean_kept']:.1f}  (calibration / validation){mark}")
     click.echo(f"  sparsity: {report['sparsity_choice']}")
+    statistics = report["statistics"]
+    if not statistics["swept"]:
+        click.echo(f"  statistics: the export's own (layers {statistics['layers']}, thresholds "
+                   f"{statistics['thresholds'][0]}): its graph computes one threshold pair, so none was swept")
     if "identity_margin" in report:
         fit_report = report["identity_margin"]
         click.echo(f"  end to end: margin {fit_report['margin']}, tail context {fit_report['tail_context']} "
