@@ -22,8 +22,10 @@ from seer_deploy.service import Request, Service, ServiceOptions
 
 ROWS = ("reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast", "ort-seer-progressive",
         "ort-oracle", "torch-seer")
-SEER_ROWS = ("ort-seer", "ort-seer-tail", "ort-seer-fast", "ort-seer-progressive", "ort-oracle", "torch-seer")  # rows that report kept lengths
-WITH_TAIL = (*ROWS, "ort-seer-tail")  # rows of a run with --tail-context
+QUANTIZED_ROWS = ("ort-int8-seer", "ort-int8-seer-fast", "ort-int4-seer", "ort-int4-seer-fast")  # bench's default
+SEER_ROWS = ("ort-seer", "ort-seer-tail", "ort-seer-fast", "ort-seer-progressive", "ort-oracle", "torch-seer",
+             *QUANTIZED_ROWS)  # rows that report kept lengths
+WITH_TAIL = (*ROWS, "ort-seer-tail", *QUANTIZED_ROWS)  # rows of a run with --tail-context (and the default --quantize)
 
 
 def _bench(argv: list[str]) -> int:
@@ -62,7 +64,8 @@ def test_writes_json_markdown_and_png(bench_run: tuple[Path, Path]) -> None:
     assert data["settings"]["gen_lengths"] == [8, 16] and data["settings"]["batch_sizes"] == [1, 2]
     assert "--gen-lengths 8,16" in data["command"] and "--no-tensorrt" in data["command"]
     assert "--tail-context all" in data["command"] and data["settings"]["tail_context"] == "all"
-    assert "--fast-block-length 4 --threshold 0.5 --first-canvas 4 --device cpu --io-binding" in data["command"]
+    assert ("--fast-block-length 4 --threshold 0.5 --first-canvas 4 --device cpu --io-binding --quantize int8,int4"
+            in data["command"])
     assert data["settings"]["fast_rows"]["block_length"] == 4 and data["settings"]["fast_rows"]["threshold"] == 0.5
     assert {s["row"] for s in data["skipped"]} == {"trt-full", "trt-seer"}
     assert data["seer"]["source"] == "defaults" and data["notes"]  # the tiny checkpoint has no calibration
@@ -91,7 +94,8 @@ def test_every_setting_has_every_row_with_its_fields(bench_run: tuple[Path, Path
         # step zero), after their engine's load.
         assert (r["first_step_s"] is None) == (r["row"] in ("reference", "ort-oracle"))
         if r["first_step_s"] is not None:
-            engine = "torch" if r["row"].startswith("torch") else "ort"
+            engine = "torch" if r["row"].startswith("torch") else "-".join(r["row"].split("-")[:2]) if r[
+                "row"] in QUANTIZED_ROWS else "ort"
             assert 0 < data["model"]["load_s"][engine] < r["first_step_s"]
         if r["answer_tokens"]:
             assert r["tokens_per_answer_token"] == pytest.approx(r["tokens_processed"] / r["answer_tokens"], abs=0.01)
@@ -178,7 +182,7 @@ def test_multimodal_target_benches_pictures_with_its_own_default_lengths(tmp_pat
     ckpt, _, _ = write_tiny_vl(tmp_path / "tiny-vl")
     out = tmp_path / "out"
     assert _bench([str(ckpt), "--batch-sizes", "1,2", "--prompts", "2", "--repeats", "1", "--out", str(out),
-                   "--no-scaling", "--no-tensorrt"]) == 0
+                   "--no-scaling", "--no-tensorrt", "--quantize", "none"]) == 0
     data = load_json(out / "bench.json")
     assert data["settings"]["gen_lengths"] == [16, 32, 64]
     assert "demo-vl pictures" in data["settings"]["workload"]

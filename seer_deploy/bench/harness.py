@@ -183,6 +183,13 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
     workload = picture_workload(settings.prompts, work_dir / "pictures") if multimodal else text_workload(settings.prompts)
     longest = max(settings.gen_lengths)
     torch_service.prepare(workload.requests, GenerationConfig(longest, longest))  # room for the longest, first
+    model = torch_service.backend.language_model if multimodal else torch_service.backend.model  # type: ignore[attr-defined]
+    for scheme in settings.quantize:  # a block size the model's widths refuse: said before any export
+        try:
+            Quantization(scheme).check_widths(model.cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"bench --quantize {scheme} quantizes in blocks of 32, which this model refuses ({exc}); "
+                              "measure it without the quantized rows: --quantize none") from exc
     say(f"exporting {settings.target} to ONNX (once for this run)")
     start = time.perf_counter()
     export = export_multimodal if multimodal else export_checkpoint
@@ -211,7 +218,6 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
         services["trt"] = service(engine.out, threads=None)  # TensorRT has no thread setting
     else:
         skipped += [{"row": name, "why": why} for name in ("trt-full", "trt-seer")]
-    model = torch_service.backend.language_model if multimodal else torch_service.backend.model  # type: ignore[attr-defined]
     facts: dict[str, Any] = {}
     if multimodal:
         images = info.images

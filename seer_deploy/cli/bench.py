@@ -52,10 +52,11 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
     if settings.tail_context is not None:
         parts += ["--tail-context", str(settings.tail_context)]
     parts += ["--fast-block-length", str(settings.fast_block_length), "--threshold", f"{settings.threshold:g}",
-              "--first-canvas", str(settings.first_canvas), "--quantize", ",".join(settings.quantize) or "none"]
+              "--first-canvas", str(settings.first_canvas)]
     if settings.device is not None:
         parts += ["--device", settings.device]
     parts += ["--io-binding"] * settings.io_binding + ["--cuda-graph"] * settings.cuda_graph
+    parts += ["--quantize", ",".join(settings.quantize) or "none"]
     return " ".join(shlex.quote(p) for p in parts)
 
 
