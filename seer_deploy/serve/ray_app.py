@@ -21,6 +21,7 @@ from seer_deploy.serve.options import ServeOptions
 from seer_deploy.service import Service, ServiceOptions
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node address is 127.0.0.1, not the machine's
+PROXY_READY_ENV = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"  # read by the Serve controller at its start
 
 
 def _ray() -> Any:
@@ -37,6 +38,9 @@ def local_cluster(num_cpus: int | None = None, metrics_port: int | None = None) 
     at import). metrics_port: where Ray exports its Prometheus metrics (replica starts, health)."""
     if "ray" not in sys.modules:
         os.environ.setdefault(LOOPBACK_ENV, "0")
+    # Ray Serve kills a proxy not ready within 5 s and serve.start then fails (ActorDiedError): seen on this 2-core
+    # machine under load. The cluster's processes inherit this environment, so a local cluster gives it a minute.
+    os.environ.setdefault(PROXY_READY_ENV, "60")
     ray = _ray()
     kwargs: dict[str, Any] = {"num_cpus": num_cpus, "include_dashboard": False, "log_to_driver": False}
     if metrics_port is not None:
