@@ -60,8 +60,8 @@ def test_quantized_demo_answers_with_seer_as_the_full_precision_export(demo_expo
     for name in ("int8", "int4"):
         got = answers(demo_exports[name], requests)
         agreement[name] = ((got == full).mean(), np.mean([(g == f).all() for g, f in zip(got, full, strict=True)]))
-    # Measured on these 24 prompts: int8 0.999 of the tokens and 23 of 24 answers; int4 (blocks of 32 on a 1.8M
-    # parameter model whose projections are 128 wide) 0.95 of the tokens but half the answers.
+    # Measured on these 24 prompts: int8 0.994 of the tokens and 22 of 24 answers; int4 (blocks of 32 on a 1.8M
+    # parameter model whose projections are 128 wide) 0.95 of the tokens but 11 of 24 answers.
     assert agreement["int8"][0] >= 0.99 and agreement["int8"][1] >= 0.9, agreement
     assert 0.85 <= agreement["int4"][0] < agreement["int8"][0], agreement
 
