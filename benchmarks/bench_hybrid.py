@@ -30,7 +30,7 @@ from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.models.demo_tasks import heldout_examples
+from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.openers import open_target
 from seer_deploy.runtime.scheduler import StepCost, measure_step_cost
@@ -54,7 +54,7 @@ def run_mode(backend: Backend, info: TargetInfo, prompts: list[list[int]], batch
         forced = None if kept is None else kept[lo : lo + batch]
         out = run_generation(backend, prompts[lo : lo + batch], config, mask_id=info.mask_id, pad_id=info.pad_id,
                              eos_id=info.eos_id, seer=seer, kept_lengths=forced, cost=cost)
-        passes, positions, tokens = passes + out.steps_run, positions + out.positions_computed, tokens + out.tokens_processed
+        passes, positions, tokens = passes + out.passes, positions + out.positions_computed, tokens + out.tokens_processed
     return Measured(time.perf_counter() - start, passes, positions, tokens)
 
 

@@ -29,8 +29,8 @@ from seer_deploy.engines.manifest import MANIFEST_FILE, EngineManifest, RuntimeF
 from seer_deploy.engines.ort import OrtBackend
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models.checkpoint import save_checkpoint
-from seer_deploy.models.demo_tasks import write_tokenizer
+from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
+from seer_deploy.models.demos.demo_tasks import write_tokenizer
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.openers import open_target
 
@@ -385,7 +385,7 @@ def test_an_ort_engine_dir_of_a_kv_cache_export_runs_refresh_and_window_step(kv_
     runs = [run_generation(b, prompts, config, mask_id=info.mask_id, pad_id=info.pad_id) for b in (engine, export)]
     assert calls and set(calls) == {8}  # the engine dir's cached passes ran, over one block each
     np.testing.assert_array_equal(runs[0].tokens, runs[1].tokens)
-    assert runs[0].steps_run == runs[1].steps_run
+    assert runs[0].passes == runs[1].passes
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,8 @@ from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.models.checkpoint import load_checkpoint
-from seer_deploy.models.demo_tasks import heldout_examples
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
+from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.openers import open_target
 from seer_deploy.runtime.reference import generate

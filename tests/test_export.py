@@ -28,8 +28,8 @@ from seer_deploy.export.exporter import ExportResult, export_checkpoint
 from seer_deploy.export.graphs import StepGraph
 from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
 from seer_deploy.export.validate import ExportValidationError, check_interface
-from seer_deploy.models.checkpoint import Layout, checkpoint_fingerprint, load_checkpoint, save_checkpoint
-from seer_deploy.models.demo_tasks import write_tokenizer
+from seer_deploy.models.checkpoints.checkpoint import Layout, checkpoint_fingerprint, load_checkpoint, save_checkpoint
+from seer_deploy.models.demos.demo_tasks import write_tokenizer
 
 EXPORT_FILES = {"manifest.json", "step.onnx", "weights.bin", "tokenizer.json"}  # the tokenizer as read (issue 36)
 
@@ -473,7 +473,7 @@ def test_graph_confidence_ranks_near_certain_predictions_as_float64_does() -> No
     ONNX Runtime, whose logits differ by 1e-6, broke those ties differently (1 of 200 prompts, measured). The graphs'
     log-probability must match float64 to a relative 1e-5 of the doubt (1 - p), so the order is the true order.
     """
-    from seer_deploy.models.confidence import greedy_head, log_prob_of, token_log_prob
+    from seer_deploy.models.networks.confidence import greedy_head, log_prob_of, token_log_prob
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 64, 126, generator=gen)

@@ -26,7 +26,15 @@ from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models.anyres import (
+from seer_deploy.models.checkpoints.multimodal import load_multimodal, vision_config_from_dict
+from seer_deploy.models.checkpoints.multimodal_writer import save_multimodal_checkpoint
+from seer_deploy.models.demos.demo_vl_tasks import VOCAB, write_tokenizer
+from seer_deploy.models.families.config import ModelConfig, config_from_dict
+from seer_deploy.models.families.lavida import GRID_PINPOINTS, lavida_anyres, lavida_variant
+from seer_deploy.models.networks.image_prompts import ImageConditionedModel
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.networks.vision import VisionConfig, VisionEncoder
+from seer_deploy.models.pictures.anyres import (
     AnyresConfig,
     anyres_tokens,
     anyres_views,
@@ -35,17 +43,9 @@ from seer_deploy.models.anyres import (
     select_best_resolution,
     unpadded_grid,
 )
-from seer_deploy.models.config import ModelConfig, config_from_dict
-from seer_deploy.models.demo_vl_tasks import VOCAB, write_tokenizer
-from seer_deploy.models.image import ImageConfig, load_image, pixel_batch
-from seer_deploy.models.image_placeholders import MultimodalTokenizer, encode_pictures, expand_placeholders
-from seer_deploy.models.image_prompts import ImageConditionedModel
-from seer_deploy.models.lavida import GRID_PINPOINTS, lavida_anyres, lavida_variant
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.multimodal import load_multimodal, vision_config_from_dict
-from seer_deploy.models.multimodal_writer import save_multimodal_checkpoint
-from seer_deploy.models.requests import assign_images
-from seer_deploy.models.vision import VisionConfig, VisionEncoder
+from seer_deploy.models.pictures.image import ImageConfig, load_image, pixel_batch
+from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, encode_pictures, expand_placeholders
+from seer_deploy.models.prompts.prompt import assign_images
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend

@@ -25,16 +25,16 @@ from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models import families
-from seer_deploy.models.checkpoint import load_checkpoint, save_checkpoint
-from seer_deploy.models.config import ModelConfig, config_from_dict
-from seer_deploy.models.families import check_images_supported
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.tokenizer import Tokenizer
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint, save_checkpoint
+from seer_deploy.models.families import families
+from seer_deploy.models.families.config import ModelConfig, config_from_dict
+from seer_deploy.models.families.families import check_images_supported
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.service import Request, ServiceOptions, generate
+from seer_deploy.service import Prompt, ServiceOptions, generate
 
 CPU = OrtSessionOptions(providers=("CPUExecutionProvider",))
 WORDS = [str(d) for d in range(10)] + ["reverse", "sort", "system", "user", "assistant", "You", "are", "a", "helpful",
@@ -179,7 +179,7 @@ def test_dream_generates_with_chatml_and_seer(dream: tuple[MaskPredictor, Path, 
     with pytest.raises(ConfigError, match="<\\|im_end\\|>"):
         tok.encode_prompt("reverse <|im_end|> 1")
     for seer in (False, True):
-        run = generate([Request("reverse 12"), Request("sort 31")], ckpt,
+        run = generate([Prompt("reverse 12"), Prompt("sort 31")], ckpt,
                        ServiceOptions(generation=PLAIN, seer=seer,
                                       seer_config=SeerConfig(detector="eos", eos_floor=0.0) if seer else None))
         assert len(run.answers) == 2 and all(len(a.tokens) == 16 for a in run.answers)
@@ -201,7 +201,7 @@ def test_dream_refuses_the_kv_cache_and_a_malformed_checkpoint(dream: tuple[Mask
     assert code != 0 and "--kv-cache is not supported for dream" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "cli").exists()
     with pytest.raises(ConfigError, match="shifted logits"):  # generate --kv-cache on the checkpoint (torch)
-        generate([Request("reverse 12")], ckpt, ServiceOptions(
+        generate([Prompt("reverse 12")], ckpt, ServiceOptions(
             generation=GenerationConfig(gen_length=16, steps=16, block_length=8, kv_cache=True), seer=False))
     with pytest.raises(ConfigError, match="shifted logits"):
         model.forward_window(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 4, dtype=torch.long),

@@ -27,14 +27,14 @@ from seer_deploy.engines.ort_sessions import CUDA_GRAPH_OPTION
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models.checkpoint import load_checkpoint, save_checkpoint
-from seer_deploy.models.demo_tasks import write_tokenizer
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint, save_checkpoint
+from seer_deploy.models.demos.demo_tasks import write_tokenizer
+from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.targets import parse_device
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.service import Request, Service, ServiceOptions
+from seer_deploy.service import Prompt, Service, ServiceOptions
 
 CPU = "CPUExecutionProvider"
 PLAIN = OrtSessionOptions(providers=(CPU,))
@@ -125,8 +125,8 @@ def test_io_binding_on_a_multimodal_export(tmp_path: Path) -> None:
     out = export_multimodal(ckpt, tmp_path / "export", ExportOptions(verify=False)).out
     for i, picture in enumerate(pictures(2)):
         picture.save(tmp_path / f"pic{i}.png")
-    requests = [Request("<image> colors", (str(tmp_path / "pic0.png"),)),
-                Request("<image> count", (str(tmp_path / "pic1.png"),))]
+    requests = [Prompt("<image> colors", (str(tmp_path / "pic0.png"),)),
+                Prompt("<image> count", (str(tmp_path / "pic1.png"),))]
     answers = []
     for binding in (False, True):
         options = ServiceOptions(generation=GenerationConfig(16, 16), seer=False, io_binding=binding)
@@ -252,7 +252,7 @@ def test_device_cpu_is_the_default(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.py runs it there)")
 def test_torch_on_cuda_gives_the_cpu_tokens() -> None:
-    requests = [Request(p) for p in ("sort 31415", "reverse 2718281", "add 12 34")]
+    requests = [Prompt(p) for p in ("sort 31415", "reverse 2718281", "add 12 34")]
     answers = [[a.tokens for a in Service("demo", ServiceOptions(device=d, generation=GenerationConfig(64, 64)))
                 .generate(requests).answers] for d in ("cpu", "cuda")]
     assert answers[0] == answers[1]

@@ -22,13 +22,13 @@ from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models.checkpoint import load_checkpoint, save_checkpoint
-from seer_deploy.models.demo_tasks import write_tokenizer
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint, save_checkpoint
+from seer_deploy.models.demos.demo_tasks import write_tokenizer
+from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.service import Request, Service, ServiceOptions
+from seer_deploy.service import Prompt, Service, ServiceOptions
 
 CPU = OrtSessionOptions(providers=("CPUExecutionProvider",))
 CACHE = ExportOptions(kv_cache=True)
@@ -150,7 +150,7 @@ def test_the_cache_is_used(exported: tuple[MaskPredictor, Path, Path]) -> None:
     plain = GenerationConfig(32, 32, block_length=8)
     runs = [run_generation(backend, PROMPTS, c, mask_id=cfg.mask_id, pad_id=cfg.pad_id, eos_id=cfg.eos_id)
             for c in (plain, GenerationConfig(32, 32, block_length=8, kv_cache=True))]
-    assert runs[0].steps_run == runs[1].steps_run == 32
+    assert runs[0].passes == runs[1].passes == 32
     assert runs[1].positions_computed < runs[0].positions_computed / 2
 
 
@@ -192,7 +192,7 @@ def test_generate_json_records_the_decoding(exported: tuple[MaskPredictor, Path,
     records = [json.loads(line) for line in out_text.splitlines()]
     assert [r["decode"] for r in records] == [{"rule": "threshold", "kv_cache": True, "threshold": 0.5,
                                                "block_length": 8}] * 2
-    assert all(2 <= r["steps"] <= 16 for r in records)
+    assert all(2 <= r["passes"] <= 16 for r in records)
 
 
 def test_multimodal_cache_on_ort_equals_torch(tmp_path: Path) -> None:
@@ -202,8 +202,8 @@ def test_multimodal_cache_on_ort_equals_torch(tmp_path: Path) -> None:
     assert ExportManifest.load(out).has_cache
     for i, picture in enumerate(pictures(2)):
         picture.save(tmp_path / f"pic{i}.png")
-    requests = [Request("<image> colors", (str(tmp_path / "pic0.png"),)),
-                Request("<image> count", (str(tmp_path / "pic1.png"),))]
+    requests = [Prompt("<image> colors", (str(tmp_path / "pic0.png"),)),
+                Prompt("<image> count", (str(tmp_path / "pic1.png"),))]
     config = GenerationConfig(16, 16, block_length=8, kv_cache=True, decode="threshold", threshold=0.3)
     tokens = []
     for target in (ckpt, out):
@@ -230,7 +230,7 @@ def test_progressive_step_zero_on_ort_equals_torch(exported: tuple[MaskPredictor
             full = run_generation(TorchBackend(model), PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id,
                                   eos_id=cfg.eos_id, seer=seer)
             assert np.array_equal(runs[0].tokens, full.tokens)
-            assert runs[0].steps_run == full.steps_run + 1
+            assert runs[0].passes == full.passes + 1
 
 
 @pytest.mark.slow
@@ -240,8 +240,8 @@ def test_progressive_step_zero_plans_from_the_canvas_on_the_demo() -> None:
     ckpt = load_checkpoint("demo")
     cfg = ckpt.config
     seer = SeerConfig.load(ckpt.path / "seer.json")
-    from seer_deploy.models.demo_tasks import heldout_examples
-    from seer_deploy.models.tokenizer import Tokenizer
+    from seer_deploy.models.demos.demo_tasks import heldout_examples
+    from seer_deploy.models.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_checkpoint(ckpt.path, cfg.eos_id)
     prompts = [tok.encode_prompt(e.prompt) for e in heldout_examples(6)]
@@ -250,7 +250,7 @@ def test_progressive_step_zero_plans_from_the_canvas_on_the_demo() -> None:
     runs = [run_generation(backend, prompts, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id, eos_id=cfg.eos_id,
                            seer=seer.with_(first_canvas=canvas)) for canvas in (0, 32)]
     assert runs[1].seer is not None and all(r.kept < 32 for r in runs[1].seer)
-    assert runs[1].batch_sizes[0] == len(prompts) and runs[1].steps_run == runs[0].steps_run
+    assert runs[1].batch_sizes[0] == len(prompts) and runs[1].passes == runs[0].passes
     assert runs[1].tokens_processed < runs[0].tokens_processed / 2
 
 

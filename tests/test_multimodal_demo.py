@@ -1,6 +1,6 @@
 """The bundled demo-vl checkpoint: held-out accuracy, Seer's safe / identical rates, ONNX Runtime parity, the demo.
 
-Skipped until scripts/train_demo_vl.py has written seer_deploy/models/demo_vl/.
+Skipped until scripts/train_demo_vl.py has written seer_deploy/models/demos/demo_vl/.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from seer_deploy.cli.demo import run_multimodal_demo
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
-from seer_deploy.models.demo_vl_tasks import PictureExample, heldout_examples
-from seer_deploy.models.image import pixel_batch
-from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
-from seer_deploy.models.image_prompts import ImageConditionedModel, image_table
-from seer_deploy.models.multimodal import LoadedMultimodal, load_multimodal
-from seer_deploy.models.multimodal_files import DEMO_VL_DIR
+from seer_deploy.models.checkpoints.multimodal import LoadedMultimodal, load_multimodal
+from seer_deploy.models.checkpoints.multimodal_files import DEMO_VL_DIR
+from seer_deploy.models.demos.demo_vl_tasks import PictureExample, heldout_examples
+from seer_deploy.models.networks.image_prompts import ImageConditionedModel, image_table
+from seer_deploy.models.pictures.image import pixel_batch
+from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, expand_placeholders
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.targets import checkpoint_seer

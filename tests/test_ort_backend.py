@@ -19,10 +19,10 @@ from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.models.checkpoint import load_checkpoint, save_checkpoint
-from seer_deploy.models.demo_tasks import heldout_examples, write_tokenizer
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.tokenizer import Tokenizer
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint, save_checkpoint
+from seer_deploy.models.demos.demo_tasks import heldout_examples, write_tokenizer
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend

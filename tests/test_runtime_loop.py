@@ -15,7 +15,7 @@ from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.loopcore import c_core, core_name, python_core
 from seer_deploy.runtime.reference import generate
@@ -51,7 +51,7 @@ def test_tokens_match_the_reference_loop(core: Any, prompts: list[list[int]], co
     got = run_generation(TorchBackend(model), prompts, config, core=core, **_ids(model))
     assert got.tokens.dtype == np.int64
     np.testing.assert_array_equal(got.tokens, expected.tokens.numpy())
-    assert got.steps_run == expected.steps_run  # every step commits something here: none is skipped
+    assert got.passes == expected.passes  # every step commits something here: none is skipped
     assert got.tokens_processed == expected.tokens_processed
 
 
@@ -74,7 +74,7 @@ def test_steps_that_commit_nothing_are_not_run(core: Any) -> None:
     expected = generate(model, prompts, config)
     got = run_generation(TorchBackend(model), prompts, config, core=core, **_ids(model))
     np.testing.assert_array_equal(got.tokens, expected.tokens.numpy())
-    assert expected.steps_run == 20 and got.steps_run == 6  # one pass per committed token
+    assert expected.passes == 20 and got.passes == 6  # one pass per committed token
     assert got.tokens_processed == 6 * (4 + 6)
 
 
@@ -162,7 +162,7 @@ def test_temperature_and_per_step_seeds_reach_the_backend() -> None:
     assert kinds == ["step", "step", "step", "step"]  # without Seer nobody reads step zero: its sampled pass alone
     seeds = [c["seed"] for c in backend.calls]
     assert all(c["temperature"] == 0.7 for c in backend.calls) and len(set(seeds)) == 4
-    assert result.steps_run == 4 and result.tokens_processed == 4 * 6
+    assert result.passes == 4 and result.tokens_processed == 4 * 6
     again = ScriptedBackend()
     run_generation(again, [[5, 6]], config, mask_id=MASK, pad_id=PAD, seed=3)
     assert [c["seed"] for c in again.calls] == seeds
@@ -226,7 +226,7 @@ def test_remaining_steps_run_on_a_shorter_kept_length() -> None:
     config = GenerationConfig(gen_length=8, steps=8, block_length=4)
     out = run_generation(backend, [[5, 6]], config, mask_id=MASK, pad_id=PAD, core=python_core(), kept_lengths=[5])
     assert [c["x"].shape[1] for c in backend.calls] == [10, 7, 7, 7, 7]
-    assert out.steps_run == 1 + 4 and out.tokens_processed == 10 + 4 * 7
+    assert out.passes == 1 + 4 and out.tokens_processed == 10 + 4 * 7
     assert out.tokens.tolist() == [[102, 103, 104, 105, 106, PAD, PAD, PAD]]
 
 
@@ -278,7 +278,7 @@ def test_sampling_without_seer_runs_one_pass_a_step() -> None:
     model = tiny_model(seed=2)
     config = GenerationConfig(gen_length=8, steps=8, temperature=0.7)
     out = run_generation(TorchBackend(model), [[10, 14, 1, 13]], config, **_ids(model))
-    assert out.steps_run == generate(model, [[10, 14, 1, 13]], config).steps_run == 8
+    assert out.passes == generate(model, [[10, 14, 1, 13]], config).passes == 8
     assert not (out.tokens == model.cfg.mask_id).any()
 
 

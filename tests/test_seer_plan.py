@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.models.checkpoint import resolve_checkpoint
+from seer_deploy.models.checkpoints.checkpoint import resolve_checkpoint
 from seer_deploy.runtime.targets import checkpoint_seer
 from seer_deploy.seer.config import SeerConfig, Trend
 from seer_deploy.seer.plan import block_plan, kept_length, make_plan

@@ -37,9 +37,9 @@ from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.resources import footprint
 from seer_deploy.export.streamed_reference import streamed_references
 from seer_deploy.export.validate import make_probes, torch_references
-from seer_deploy.models.checkpoint import checkpoint_weights, load_checkpoint, save_checkpoint
-from seer_deploy.models.demo_tasks import write_tokenizer
-from seer_deploy.models.weight_sources import weight_sources
+from seer_deploy.models.checkpoints.checkpoint import checkpoint_weights, load_checkpoint, save_checkpoint
+from seer_deploy.models.checkpoints.weight_sources import weight_sources
+from seer_deploy.models.demos.demo_tasks import write_tokenizer
 
 SIZE = {"d_model": 384, "n_layers": 4, "n_heads": 6, "n_kv_heads": 6, "mlp_hidden": 1024, "vocab_size": 4096,
         "max_seq_len": 64}

@@ -18,8 +18,8 @@ from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.engines.tensorrt_engine import tensorrt_available
 from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.models.checkpoint import save_checkpoint
-from seer_deploy.models.demo_tasks import write_tokenizer
+from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
+from seer_deploy.models.demos.demo_tasks import write_tokenizer
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.openers import open_target
 from seer_deploy.runtime.targets import TargetOptions, find_seer_config, target_kind
@@ -217,7 +217,7 @@ def test_export_build_then_generate_on_any_target(artifacts: dict[str, Path], tm
         assert code == 0, err
         rows[name] = [json.loads(line) for line in stdout.splitlines()]
         assert "3 prompts on" in err and "tokens processed" in err
-    same = {name: [(r["prompt"], r["tokens"], r["seer"]["kept"], r["seer"]["steps"]) for r in v] for name, v in rows.items()}
+    same = {name: [(r["prompt"], r["tokens"], r["seer"]["kept"], r["seer"]["passes"]) for r in v] for name, v in rows.items()}
     assert same["ckpt"] == same["export"] == same["engine"]
     report = rows["engine"][0]["seer"]
     assert {"boundary", "kept", "steps", "tokens_processed", "full_tokens_processed"} <= set(report)

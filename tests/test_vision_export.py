@@ -20,10 +20,10 @@ from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models.image import pixel_batch
-from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
-from seer_deploy.models.image_prompts import ImageConditionedModel, image_table
-from seer_deploy.models.multimodal import load_multimodal
+from seer_deploy.models.checkpoints.multimodal import load_multimodal
+from seer_deploy.models.networks.image_prompts import ImageConditionedModel, image_table
+from seer_deploy.models.pictures.image import pixel_batch
+from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, expand_placeholders
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend

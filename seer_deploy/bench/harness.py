@@ -30,14 +30,14 @@ from seer_deploy.bench.workloads import Workload, picture_workload, text_workloa
 from seer_deploy.contracts.quantization import SCHEMES, Quantization
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.demo_tasks import Example
-from seer_deploy.models.demo_vl_tasks import PictureExample
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.tokenizer import Tokenizer
+from seer_deploy.models.demos.demo_tasks import Example
+from seer_deploy.models.demos.demo_vl_tasks import PictureExample
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.runtime.targets import TargetInfo, find_seer_config, is_multimodal_target, target_kind
 from seer_deploy.seer.config import SeerConfig, TailContext, parse_tail_context
 from seer_deploy.seer.metrics import true_lengths
-from seer_deploy.service import Request, Service, ServiceOptions
+from seer_deploy.service import Prompt, Service, ServiceOptions
 
 Progress = Callable[[str], None]  # called once per unit of work with what it was
 
@@ -114,7 +114,7 @@ class Prepared:
     model_facts: dict[str, Any] = field(default_factory=dict)  # added to the result's model section
 
     @property
-    def requests(self) -> list[Request]:
+    def requests(self) -> list[Prompt]:
         return self.workload.requests
 
     @property

@@ -22,8 +22,8 @@ import torch
 
 from seer_deploy.core.backend import Backend, CacheBackend, StepInput, WindowInput
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.networks.llada import MaskPredictor
 
 SCALING_BACKENDS: tuple[str, ...] = ("torch", "ort", "ort-window")
 PROMPT_TOKENS = 16  # real tokens in front of the masked response at every length
@@ -127,7 +127,7 @@ def run_scaling(
     from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
     from seer_deploy.export.exporter import export_checkpoint
     from seer_deploy.export.options import ExportOptions, SeerStats
-    from seer_deploy.models.checkpoint import save_checkpoint
+    from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
     from seer_deploy.runtime.torch_backend import TorchBackend
 
     settings.validate()

@@ -10,7 +10,7 @@ import numpy as np
 from seer_deploy.calibration.collect import step_zero_set, stop_ids
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.core.sparsity import STAT_NAMES
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.detect import Boundary, detect_eos, detect_sparsity, fuse, pooled_signal, split_scores

@@ -18,8 +18,8 @@ import numpy as np
 from seer_deploy.calibration.collect import StepZeroSet, Thresholds, batched_generation, in_length_order, step_zero_set
 from seer_deploy.core.backend import Backend, StepInput
 from seer_deploy.core.generation import GenerationConfig, left_pad
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.runtime.executor import mask_columns
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.seer.config import SeerConfig

@@ -128,7 +128,7 @@ def command(
     from seer_deploy.export.exporter import prepare_export
     from seer_deploy.export.multimodal import prepare_multimodal
     from seer_deploy.export.options import DEFAULT_OPSET, ExportOptions, SeerStats, load_seer_stats
-    from seer_deploy.models.multimodal_files import is_multimodal_checkpoint
+    from seer_deploy.models.checkpoints.multimodal_files import is_multimodal_checkpoint
 
     quantization = quantization_option(quantize, block_size, quant_format, keep_head, build)
     options = ExportOptions(

@@ -29,12 +29,12 @@ from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.core.atomic import write_text_atomic
 from seer_deploy.core.errors import ArtifactError, CheckpointError
 from seer_deploy.core.files import confined, read_json
-from seer_deploy.models.config import ModelConfig
+from seer_deploy.models.families.config import ModelConfig
 
 FORMAT = "seer-deploy-export"
 # 3: one step graph serves step zero, the steps and the cache refresh (it takes `candidates` and `with_stats`); 2 had
 # separate step0 / refresh graphs. 2: the graphs' `confidence` output is the log-probability of the chosen token
-# (models.confidence); 1 returned the probability itself, which the runtime would now misread.
+# (models.networks.confidence); 1 returned the probability itself, which the runtime would now misread.
 FORMAT_VERSION = 3
 MANIFEST_FILE = "manifest.json"
 DTYPES: tuple[str, ...] = ("fp32", "fp16")

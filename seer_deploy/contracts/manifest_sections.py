@@ -13,8 +13,8 @@ from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.core.checks import int_in
 from seer_deploy.core.errors import ArtifactError, SeerDeployError
 from seer_deploy.core.fields import FieldReader
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.image import ImageConfig
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.pictures.image import ImageConfig
 
 SPECIAL_ID_NAMES: tuple[str, ...] = ("mask", "eos", "pad", "bos", "eot")
 MAX_DIM = 1 << 40  # a recorded dimension or byte count past this is not a real export's
@@ -54,7 +54,7 @@ class GraphRecord:
 class ModelSpec:
     source: str
     layout: str
-    fingerprint: str  # models.checkpoint.checkpoint_fingerprint of the checkpoint directory
+    fingerprint: str  # models.checkpoints.checkpoint.checkpoint_fingerprint of the checkpoint directory
     config: dict[str, Any]  # ModelConfig.to_dict()
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 The response is `gen_length` masks split into denoising blocks of `block_length`; `steps` are split evenly across
 the blocks; inside a block its masked positions are committed over its steps by an even split, the remainder to
-the first steps (`transfer_schedule`). Prompts of different lengths are left-padded so that every response starts at
+the first steps (`runtime.loopcore.transfer_schedule`, the one schedule every loop uses). Prompts of different lengths are left-padded so that every response starts at
 the same column.
 
 Parallel decoding (`decode`, Fast-dLLM's rules) replaces the fixed split: a step commits the longest run of the
@@ -140,12 +140,6 @@ class GenerationConfig:
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def transfer_schedule(n_masked: int, steps: int) -> list[int]:
-    """How many tokens each of `steps` steps commits: an even split of n_masked, the remainder to the first steps."""
-    base, rem = divmod(n_masked, steps)
-    return [base + (1 if i < rem else 0) for i in range(steps)]
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:

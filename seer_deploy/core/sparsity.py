@@ -1,6 +1,6 @@
 """What Seer reads from step zero: per-position statistics of the MLP hidden h = silu(gate(x)) * up(x).
 
-The model computes them (models.llada), the step-zero graph returns them, Seer (seer/) reads them; this leaf module
+The model computes them (models.networks.llada), the step-zero graph returns them, Seer (seer/) reads them; this leaf module
 is their one description, free of torch.
 """
 

@@ -14,7 +14,7 @@ from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, file_sha256
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, open_session
-from seer_deploy.models.image_placeholders import image_table_np
+from seer_deploy.models.prompts.image_placeholders import image_table_np
 
 
 class MultimodalOrtBackend(OrtBackend):

@@ -77,16 +77,16 @@ from seer_deploy.export.validate import (
 )
 from seer_deploy.export.validate_quantized import compare_quantized
 from seer_deploy.export.weights import SharedWeightFile
-from seer_deploy.models.checkpoint import (
+from seer_deploy.models.checkpoints.checkpoint import (
     DEMO_NAMES,
     checkpoint_fingerprint,
     checkpoint_weights,
     read_config,
     resolve_checkpoint,
 )
-from seer_deploy.models.config import ModelConfig, config_from_dict
-from seer_deploy.models.tokenizer import export_tokenizer, special_ids_from_tokenizer_file
-from seer_deploy.models.weight_sources import shaped_model, weight_sources
+from seer_deploy.models.checkpoints.weight_sources import shaped_model, weight_sources
+from seer_deploy.models.families.config import ModelConfig, config_from_dict
+from seer_deploy.models.text.tokenizer import export_tokenizer, special_ids_from_tokenizer_file
 
 STAGES: tuple[str, ...] = (
     "loading checkpoint",

@@ -58,11 +58,16 @@ from seer_deploy.export.validate import (
     with_cast_references,
 )
 from seer_deploy.export.validate_quantized import compare_quantized
-from seer_deploy.models.checkpoint import read_config
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.image_prompts import ImageConditionedModel
-from seer_deploy.models.multimodal import DEMO_VL_NAME, load_multimodal, resolve_multimodal, vision_config_from_dict
-from seer_deploy.models.vision import VisionConfig
+from seer_deploy.models.checkpoints.checkpoint import read_config
+from seer_deploy.models.checkpoints.multimodal import (
+    DEMO_VL_NAME,
+    load_multimodal,
+    resolve_multimodal,
+    vision_config_from_dict,
+)
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.networks.image_prompts import ImageConditionedModel
+from seer_deploy.models.networks.vision import VisionConfig
 
 STAGES: tuple[str, ...] = (
     "loading checkpoint",

@@ -9,7 +9,7 @@ give the same results.
 As in LLaDA (and the reference loop), the candidates of a step are all masked positions before the end of the
 current block: masks inside the prompt (infilling) or left in an earlier block stay candidates. A step that cannot
 commit anything in any row is not run; the tokens are the same as the reference's, which runs it anyway, and
-`steps_run` counts the forward passes made.
+`passes` counts the forward passes made.
 """
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ from seer_deploy.seer.plan import SeerReport, TruncationPlan, full_length_plan, 
 @dataclass
 class LoopResult:
     tokens: np.ndarray  # int64 [B, gen_length] response ids; the cut tails hold EOS
-    steps_run: int  # forward passes made
+    passes: int  # forward passes made
     tokens_processed: int  # sum over forward passes of the real (non-padding) tokens they ran
     seer: list[SeerReport] | None = None  # per request, when Seer (or forced kept lengths) truncated the loop
     hybrid: HybridPlan | None = None  # the groups the later steps ran in
     positions_computed: int = 0  # all positions over the passes, padding included
     batch_sizes: list[int] = field(default_factory=list)  # rows per forward pass, step zero first
-    row_steps: list[int] = field(default_factory=list)  # forward passes each request made, step zero included
+    row_passes: list[int] = field(default_factory=list)  # forward passes each request made, step zero included
     step_zero_seconds: float = 0.0  # wall time of step zero (what Seer cannot cut)
     step_zero_done_at: float = 0.0  # time.perf_counter() when step zero ended: where time to first step stops
 
@@ -150,15 +150,15 @@ def run_generation(
     decided = [plan for plan in plans if plan is not None]
     rows = Rows(prompts, responses, decided, None if truncating else schedule[:, 1:], kv)
     tokens, hybrid, passes = run_rows(ctx, rows, tally, cost)
-    row_steps = [1 + int(n) for n in passes]
+    row_passes = [1 + int(n) for n in passes]
     reports = None
     if truncating:
         forced = kept_lengths is not None
         reports = [SeerReport.from_plan(plan, len(prompts[b]), ctx.passes_per_step, forced=forced,
-                                        steps=row_steps[b] if config.parallel or config.kv_cache else None)
+                                        passes=row_passes[b] if config.parallel or config.kv_cache else None)
                    for b, plan in enumerate(decided)]
-    return LoopResult(tokens, tally.steps_run, tally.tokens_processed, reports, hybrid, tally.positions_computed,
-                      tally.batch_sizes, row_steps, step_zero_seconds, step_zero_done_at)
+    return LoopResult(tokens, tally.passes, tally.tokens_processed, reports, hybrid, tally.positions_computed,
+                      tally.batch_sizes, row_passes, step_zero_seconds, step_zero_done_at)
 
 
 def first_canvas_plans(
@@ -231,7 +231,7 @@ def run_planned(
     tally = Tally()
     masks = np.full((len(prompts), config.gen_length), mask_id, dtype=np.int64)
     tokens, hybrid, passes = run_rows(ctx, Rows(prompts, masks, plans), tally)
-    return LoopResult(tokens, tally.steps_run, tally.tokens_processed, None, hybrid, tally.positions_computed,
+    return LoopResult(tokens, tally.passes, tally.tokens_processed, None, hybrid, tally.positions_computed,
                       tally.batch_sizes, [int(n) for n in passes])
 
 

@@ -18,10 +18,10 @@ from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
-from seer_deploy.models.anyres import AnyresConfig
-from seer_deploy.models.image import ImageConfig
-from seer_deploy.models.multimodal_files import is_multimodal_checkpoint, resolve_multimodal
-from seer_deploy.models.tokenizer_files import TokenizerFacts, has_tokenizer
+from seer_deploy.models.checkpoints.multimodal_files import is_multimodal_checkpoint, resolve_multimodal
+from seer_deploy.models.pictures.anyres import AnyresConfig
+from seer_deploy.models.pictures.image import ImageConfig
+from seer_deploy.models.text.tokenizer_files import TokenizerFacts, has_tokenizer
 from seer_deploy.runtime.targets import (
     BACKEND_CHOICES,
     TOKENIZER_FILE,
@@ -67,8 +67,8 @@ def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetO
     """torch eager on a checkpoint (LLaDA or LLaDA-V layout)."""
     import torch
 
-    from seer_deploy.models.checkpoint import load_checkpoint
-    from seer_deploy.models.multimodal import load_multimodal
+    from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
+    from seer_deploy.models.checkpoints.multimodal import load_multimodal
     from seer_deploy.runtime.torch_backend import MultimodalTorchBackend, TorchBackend
 
     if backend not in (None, "torch"):

@@ -23,12 +23,12 @@ from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import ArtifactError, CheckpointError, ConfigError
 from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
 from seer_deploy.engines.manifest import EngineManifest
-from seer_deploy.models.anyres import AnyresConfig, anyres_tokens
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.image import ImageConfig
-from seer_deploy.models.multimodal_files import DEMO_VL_NAME, is_multimodal_checkpoint, resolve_multimodal
-from seer_deploy.models.tokenizer import Tokenizer
-from seer_deploy.models.tokenizer_files import TokenizerFacts
+from seer_deploy.models.checkpoints.multimodal_files import DEMO_VL_NAME, is_multimodal_checkpoint, resolve_multimodal
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.pictures.anyres import AnyresConfig, anyres_tokens
+from seer_deploy.models.pictures.image import ImageConfig
+from seer_deploy.models.text.tokenizer import Tokenizer
+from seer_deploy.models.text.tokenizer_files import TokenizerFacts
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
 
 TargetKind = Literal["checkpoint", "export", "engine"]
@@ -107,7 +107,7 @@ class TargetInfo:
     eos_id: int
     pad_id: int  # what left padding holds (EOS when the model has no pad token)
     eot_id: int | None
-    tokenizer_dir: Path | None  # the directory whose tokenizer files are read (models.tokenizer_files)
+    tokenizer_dir: Path | None  # the directory whose tokenizer files are read (models.text.tokenizer_files)
     checkpoint: str | None  # the source checkpoint ('demo' or a path) when known
     export_dir: Path | None = None
     buckets: tuple[int, ...] = ()  # engine dirs: the kept-length buckets the engine was built for
@@ -130,7 +130,7 @@ class TargetInfo:
             probe = Tokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, described=self.tokenizer_facts)
             chat = probe.template.replaced(template.text, template.source)
         if self.images is not None:
-            from seer_deploy.models.image_placeholders import MultimodalTokenizer
+            from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer
 
             return MultimodalTokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, self.images.image_token_index,
                                        template=chat, described=self.tokenizer_facts)

@@ -195,26 +195,26 @@ class SeerReport:
     confidence: float
     kept: int
     gen_length: int
-    steps: int  # forward passes for this request, step zero included (parallel decoding: those it made)
-    full_steps: int  # the fixed schedule's steps at full length
+    passes: int  # forward passes for this request, step zero included (parallel decoding: those it made)
+    full_passes: int  # the fixed schedule's passes at full length
     tokens_processed: int
     full_tokens_processed: int
     context: int = 0  # cut slots the later steps ran as committed EOS (tail_context)
 
     @classmethod
     def from_plan(cls, plan: TruncationPlan, prompt_len: int, passes_per_step: int = 1, forced: bool = False,
-                  steps: int | None = None) -> SeerReport:
-        """steps: the passes the request made, where they are not the plan's (parallel decoding)."""
+                  passes: int | None = None) -> SeerReport:
+        """passes: the passes the request made, where they are not the plan's (parallel decoding)."""
         b = plan.boundary
-        made = plan.steps if steps is None else steps
+        made = plan.steps if passes is None else passes
         return cls(
             detector=None if forced or b is None else b.detector,
             boundary=None if b is None else b.position,
             confidence=0.0 if b is None else b.confidence,
             kept=plan.kept,
             gen_length=plan.gen_length,
-            steps=made,
-            full_steps=plan.full_steps,
+            passes=made,
+            full_passes=plan.full_steps,
             tokens_processed=plan.tokens_processed(prompt_len, passes_per_step, made),
             full_tokens_processed=plan.full_tokens_processed(prompt_len, passes_per_step),
             context=plan.context,
