@@ -127,7 +127,8 @@ def run(target: Path | str, seer: SeerConfig | None, texts: list[str] = PROMPTS,
 @pytest.fixture(scope="module")
 def lavida(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A LaViDa-LLaDA checkpoint (prefix-DLM attention, LaViDa's default) and its export: vision.onnx with the pooling,
-    step.onnx (with the keys and values) and window_step.onnx (LaViDa's own speed-up is a cached prompt)."""
+    step.onnx (with the keys and values), window_step.onnx and prompt_step.onnx (LaViDa's own speed-up is a cached
+    prompt)."""
     root = tmp_path_factory.mktemp("lavida")
     ckpt = write_lavida_llada(root / "lavida-llada", seed=SEED)
     return ckpt, export_multimodal(ckpt, root / "export", ExportOptions(kv_cache=True)).out
@@ -280,6 +281,19 @@ def test_cached_parallel_decoding_on_onnx_runtime_equals_torch(lavida, seer: See
     ort, ref = run(out, seer, config=cached), run(ckpt, seer, config=cached)
     assert [a.tokens for a in ort.answers] == [a.tokens for a in ref.answers]
     assert [r.kept if r else None for r in ort.reports] == [r.kept if r else None for r in ref.reports]
+
+
+@pytest.mark.parametrize("seer", [None, SEER], ids=["seer-off", "seer-on"])
+def test_prompt_cache_over_a_photo_gives_the_uncached_tokens(lavida, seer: SeerConfig | None) -> None:
+    """LaViDa's own speed-up: the prompt (a photo's 197 tokens and the question) prefilled at step zero, every later
+    pass runs the last prompt token and the answer only. Prefix-DLM makes it exact: the tokens without the cache, on
+    torch and ONNX Runtime (prompt_step.onnx), with far fewer positions processed."""
+    ckpt, out = lavida
+    plain = run(ckpt, seer)
+    for target in (ckpt, out):
+        cached = run(target, seer, config=replace(CONFIG, prompt_cache=True))
+        assert [a.tokens for a in cached.answers] == [a.tokens for a in plain.answers]
+        assert cached.passes == plain.passes and cached.tokens_processed < plain.tokens_processed / 2
 
 
 # ------------------------------------------------------------------------------------------------ LaViDa-Dream, prefix-DLM

@@ -191,21 +191,9 @@ def test_dream_export_runs_on_onnx_runtime_as_torch(dream: tuple[MaskPredictor, 
     ort_equals_torch(model, export, BLOCKS)
 
 
-def test_dream_refuses_the_kv_cache_and_a_malformed_checkpoint(dream: tuple[MaskPredictor, Path, Path],
-                                                               tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                                               ) -> None:
-    model, ckpt, _ = dream
-    with pytest.raises(ConfigError, match="--kv-cache is not supported for dream"):
-        export_checkpoint(ckpt, tmp_path / "cache", ExportOptions(kv_cache=True))
-    code, _, err = run(["export", str(ckpt), "--out", str(tmp_path / "cli"), "--kv-cache"], capsys)
-    assert code != 0 and "--kv-cache is not supported for dream" in err and len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "cli").exists()
-    with pytest.raises(ConfigError, match="shifted logits"):  # generate --kv-cache on the checkpoint (torch)
-        generate([Prompt("reverse 12")], ckpt, ServiceOptions(
-            generation=GenerationConfig(gen_length=16, steps=16, block_length=8, kv_cache=True), seer=False))
-    with pytest.raises(ConfigError, match="shifted logits"):
-        model.forward_window(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 4, dtype=torch.long),
-                             torch.tensor([2]), torch.zeros(2, 2, 1, 1, 4, 8))
+def test_dream_refuses_a_malformed_checkpoint(dream: tuple[MaskPredictor, Path, Path], tmp_path: Path) -> None:
+    """(Dream's --kv-cache runs: tests/test_prompt_cache.py.)"""
+    _, ckpt, _ = dream
     raw = json.loads((ckpt / "config.json").read_text())
     with pytest.raises(CheckpointError, match="rope_scaling"):
         config_from_dict({**raw, "rope_scaling": {"type": "yarn", "factor": 4.0}})

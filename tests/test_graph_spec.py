@@ -52,13 +52,14 @@ def test_the_torch_modules_take_the_declared_inputs_in_order(graph: GraphIO, mod
 def test_the_declarations() -> None:
     # One graph for every full pass (step zero, the steps, the refresh); the window graph only with the cache.
     assert [g.name for g in export_graphs()] == [g.name for g in export_graphs(multimodal=True)] == ["step"]
-    assert [g.name for g in export_graphs(kv_cache=True)] == ["step", "window_step"]
+    assert [g.name for g in export_graphs(kv_cache=True)] == ["step", "window_step", "prompt_step"]
     assert STEP.file == "step.onnx" and VISION.file == "vision.onnx"
     assert MULTIMODAL_STEP.input_names == [*STEP.input_names, "image_table"]
     assert step_graph(True, True).input_names == [*STEP.input_names, "image_table", "prompt_width"]
     assert step_graph(kv_cache=True).output_names == [*STEP.output_names, "kv"]
     # The step graph's outputs are step zero's output record, field for field; a later step reads the first two.
-    assert STEP.output_names == list(Step0Output._fields) and STEP.output_names[:2] == list(StepOutput._fields)
+    # Step0Output's kv: what a prefill (step zero of the prompt cache) also returns, the step graph's kv output
+    assert [*STEP.output_names, "kv"] == list(Step0Output._fields) and STEP.output_names[:2] == list(StepOutput._fields)
     for graph in ALL_GRAPHS:
         assert len(set(graph.input_names)) == len(graph.inputs) and graph.host_outputs == graph.output_names
         for tensor in (*graph.inputs, *graph.outputs):

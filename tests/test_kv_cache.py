@@ -88,9 +88,11 @@ def test_the_window_uses_the_cache_for_the_rest_of_the_sequence() -> None:
 def test_export_with_the_cache_graphs(exported: tuple[MaskPredictor, Path, Path]) -> None:
     _, _, out = exported
     manifest = ExportManifest.load(out)
-    assert manifest.has_cache and set(manifest.graphs) == {"step", "window_step"}  # the step graph refreshes
+    assert manifest.has_cache and manifest.has_prompt_cache  # the step graph refreshes and prefills
+    assert set(manifest.graphs) == {"step", "window_step", "prompt_step"}
     assert (out / "step.onnx").is_file() and (out / "window_step.onnx").is_file()
-    assert manifest.verified and "refresh kv (relative)" in manifest.extra["validation"]["max_diff"]
+    assert manifest.verified and {"refresh kv (relative)", "prompt_step confidence"} <= set(
+        manifest.extra["validation"]["max_diff"])
     kv = manifest.graphs["step"].outputs["kv"]
     cfg = manifest.model_config()
     assert kv.shape == [cfg.n_layers, 2, "batch", cfg.n_kv_heads, "seq", cfg.head_dim]
@@ -190,8 +192,8 @@ def test_generate_json_records_the_decoding(exported: tuple[MaskPredictor, Path,
     code, out_text, err = run(args, capsys)
     assert code == 0, err
     records = [json.loads(line) for line in out_text.splitlines()]
-    assert [r["decode"] for r in records] == [{"rule": "threshold", "kv_cache": True, "threshold": 0.5,
-                                               "block_length": 8}] * 2
+    assert [r["decode"] for r in records] == [{"rule": "threshold", "kv_cache": True, "prompt_cache": False,
+                                               "threshold": 0.5, "block_length": 8}] * 2
     assert all(2 <= r["passes"] <= 16 for r in records)
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seer_deploy.contracts.graphs import STEP, VISION, WINDOW_STEP, GraphIO, step_graph
+from seer_deploy.contracts.graphs import PROMPT_STEP, STEP, VISION, WINDOW_STEP, GraphIO, step_graph
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.profiles import (
     ImageAxes,
@@ -16,6 +16,7 @@ from seer_deploy.engines.profiles import (
     buffer_shapes,
     choose_profile,
     choose_profile_for_seq,
+    choose_prompt_cache_profile,
     plan_profiles,
     profile_shapes,
     recorded_axes,
@@ -328,3 +329,39 @@ def test_plan_profiles_follows_the_axes_a_graph_records() -> None:
     # The buffers of a multimodal engine hold its largest image table; the vision graph's its largest call.
     assert buffer_shapes(MULTIMODAL_STEP, layout, {"image_table": (-1, 16)}) == {"image_table": (48, 16)}
     assert buffer_shapes(VISION, layout, {"pixel_values": (-1, 3, 8, 8)}) == {"pixel_values": (3, 3, 8, 8)}
+
+
+PROMPT_STEP_INPUTS = {  # as an export --kv-cache records the prompt_step graph's inputs
+    "run_ids": ["batch", "run"],
+    "attention_mask": ["batch", "seq"],
+    "prompt_kv": [2, 2, "batch", 2, "cached", 8],
+    "temperature": ["batch"],
+    "sample_uniform": ["batch", "run"],
+    "candidates": ["batch", "candidates"],
+    "prompt_width": ["batch"],
+}
+
+
+def test_prompt_cache_profiles_follow_the_buckets() -> None:
+    """prompt_step: one profile per bucket, its run the last prompt token and the bucket's responses, its cache the
+    prompts less that token; a call takes the profile of its responses' bucket, every call's shapes inside it."""
+    layout = ProfileLayout(buckets=(16, 32), max_batch=4, max_prompt=40, min_prompt=3)
+    profiles = plan_profiles("prompt_step", PROMPT_STEP_INPUTS, layout)
+    assert [p.bucket for p in profiles] == [16, 32]
+    assert [(p.shapes["run_ids"].min, p.shapes["run_ids"].max) for p in profiles] == [((1, 2), (4, 17)),
+                                                                                      ((1, 18), (4, 33))]
+    assert {(p.shapes["prompt_kv"].min[4], p.shapes["prompt_kv"].max[4]) for p in profiles} == {(2, 39)}
+    for prompt in (3, 20, 40):
+        for response in (1, 16, 17, 32):
+            index = choose_prompt_cache_profile(prompt - 1, response + 1, layout, batch=4)
+            shapes = profiles[index].shapes
+            call = {"run_ids": (4, response + 1), "attention_mask": (4, prompt + response),
+                    "prompt_kv": (2, 2, 4, 2, prompt - 1, 8)}
+            for name, shape in call.items():
+                assert all(lo <= d <= hi for lo, d, hi in zip(shapes[name].min, shape, shapes[name].max, strict=True))
+    with pytest.raises(ConfigError, match="nothing to cache"):
+        choose_prompt_cache_profile(0, 5, layout)
+    with pytest.raises(ConfigError, match="--max-prompt"):
+        choose_prompt_cache_profile(45, 5, layout)
+    assert buffer_shapes(PROMPT_STEP, layout, {"prompt_kv": (2, 2, -1, 2, -1, 8), "run_ids": (-1, -1)}) == {
+        "prompt_kv": (2, 2, 4, 2, 39, 8), "run_ids": (4, 33)}

@@ -35,7 +35,8 @@ def read_requests(prompt: tuple[str, ...], images: tuple[str, ...], prompts_file
 
 def decode_record(generation: GenerationConfig) -> dict[str, object]:
     """How the steps were decoded, as --json reports it: the rule and its setting, and the KV cache."""
-    record: dict[str, object] = {"rule": generation.decode, "kv_cache": generation.kv_cache}
+    record: dict[str, object] = {"rule": generation.decode, "kv_cache": generation.kv_cache,
+                                 "prompt_cache": generation.prompt_cache}
     if generation.decode == "threshold":
         record["threshold"] = generation.threshold
     elif generation.decode == "factor":
@@ -132,7 +133,7 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
 @template_options
 def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen_length: int, steps: int | None,
             block_length: int | None, temperature: float, remasking: str, cfg_scale: float, seed: int,
-            decode: str, threshold: float, factor: float, kv_cache: bool, backend_name: BackendChoice | None,
+            decode: str, threshold: float, factor: float, kv_cache: bool, prompt_cache: bool, backend_name: BackendChoice | None,
             batch_size: int, use_seer: bool | None, seer_config: Path | None,
             tail_context: str | None, first_canvas: int | None, providers: tuple[str, ...], threads: int | None,
             device: str | None, io_binding: bool, cuda_graph: bool, images: tuple[str, ...], as_json: bool,
@@ -142,7 +143,8 @@ def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen
     requests = read_requests(prompt, images, prompts_file)
     options = ServiceOptions(
         generation=generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale,
-                                     decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache),
+                                     decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache,
+                                     prompt_cache=prompt_cache),
         backend=backend_name, batch_size=batch_size, providers=providers or None, threads=threads, device=device,
         io_binding=io_binding, cuda_graph=cuda_graph, seer=use_seer,
         seer_config=seer_config, tail_context=None if tail_context is None else parse_tail_context(tail_context),

@@ -39,7 +39,7 @@ def generation_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def decoding_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """--decode, --threshold, --factor, --kv-cache: the speed settings on top of Seer."""
+    """--decode, --threshold, --factor, --kv-cache, --prompt-cache: the speed settings on top of Seer."""
     options = [
         click.option("--decode", type=click.Choice(["fixed", "threshold", "factor"]), default="fixed",
                      show_default=True,
@@ -55,6 +55,11 @@ def decoding_options(func: Callable[..., Any]) -> Callable[..., Any]:
                           "step, run only the block in the others. Needs an export made with --kv-cache (or torch); "
                           "an approximation: answers may differ from the uncached run's. Pair it with "
                           "--block-length (Fast-dLLM uses 32)."),
+        click.option("--prompt-cache", is_flag=True,
+                     help="Prompt cache: step zero's keys and values of the prompt (all but its last token) are kept "
+                          "and every later pass runs the last prompt token and the answer only. Exact with prefix-DLM "
+                          "attention (LaViDa: its authors' cache); elsewhere Dimple's prefilling, an approximation. "
+                          "Needs an export made with --kv-cache (or torch)."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -73,6 +78,7 @@ def generation_config(
     threshold: float = 0.9,
     factor: float = 1.0,
     kv_cache: bool = False,
+    prompt_cache: bool = False,
 ) -> GenerationConfig:
     """The GenerationConfig of the flags, validated (ConfigError naming the flag); an unset --steps means
     gen-length, an unset --block-length one block."""
@@ -87,6 +93,7 @@ def generation_config(
         threshold=threshold,
         factor=factor,
         kv_cache=kv_cache,
+        prompt_cache=prompt_cache,
     )
     config.validate()
     return config

@@ -85,7 +85,7 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
 @template_options
 def command(target: str, host: str, port: int, gen_length: int, steps: int | None, block_length: int | None,
             temperature: float, remasking: str, cfg_scale: float, seed: int, decode: str, threshold: float,
-            factor: float, kv_cache: bool, gen_lengths: str | None, backend_name: BackendChoice | None,
+            factor: float, kv_cache: bool, prompt_cache: bool, gen_lengths: str | None, backend_name: BackendChoice | None,
             use_seer: bool | None, seer_config: Path | None, tail_context: str | None, providers: tuple[str, ...],
             threads: int | None, max_batch: int, max_wait_ms: float, max_queue: int, timeout_s: float,
             max_body_bytes: int, read_timeout_s: float, max_connections: int, max_prompts: int, retry_after_s: int,
@@ -106,7 +106,8 @@ def command(target: str, host: str, port: int, gen_length: int, steps: int | Non
     serve_options.check()
     service_options = ServiceOptions(
         generation=generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale,
-                                     decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache),
+                                     decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache,
+                                     prompt_cache=prompt_cache),
         backend=backend_name, batch_size=max_batch, providers=providers or None, threads=threads, seer=use_seer,
         seer_config=seer_config, tail_context=None if tail_context is None else parse_tail_context(tail_context),
         seed=seed, chat_template=chat_template, raw_prompts=raw_prompts,

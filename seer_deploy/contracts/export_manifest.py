@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seer_deploy.contracts.graphs import CACHE_GRAPH_NAMES, KV, SPARSITY, STEP
+from seer_deploy.contracts.graphs import CACHE_GRAPH_NAMES, KV, PROMPT_CACHE_GRAPH_NAMES, SPARSITY, STEP
 from seer_deploy.contracts.manifest_sections import (
     MAX_DIM,
     GraphRecord,
@@ -65,6 +65,12 @@ class ExportManifest:
         """Whether the export has the block-wise KV cache (export --kv-cache: the window graph, and the step graph's
         kv output)."""
         return all(name in self.graphs for name in CACHE_GRAPH_NAMES)
+
+    @property
+    def has_prompt_cache(self) -> bool:
+        """Whether the export has the prompt-cache graph (export --kv-cache: prompt_step, and the step graph's kv
+        output, which step zero's keys and values come from)."""
+        return all(name in self.graphs for name in PROMPT_CACHE_GRAPH_NAMES)
 
     @property
     def verified(self) -> bool | None:
@@ -197,8 +203,8 @@ def _format_version(r: SectionReader, raw: dict[str, Any]) -> int:
 
 def _check_cache(manifest: ExportManifest, where: str) -> None:
     """The window graph reads the keys and values the step graph returns: a cache export's step graph has kv."""
-    if manifest.has_cache and KV.name not in manifest.graphs[STEP.name].outputs:
-        raise ArtifactError(f"{where}: the export has the window graph but its step graph returns no '{KV.name}'; "
+    if (manifest.has_cache or manifest.has_prompt_cache) and KV.name not in manifest.graphs[STEP.name].outputs:
+        raise ArtifactError(f"{where}: the export has a cache graph but its step graph returns no '{KV.name}'; "
                             "re-export with --kv-cache")
 
 

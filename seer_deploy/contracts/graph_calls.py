@@ -16,7 +16,9 @@ from seer_deploy.contracts.graphs import (
     IMAGE_TABLE,
     INPUT_IDS,
     KV,
+    PROMPT_KV,
     PROMPT_WIDTH,
+    RUN_IDS,
     SPARSITY,
     TEMPERATURE,
     TOKEN_IDS,
@@ -29,7 +31,7 @@ from seer_deploy.contracts.graphs import (
     TensorIO,
 )
 from seer_deploy.contracts.sampling import step_feed
-from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
+from seer_deploy.core.backend import PromptInput, RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
 from seer_deploy.core.errors import ConfigError
 
 
@@ -68,6 +70,18 @@ def window_feed(graph: GraphIO, checked: WindowInput) -> dict[str, np.ndarray]:
     batch, width = checked.window_ids.shape
     values = {WINDOW_IDS.name: checked.window_ids, ATTENTION_MASK.name: checked.attention_mask,
               WINDOW_START.name: checked.window_start, KV.name: checked.kv,
+              PROMPT_WIDTH.name: np.full(batch, checked.prompt_width, dtype=np.int64),
+              **step_feed(batch, width, checked.temperature, checked.seed)}
+    return {name: values[name] for name in graph.input_names}
+
+
+def prompt_feed(graph: GraphIO, checked: PromptInput) -> dict[str, np.ndarray]:
+    """The prompt-cache graph's inputs for one call (sampling inputs drawn over the run's columns)."""
+    batch, width = checked.run_ids.shape
+    assert checked.candidates is not None, "pass PromptInput.checked(), which always has candidates"
+    values = {RUN_IDS.name: checked.run_ids, ATTENTION_MASK.name: checked.attention_mask,
+              PROMPT_KV.name: checked.prompt_kv, CANDIDATES.name: checked.candidates,
+              PROMPT_WIDTH.name: np.full(batch, checked.prompt_width, dtype=np.int64),
               **step_feed(batch, width, checked.temperature, checked.seed)}
     return {name: values[name] for name in graph.input_names}
 
@@ -88,6 +102,10 @@ def step0_output(values: Mapping[str, np.ndarray]) -> Step0Output:
 
 def step_output(values: Mapping[str, np.ndarray]) -> StepOutput:
     return StepOutput(token_ids=_output(TOKEN_IDS, values), confidence=_output(CONFIDENCE, values))
+
+
+def prefill_output(values: Mapping[str, np.ndarray]) -> Step0Output:
+    return step0_output(values)._replace(kv=_output(KV, values))
 
 
 def refresh_output(values: Mapping[str, np.ndarray]) -> RefreshOutput:

@@ -24,6 +24,8 @@ class Axis(StrEnum):
     IMAGE_TOKENS = "image_tokens"  # rows of the image table: every image token of the batch
     WINDOW = "window"  # the columns a cached pass runs (a denoising block)
     CANDIDATES = "candidates"  # the columns a step computes tokens for (the masks it may commit)
+    RUN = "run"  # the columns a prompt-cache pass runs: the last prompt token and the response
+    CACHED = "cached"  # the columns a prompt cache holds: the prompt's, before its last token
 
 
 class Size(StrEnum):
@@ -168,6 +170,21 @@ WINDOW_STEP = GraphIO(
 )
 CACHE_GRAPH_NAMES: tuple[str, ...] = (WINDOW_STEP.name,)
 
+# The prompt cache (export --kv-cache): a pass over the last prompt token and the response only, against the keys and
+# values of the columns before them (cut from step zero's kv), positions continuing from the cache. attention_mask is
+# the whole row's (cached + run columns); the candidates are run columns; prompt_width (where the responses start) is
+# read by prefix-DLM models only.
+_BR = (Axis.BATCH, Axis.RUN)
+RUN_IDS = TensorIO("run_ids", "int64", _BR)
+PROMPT_KV = TensorIO("prompt_kv", "float32", (Size.LAYERS, 2, Axis.BATCH, Size.KV_HEADS, Axis.CACHED, Size.HEAD_DIM))
+PROMPT_STEP = GraphIO(
+    "prompt_step",
+    (RUN_IDS, ATTENTION_MASK, PROMPT_KV, TEMPERATURE, TensorIO(SAMPLE_UNIFORM.name, "float32", _BR), CANDIDATES,
+     PROMPT_WIDTH),
+    (TensorIO(TOKEN_IDS.name, "int64", _BR), TensorIO(CONFIDENCE.name, "float32", _BR)),
+)
+PROMPT_CACHE_GRAPH_NAMES: tuple[str, ...] = (PROMPT_STEP.name,)
+
 
 def step_graph(multimodal: bool = False, prefix_dlm: bool = False, kv_cache: bool = False) -> GraphIO:
     """The step graph of an export: a multimodal one also takes the image table, a prefix-DLM model's
@@ -178,8 +195,14 @@ def step_graph(multimodal: bool = False, prefix_dlm: bool = False, kv_cache: boo
     return replace(graph, outputs=(*graph.outputs, KV)) if kv_cache else graph
 
 
+def window_graph(prefix_dlm: bool = False) -> GraphIO:
+    """The window graph of a --kv-cache export; a prefix-DLM model's takes `prompt_width` last (a window that starts
+    one column before its block, for shifted logits, may hold the last prompt column)."""
+    return WINDOW_STEP.with_inputs(PROMPT_WIDTH) if prefix_dlm else WINDOW_STEP
+
+
 def export_graphs(multimodal: bool = False, prefix_dlm: bool = False, kv_cache: bool = False) -> tuple[GraphIO, ...]:
     """The denoising graphs of an export, in the order they are traced: the step graph, then (--kv-cache) the window
-    graph."""
+    graph and the prompt-cache graph."""
     step = step_graph(multimodal, prefix_dlm, kv_cache)
-    return (step, WINDOW_STEP) if kv_cache else (step,)
+    return (step, window_graph(prefix_dlm), PROMPT_STEP) if kv_cache else (step,)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from seer_deploy.contracts.graphs import CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES
+from seer_deploy.contracts.graphs import CACHE_GRAPH_NAMES, PROMPT_CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES
 from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.core.checks import int_in
@@ -158,12 +158,14 @@ class SectionReader(FieldReader):
             raise ArtifactError(f"{self.where}: {label}.vision_config.image: {exc}") from exc
 
     def graph_names(self, graphs: dict[str, Any]) -> tuple[str, ...]:
-        """The step graphs, and the cache graphs when the export has them (both or neither)."""
+        """The step graphs, the cache graphs when the export has them (both or neither), and the prompt-cache graph
+        when it has it."""
         cache = [name for name in CACHE_GRAPH_NAMES if name in graphs]
         if cache and len(cache) != len(CACHE_GRAPH_NAMES):
             raise ArtifactError(f"{self.where}: 'graphs' has {cache[0]} without the other cache graph "
                                 f"({', '.join(CACHE_GRAPH_NAMES)}); re-export with --kv-cache")
-        return STEP_GRAPH_NAMES + (CACHE_GRAPH_NAMES if cache else ())
+        prompt = tuple(name for name in PROMPT_CACHE_GRAPH_NAMES if name in graphs)
+        return STEP_GRAPH_NAMES + (CACHE_GRAPH_NAMES if cache else ()) + prompt
 
     def graph(self, graphs: dict[str, Any], name: str, label: str | None = None) -> GraphRecord:
         label = label or f"graphs.{name}"

@@ -99,6 +99,7 @@ class Step0Output(NamedTuple):
     confidence: np.ndarray  # float32 [B, S]
     eos_prob: np.ndarray  # float32 [B, S]: softmax probability of EOS
     sparsity: np.ndarray  # float32 [B, K, S]: rows described by `Backend.sparsity_rows`
+    kv: KVCache | None = None  # every layer's keys and values, when the pass was a prefill (the prompt cache)
 
 
 class WindowInput(NamedTuple):
@@ -110,6 +111,7 @@ class WindowInput(NamedTuple):
     kv: KVCache  # float32 [n_layers, 2, B, n_kv_heads, S, head_dim]: `RefreshOutput.kv` of these rows
     temperature: float | np.ndarray = 0.0
     seed: int | None = None
+    prompt_width: int = 0  # where the responses start: what a prefix-DLM model's prompt queries see up to
 
     def checked(self) -> WindowInput:
         """The input as engines want it, or ConfigError naming what does not fit."""
@@ -125,16 +127,57 @@ class WindowInput(NamedTuple):
         if kv.ndim != 6 or kv.shape[1] != 2 or kv.shape[2] != ids.shape[0] or kv.shape[4] != mask.shape[1]:
             raise ConfigError(f"kv {kv.shape} must be [layers, 2, batch {ids.shape[0]}, kv_heads, seq {mask.shape[1]}, "
                               "head_dim], what a refresh of the same rows returned")
-        if is_device_array(kv):
-            if str(kv.dtype) != "torch.float32":
-                raise ConfigError(f"kv on the device must be float32, got {kv.dtype}")
-            kv = kv.contiguous()
-        else:
-            kv = np.ascontiguousarray(kv, np.float32)
+        if not 0 <= self.prompt_width <= mask.shape[1]:
+            raise ConfigError(f"prompt_width {self.prompt_width} lies outside the sequence [0, {mask.shape[1]}]")
         return self._replace(
             window_ids=np.ascontiguousarray(ids, np.int64), attention_mask=np.ascontiguousarray(mask, np.int64),
-            window_start=np.ascontiguousarray(start, np.int64), kv=kv,
+            window_start=np.ascontiguousarray(start, np.int64), kv=checked_kv(kv),
         )
+
+
+def checked_kv(kv: KVCache) -> KVCache:
+    """A cache as engines want it: a contiguous float32 device tensor, or a C-contiguous float32 array."""
+    if is_device_array(kv):
+        if str(kv.dtype) != "torch.float32":
+            raise ConfigError(f"kv on the device must be float32, got {kv.dtype}")
+        return kv.contiguous()
+    return np.ascontiguousarray(kv, np.float32)
+
+
+class PromptInput(NamedTuple):
+    """A pass against the prompt cache: the last prompt token and the responses run, against the keys and values of
+    the columns before them (step zero's, cut there), positions continuing from the cache."""
+
+    run_ids: np.ndarray  # int64 [B, R]: the columns [C, C + R) of the rows, C = prompt_kv's columns
+    attention_mask: np.ndarray  # int64 [B, C + R]: the rows' whole mask, 1 = real
+    prompt_kv: KVCache  # float32 [n_layers, 2, B, n_kv_heads, C, head_dim]
+    temperature: float | np.ndarray = 0.0
+    seed: int | None = None
+    candidates: np.ndarray | None = None  # int64 [B, K]: run columns whose tokens to compute (None: every one)
+    prompt_width: int = 0  # where the responses start (at least C + 1): prefix-DLM models' prompt queries
+
+    def checked(self) -> PromptInput:
+        """The input as engines want it, or ConfigError naming what does not fit."""
+        ids, mask = np.asarray(self.run_ids), np.asarray(self.attention_mask)
+        kv: KVCache = self.prompt_kv if is_device_array(self.prompt_kv) else np.asarray(self.prompt_kv)
+        if ids.ndim != 2 or mask.ndim != 2 or ids.shape[0] != mask.shape[0] or ids.shape[1] == 0:
+            raise ConfigError(f"run_ids {ids.shape} must be [batch, R >= 1] beside attention_mask {mask.shape}")
+        cached = mask.shape[1] - ids.shape[1]
+        if kv.ndim != 6 or kv.shape[1] != 2 or kv.shape[2] != ids.shape[0] or kv.shape[4] != cached:
+            raise ConfigError(f"prompt_kv {tuple(kv.shape)} must be [layers, 2, batch {ids.shape[0]}, kv_heads, "
+                              f"{cached} cached columns, head_dim]: the mask's columns before the run")
+        if not cached < self.prompt_width <= mask.shape[1]:
+            raise ConfigError(f"prompt_width {self.prompt_width} must lie in ({cached}, {mask.shape[1]}]: the run "
+                              "holds the last prompt token")
+        candidates = np.arange(ids.shape[1])[None, :].repeat(ids.shape[0], 0) if self.candidates is None else \
+            np.asarray(self.candidates)
+        if (candidates.ndim != 2 or candidates.shape[0] != ids.shape[0] or candidates.size == 0
+                or candidates.min() < 0 or candidates.max() >= ids.shape[1]):
+            raise ConfigError(f"candidates {candidates.shape} must be run columns in [0, {ids.shape[1]}), one row per "
+                              "batch row")
+        return self._replace(run_ids=np.ascontiguousarray(ids, np.int64),
+                             attention_mask=np.ascontiguousarray(mask, np.int64), prompt_kv=checked_kv(kv),
+                             candidates=np.ascontiguousarray(candidates, np.int64))
 
 
 class RefreshOutput(NamedTuple):
@@ -171,6 +214,26 @@ class CacheBackend(Backend, Protocol):
     def refresh(self, inputs: StepInput) -> RefreshOutput: ...
 
     def window_step(self, inputs: WindowInput) -> StepOutput: ...
+
+
+class PromptCacheBackend(Backend, Protocol):
+    """A backend that runs the prompt cache: step zero that also returns the keys and values (`prefill`) and a pass
+    over the last prompt token and the response against those of the columns before them (`prompt_step`)."""
+
+    def prefill(self, inputs: StepInput) -> Step0Output: ...
+
+    def prompt_step(self, inputs: PromptInput) -> StepOutput: ...
+
+
+def supports_prompt_cache(backend: Backend) -> bool:
+    """Whether a backend runs the prompt cache (an export made with its graph, or torch)."""
+    return bool(getattr(backend, "supports_prompt_cache", False))
+
+
+def window_lead(backend: Backend) -> int:
+    """Columns a block-wise cache window runs before the block: 1 for a model that reads a token from the column
+    before it (shifted logits: Dream, Dimple, LaViDa-Dream), 0 else."""
+    return int(getattr(backend, "window_lead", 0))
 
 
 def supports_cache(backend: Backend) -> bool:

@@ -58,6 +58,9 @@ class GenerationConfig:
     threshold: float = 0.9  # decode="threshold": commit every candidate whose probability is >= threshold
     factor: float = 1.0  # decode="factor": commit the top n while the n-th probability is >= 1 - factor / (n + 1)
     kv_cache: bool = False  # block-wise dual KV cache: refresh at each block's first step, then run the block only
+    # the prompt cache: step zero's keys and values of the columns before the last prompt token, kept; every later
+    # pass runs the last prompt token and the response only (exact under prefix-DLM attention: LaViDa)
+    prompt_cache: bool = False
 
     @property
     def parallel(self) -> bool:
@@ -112,6 +115,11 @@ class GenerationConfig:
             )
         if not isinstance(self.kv_cache, bool):
             raise ConfigError(f"kv_cache is {self.kv_cache!r}; it must be true or false (--kv-cache)")
+        if not isinstance(self.prompt_cache, bool):
+            raise ConfigError(f"prompt_cache is {self.prompt_cache!r}; it must be true or false (--prompt-cache)")
+        if self.kv_cache and self.prompt_cache:
+            raise ConfigError("--kv-cache (the block-wise cache) and --prompt-cache are two caches of the same keys and "
+                              "values; choose one")
         if max_seq_len is not None and prompt_len + self.gen_length > max_seq_len:
             raise ConfigError(
                 f"prompt ({prompt_len} tokens{', image tokens included' if image_tokens else ''}) + gen_length "

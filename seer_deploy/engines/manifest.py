@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from seer_deploy.contracts.graphs import CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES, VISION
+from seer_deploy.contracts.graphs import CACHE_GRAPH_NAMES, PROMPT_CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES, VISION
 from seer_deploy.core.atomic import write_bytes_atomic
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.fields import FieldReader
@@ -164,13 +164,14 @@ class EngineManifest:
             raise ArtifactError(f"{source}: {exc}") from exc
         if set(self.files) != set(self.graph_hashes):
             raise ArtifactError(f"{source}: files {sorted(self.files)} and graphs {sorted(self.graph_hashes)} differ")
-        allowed = set(STEP_GRAPH_NAMES) | set(CACHE_GRAPH_NAMES) | {VISION.name}
+        allowed = set(STEP_GRAPH_NAMES) | set(CACHE_GRAPH_NAMES) | set(PROMPT_CACHE_GRAPH_NAMES) | {VISION.name}
         cache = [name for name in CACHE_GRAPH_NAMES if name in self.graph_hashes]
         if (not set(STEP_GRAPH_NAMES) <= set(self.graph_hashes) or not set(self.graph_hashes) <= allowed
                 or len(cache) not in (0, len(CACHE_GRAPH_NAMES))):
             raise ArtifactError(
                 f"{source}: the engine's graphs are {sorted(self.graph_hashes)}; an engine has "
-                f"{', '.join(STEP_GRAPH_NAMES)}, with the KV cache both of {', '.join(CACHE_GRAPH_NAMES)}, and a "
+                f"{', '.join(STEP_GRAPH_NAMES)}, with the KV cache both of {', '.join(CACHE_GRAPH_NAMES)} (and "
+                f"{', '.join(PROMPT_CACHE_GRAPH_NAMES)}), and a "
                 f"multimodal TensorRT engine {VISION.name}: rebuild the engine"
             )
         if self.backend == "tensorrt":

@@ -20,6 +20,8 @@ import onnxruntime as ort
 from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.contracts.graph_calls import (
     graph_feed,
+    prefill_output,
+    prompt_feed,
     refresh_output,
     step0_output,
     step_output,
@@ -30,15 +32,18 @@ from seer_deploy.contracts.graphs import (
     CONFIDENCE,
     EOS_PROB,
     KV,
+    PROMPT_STEP,
     SPARSITY,
     STEP,
     TOKEN_IDS,
     WINDOW_STEP,
     GraphIO,
     step_graph,
+    window_graph,
 )
 from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import (
+    PromptInput,
     RefreshOutput,
     Step0Output,
     StepInput,
@@ -55,11 +60,12 @@ from seer_deploy.engines.ort_weights import SharedWeights
 
 FP16_WEIGHT_FUSION = "FuseFp16InitializerToFp32NodeTransformer"  # ONNX Runtime's name for it
 # The graphs a denoising step runs (the others run once a batch or a block): the ones CUDA graphs pay off for.
-EVERY_STEP: frozenset[str] = frozenset({STEP.name, WINDOW_STEP.name})
+EVERY_STEP: frozenset[str] = frozenset({STEP.name, WINDOW_STEP.name, PROMPT_STEP.name})
 # What each kind of call asks the step graph for (ONNX Runtime computes the graph either way, but copies only these).
 STEP_OUTPUTS: tuple[str, ...] = (TOKEN_IDS.name, CONFIDENCE.name)
 STEP0_OUTPUTS: tuple[str, ...] = (*STEP_OUTPUTS, EOS_PROB.name, SPARSITY.name)
 REFRESH_OUTPUTS: tuple[str, ...] = (*STEP_OUTPUTS, KV.name)
+PREFILL_OUTPUTS: tuple[str, ...] = (*STEP0_OUTPUTS, KV.name)
 
 
 class OrtBackend:
@@ -86,10 +92,14 @@ class OrtBackend:
             )
         self.weights = SharedWeights(self.export_dir / self.manifest.weights.file)  # outlives the sessions
         self._step_io = self._declared_step_graph()
-        self._window_io = WINDOW_STEP
+        config = self.manifest.model_config()
+        self._window_io = window_graph(config.prefix_dlm)
+        self._prompt_io = PROMPT_STEP
+        self.window_lead = int(config.shift_logits)  # core.backend.window_lead
         self.supports_cache = self.manifest.has_cache and kv_cache
-        self._graphs = {io.name: io for io in ((self._step_io, self._window_io) if self.supports_cache
-                                                else (self._step_io,))}
+        self.supports_prompt_cache = self.manifest.has_prompt_cache and kv_cache
+        self._graphs = {io.name: io for io in (self._step_io, *((self._window_io,) if self.supports_cache else ()),
+                                               *((self._prompt_io,) if self.supports_prompt_cache else ()))}
         wanted, on_cuda = self.options.device_cache, providers[0] == CUDA
         self.device_cache = (self.options.io_binding or self.options.cuda_graph) and on_cuda if wanted is None else wanted
         # The graphs captured as CUDA graphs (with --cuda-graph): the step graph, and the window graph unless its cache
@@ -239,7 +249,8 @@ class OrtBackend:
     def refresh(self, inputs: StepInput) -> RefreshOutput:
         """A step that also returns every layer's keys and values (export --kv-cache); with `device_cache` they
         stay on the session's device, as a torch tensor."""
-        self._need_cache()
+        if not self.supports_prompt_cache:  # the prompt cache's step zero refreshes too
+            self._need_cache()
         if not self.device_cache:
             return refresh_output(self._run(self._step_io, inputs, REFRESH_OUTPUTS))
         import torch
@@ -267,6 +278,28 @@ class OrtBackend:
             return window_output(run_with_device_tensors(self._session_of(io), io, window_feed(io, checked),
                                                          device=kind, device_id=index, device_outputs={}))
         return window_output(self._call(io, window_feed(io, checked), io.host_outputs))
+
+    def prefill(self, inputs: StepInput) -> Step0Output:
+        """Step zero (the step graph with its statistics) that also returns the keys and values (export --kv-cache):
+        what the prompt cache is cut from. The cache comes back to the host."""
+        self._need_prompt_cache()
+        return prefill_output(self._run(self._step_io, inputs, PREFILL_OUTPUTS, with_stats=True))
+
+    def prompt_step(self, inputs: PromptInput) -> StepOutput:
+        """A pass over the last prompt token and the response against the prompt cache (export --kv-cache)."""
+        self._need_prompt_cache()
+        checked = inputs.checked()
+        io = self._prompt_io
+        if is_device_array(checked.prompt_kv):
+            kind, index = self._device
+            return step_output(run_with_device_tensors(self._session_of(io), io, prompt_feed(io, checked),
+                                                       device=kind, device_id=index, device_outputs={}))
+        return step_output(self._call(io, prompt_feed(io, checked), io.host_outputs))
+
+    def _need_prompt_cache(self) -> None:
+        if not self.supports_prompt_cache:
+            raise ConfigError(f"{self.export_dir} has no prompt-cache graph (prompt_step.onnx); re-export with "
+                              "`seer-deploy export --kv-cache` (and rebuild), or run without --prompt-cache")
 
     def _need_cache(self) -> None:
         if not self.supports_cache and self.manifest.has_cache:

@@ -7,7 +7,8 @@ gets its profiles without this module knowing its name (`plan_profiles`):
 - a window axis (the KV cache's window_step): one profile per (length bucket, window length) pair (`WindowLayout`),
   pair (i, j) serving windows (w_{j-1}, w_j] at bucket i's sequence lengths; a pair no call can reach is left out.
   Without --window-lengths: 32 (LLaDA's block length) and the last bucket.
-- a sequence axis: one profile per bucket.
+- a sequence axis: one profile per bucket (the prompt cache's prompt_step too: its run and cached axes follow the
+  bucket, `ProfileLayout.axis_bounds`).
 - neither (the vision graph: pixels of pictures): one profile.
 The image axes of a multimodal export (`ImageAxes`) are the same in every profile: the image table's rows, 1 up to
 the largest number of image tokens a batch can hold, and the pictures (views) per vision call, 1 up to the most one
@@ -123,15 +124,20 @@ class ProfileLayout:
         """The batch and sequence length (and image axes) of the largest call any profile takes."""
         image = self.images.largest() if self.images is not None else {}
         longest = self.max_prompt + self.buckets[-1]
-        return {Axis.BATCH: self.max_batch, Axis.SEQ: longest, Axis.CANDIDATES: longest, **image}
+        return {Axis.BATCH: self.max_batch, Axis.SEQ: longest, Axis.CANDIDATES: longest,
+                Axis.RUN: self.buckets[-1] + 1, Axis.CACHED: max(1, self.max_prompt - 1), **image}
 
     def axis_bounds(self, index: int) -> tuple[dict[Axis, int], dict[Axis, int]]:
         """Every planned axis' (min, max) in profile `index`: batch 1..max_batch, the bucket's sequence range, the
         candidate columns 1..its longest sequence (a pass computes some or all of its columns), the image axes from 1
-        to their largest (the same in every bucket: pictures do not depend on the response)."""
+        to their largest (pictures do not depend on the response), prompt_step's run (the last prompt token and the
+        bucket's responses) and cached columns (the prompts less that token, at least 1)."""
         seq_lo, seq_hi = self.seq_range(index)
-        low = {Axis.BATCH: 1, Axis.SEQ: seq_lo, Axis.CANDIDATES: 1}
-        high = {Axis.BATCH: self.max_batch, Axis.SEQ: seq_hi, Axis.CANDIDATES: seq_hi}
+        previous = self.buckets[index - 1] if index > 0 else 0
+        low = {Axis.BATCH: 1, Axis.SEQ: seq_lo, Axis.CANDIDATES: 1, Axis.RUN: previous + 2,
+               Axis.CACHED: max(1, self.min_prompt - 1)}
+        high = {Axis.BATCH: self.max_batch, Axis.SEQ: seq_hi, Axis.CANDIDATES: seq_hi,
+                Axis.RUN: self.buckets[index] + 1, Axis.CACHED: max(1, self.max_prompt - 1)}
         if self.images is not None:
             for axis, largest in self.images.largest().items():
                 low[axis], high[axis] = 1, largest
@@ -297,6 +303,14 @@ def window_profile_shapes(windows: WindowLayout, inputs: Mapping[str, Sequence[P
         profiles.append(Profile(index=index, bucket=layout.buckets[i], lo=lo, shapes=_ranges(inputs, low, high),
                                 window=w_hi, window_lo=w_lo))
     return profiles
+
+
+def choose_prompt_cache_profile(cached: int, run: int, layout: ProfileLayout, *, batch: int | None = None) -> int:
+    """The prompt_step profile for a pass of `run` columns against `cached` ones: the bucket of its responses
+    (run - 1), with the prompt width checked against the build's range."""
+    if cached < 1:
+        raise ConfigError("a prompt of one token leaves nothing to cache; run it without --prompt-cache")
+    return choose_profile(run - 1, layout, prompt_len=cached + 1, batch=batch)
 
 
 def _ranges(inputs: Mapping[str, Sequence[ProfileDim]], low: Mapping[Axis, int], high: Mapping[Axis, int]

@@ -6,31 +6,27 @@ in this order and each in one line, that the library that built it is installed,
 engines; a multimodal engine dir is refused), that a GPU is visible, and that the GPU is one the engine targets
 (`manifest.check_engine_compatible`: TensorRT-RTX has no Hopper target, for one).
 
-Device buffers are torch CUDA tensors (torch is already a dependency; cuda-python would add one), allocated once
-when an engine loads, as TensorRT's own demos do, never per step: one buffer per input and output, sized for the
-largest shape any profile takes (`profiles.buffer_shapes`, from the graph's declaration in contracts.graphs). Every
-profile's context gets their addresses once; a call copies its feeds into views of the input buffers, sets the
-input shapes and reads the outputs from views of the output buffers. Execution is enqueued on torch's current
-stream so torch's own ordering stays correct. All of an engine's profiles share these buffers and one
-execution-memory buffer (sized for the largest profile): calls run one at a time on one stream and end by copying
-the outputs to the host, so the per-profile contexts never use them concurrently.
+Device buffers are torch CUDA tensors (`engines.device_buffers`; cuda-python would add a dependency), allocated once
+when an engine loads, never per step, sized for the largest shape any profile takes (`profiles.buffer_shapes`). Every
+profile's context gets their addresses once; a call copies its feeds into views of the input buffers, sets the input
+shapes and reads the outputs from views of the output buffers, on torch's current stream. All of an engine's profiles
+share these buffers and one execution-memory buffer: calls run one at a time on one stream and end by copying the
+outputs to the host, so the per-profile contexts never use them concurrently.
 
 With `cuda_graph` (`generate --cuda-graph`), the step engine's calls are padded to fixed shapes inside their profile
-(`engines.fixed_shapes`) and each (profile, shape) is captured once as a CUDA graph (torch.cuda.CUDAGraph around
-`execute_async_v3`, after one ordinary call) and replayed after: the buffers' addresses never change, so a replay
-reads the new inputs. On TensorRT-RTX its built-in CUDA graphs do this instead (`RtxRunOptions`), and its runtime
-cache keeps the kernels it compiled just in time between runs. Unrun here (no GPU that runs either flavour was lent):
-type-checked against the stubs.
+(`engines.fixed_shapes`) and each (profile, shape) is captured once as a CUDA graph (after one ordinary call) and
+replayed after: the buffers' addresses never change. On TensorRT-RTX its built-in CUDA graphs do this instead
+(`RtxRunOptions`), its runtime cache keeps its JIT-compiled kernels. Unrun here (no GPU runs either flavour): typed.
 
 An engine dir built from an export --kv-cache has the step engine's kv output (sized like the sequence) and
 window_step.engine (one profile per (bucket, window length) pair of `profiles.WindowLayout`, its buffers at the largest
-batch, sequence and window): `TensorRTBackend.refresh` and `window_step` run them.
+batch, sequence and window): `TensorRTBackend.refresh` and `window_step` run them; and prompt_step.engine (one
+profile per bucket, `TensorRTBackend.prefill` and `prompt_step`: the prompt cache).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -40,21 +36,30 @@ import torch
 
 from seer_deploy.contracts.graph_calls import (
     graph_feed,
+    prefill_output,
+    prompt_feed,
     refresh_output,
     step0_output,
     step_output,
     window_feed,
     window_output,
 )
-from seer_deploy.contracts.graphs import VISION, WINDOW_STEP, GraphIO, step_graph
+from seer_deploy.contracts.graphs import PROMPT_STEP, VISION, GraphIO, step_graph, window_graph
 from seer_deploy.core.atomic import write_bytes_atomic
-from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
+from seer_deploy.core.backend import PromptInput, RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import regular_file
 from seer_deploy.core.sparsity import SparsityRow
+from seer_deploy.engines.device_buffers import IOBuffers
 from seer_deploy.engines.fixed_shapes import FixedShapes, pad_feed, unpad_outputs
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
-from seer_deploy.engines.profiles import ProfileLayout, WindowLayout, buffer_shapes, choose_profile_for_seq
+from seer_deploy.engines.profiles import (
+    ProfileLayout,
+    WindowLayout,
+    buffer_shapes,
+    choose_profile_for_seq,
+    choose_prompt_cache_profile,
+)
 from seer_deploy.engines.tensorrt_library import (
     INSTALL_HINT,
     RtxRuntimeCache,
@@ -119,31 +124,6 @@ def _torch_dtype(lib: TensorRTLibrary, dtype: trt_types.DataType) -> torch.dtype
     if dtype not in table:
         raise ArtifactError(f"engine tensor type {dtype} has no torch equivalent; re-export with standard types")
     return table[dtype]
-
-
-class IOBuffers:
-    """One device buffer per engine input and output, allocated once at its largest shape; calls get views of them.
-
-    A view of shape s is the first prod(s) elements of the flat buffer: the dense, row-major layout TensorRT reads
-    and writes at a tensor's address, so the address is the same for every call whatever its shape.
-    """
-
-    def __init__(self, capacity: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, torch.dtype],
-                 device: torch.device) -> None:
-        self.capacity = dict(capacity)
-        self._flat = {name: torch.empty(max(math.prod(shape), 1), dtype=dtypes[name], device=device)
-                      for name, shape in capacity.items()}
-
-    def address(self, name: str) -> int:
-        return int(self._flat[name].data_ptr())
-
-    def view(self, name: str, shape: Sequence[int]) -> torch.Tensor:
-        """The buffer of `name` as a tensor of `shape`; ConfigError past its capacity."""
-        limit = self.capacity[name]
-        if len(shape) != len(limit) or any(d < 0 or d > m for d, m in zip(shape, limit, strict=True)):
-            raise ConfigError(f"{name} of shape {tuple(shape)} exceeds the engine's largest profile {limit}; "
-                              "check --max-batch/--max-prompt of the build")
-        return self._flat[name][: math.prod(shape)].view(tuple(shape))
 
 
 class _RtxRuntimeCache:
@@ -282,7 +262,7 @@ class TensorRTBackend:
 
     def __init__(self, engine_dir: Path, manifest: EngineManifest, *, sparsity_rows: list[SparsityRow],
                  max_seq_len: int, device: int = 0, cuda_graph: bool = False, prefix_dlm: bool = False,
-                 rtx: RtxRunOptions | None = None) -> None:
+                 window_lead: int = 0, rtx: RtxRunOptions | None = None) -> None:
         trt_facts = manifest.tensorrt
         if manifest.backend != "tensorrt" or trt_facts is None:
             raise ArtifactError(f"{engine_dir} holds a {manifest.backend} engine, not a TensorRT one")
@@ -309,13 +289,18 @@ class TensorRTBackend:
         # engines only; a prefix-DLM model's take prompt_width too.
         step_io = step_graph(prefix_dlm=prefix_dlm, kv_cache=manifest.has_cache)
         self._step_io = step_io
-        self._window_io = WINDOW_STEP
+        self._window_io = window_graph(prefix_dlm)
+        self.window_lead = window_lead  # core.backend.window_lead: 1 for shifted logits
         self.windows: WindowLayout | None = manifest.window_layout
         self.supports_cache = self.windows is not None
+        self._prompt_io = PROMPT_STEP
+        self.supports_prompt_cache = PROMPT_STEP.name in manifest.graph_hashes
         self.engine_dir = engine_dir
         graphs: list[tuple[GraphIO, ProfileLayout | WindowLayout]] = [(step_io, self.layout)]
         if self.windows is not None:
             graphs.append((self._window_io, self.windows))
+        if self.supports_prompt_cache:
+            graphs.append((self._prompt_io, self.layout))
         self._engines: dict[str, _Engine] = {}
         for graph, layout in graphs:
             path = regular_file(manifest.file(engine_dir, graph.name), "TensorRT engine", error=ArtifactError)
@@ -325,7 +310,7 @@ class TensorRTBackend:
     @classmethod
     def open(cls, engine_dir: Path, export_facts: RuntimeFacts, *, sparsity_rows: list[SparsityRow],
              max_seq_len: int, device: int = 0, cuda_graph: bool = False, prefix_dlm: bool = False,
-             rtx: RtxRunOptions | None = None) -> TensorRTBackend:
+             window_lead: int = 0, rtx: RtxRunOptions | None = None) -> TensorRTBackend:
         """Load an engine dir after checking it against the export (fingerprint, graph hashes) and this machine: the
         library that built it must be installed, the engine must be one this backend runs, and a GPU it targets must
         be visible (each a one-line error)."""
@@ -340,7 +325,8 @@ class TensorRTBackend:
         facts = replace(here, model_fingerprint=export_facts.model_fingerprint, graph_hashes=export_facts.graph_hashes)
         check_engine_compatible(manifest, facts)
         return cls(engine_dir, manifest, sparsity_rows=sparsity_rows, max_seq_len=max_seq_len, device=device,
-                   cuda_graph=cuda_graph, prefix_dlm=prefix_dlm, rtx=rtx)
+                   cuda_graph=cuda_graph, prefix_dlm=prefix_dlm, window_lead=window_lead,
+                   rtx=rtx)
 
     def close(self) -> None:
         """Write TensorRT-RTX's runtime cache (the kernels compiled on this GPU so far), where one was asked for."""
@@ -371,8 +357,27 @@ class TensorRTBackend:
 
     def refresh(self, inputs: StepInput) -> RefreshOutput:
         """A step that also returns every layer's keys and values (an engine built from an export --kv-cache)."""
-        self._need_cache()
+        if not self.supports_prompt_cache:  # the prompt cache's step zero refreshes too
+            self._need_cache()
         return refresh_output(self._run(self._step_io, inputs))
+
+    def prefill(self, inputs: StepInput) -> Step0Output:
+        """Step zero with its statistics and the keys and values the prompt cache is cut from."""
+        self._need_prompt_cache()
+        return prefill_output(self._run(self._step_io, inputs, with_stats=True))
+
+    def prompt_step(self, inputs: PromptInput) -> StepOutput:
+        """A pass against the prompt cache, in the profile of its responses' bucket."""
+        self._need_prompt_cache()
+        checked = inputs.checked()
+        batch, run = checked.run_ids.shape
+        profile = choose_prompt_cache_profile(checked.prompt_kv.shape[4], run, self.layout, batch=batch)
+        io = self._prompt_io
+        return step_output(self._engines[io.name].run(profile, prompt_feed(io, checked)))
+
+    def _need_prompt_cache(self) -> None:
+        if not self.supports_prompt_cache:
+            raise ConfigError(f"{self.engine_dir} has no prompt-cache engine; re-export with --kv-cache and rebuild")
 
     def window_step(self, inputs: WindowInput) -> StepOutput:
         """A step over the window's columns only, against a refresh's keys and values: the profile of the sequence

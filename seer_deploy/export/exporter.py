@@ -33,23 +33,14 @@ import seer_deploy
 from seer_deploy.contracts import sampling
 from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.contracts.graphs import (
-    ATTENTION_MASK,
     CACHE_GRAPH_NAMES,
-    CANDIDATES,
-    INPUT_IDS,
-    KV,
-    PROMPT_WIDTH,
-    SAMPLE_UNIFORM,
+    PROMPT_CACHE_GRAPH_NAMES,
+    PROMPT_STEP,
     STEP_GRAPH_NAMES,
-    TEMPERATURE,
-    WINDOW_IDS,
-    WINDOW_START,
-    WINDOW_STEP,
-    WITH_STATS,
     Axis,
     GraphIO,
     Size,
-    step_graph,
+    export_graphs,
 )
 from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, SeerSpec, WeightsSpec
 from seer_deploy.core.atomic import (
@@ -62,7 +53,8 @@ from seer_deploy.core.errors import ConfigError, UnverifiedExport
 from seer_deploy.core.files import file_sha256
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.export.destination import ARTIFACT_KIND, destination_fingerprint
-from seer_deploy.export.graphs import WindowStepGraph, step_module
+from seer_deploy.export.examples import cache_sizes, prompt_examples, step_examples
+from seer_deploy.export.graphs import cache_modules, step_module
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.quantize import QUANTIZED_GRAPHS, QuantizedGraph, quantize_graph, quantized_record
 from seer_deploy.export.resources import check_resources, footprint
@@ -94,6 +86,7 @@ STAGES: tuple[str, ...] = (
     "tracing step",
     "writing weights",
     "tracing window_step",  # --kv-cache
+    "tracing prompt_step",  # --kv-cache
     "checking graphs",
     "validating with ONNX Runtime",
     "installing",
@@ -133,6 +126,8 @@ class GraphPlan:
     manifest_extra: Callable[[dict[str, GraphRecord]], dict[str, Any]] = field(default=lambda records: {})
     weights: StreamedWeights | None = None  # the modules are fake, their weights streamed from the checkpoint
     head_widths: tuple[int, ...] = ()  # the LM head's output widths (the vocabulary): what --keep-head keeps
+    graph_examples: Mapping[str, Mapping[str, Tensor]] = field(default_factory=dict)  # per graph name, examples that
+    # replace those of `examples` (the prompt-cache graph's run columns have other widths than the step graph's)
 
 
 def export_versions() -> dict[str, str]:
@@ -150,46 +145,22 @@ def export_versions() -> dict[str, str]:
     }
 
 
-def step_examples(cfg: ModelConfig, max_seq_len: int) -> dict[str, Tensor]:
-    """Tracing examples for the step graphs' token and sampling inputs: batch 2, up to 8 positions, candidates of
-    another width than the sequence and the window (so that tracing keeps them apart)."""
-    S = min(8, max_seq_len)
-    W = max(1, S // 2)
-    C = max(1, S - 3)
-    ids = torch.randint(0, cfg.vocab_size, (2, S), generator=torch.Generator().manual_seed(0))
-    return {
-        INPUT_IDS.name: ids,
-        ATTENTION_MASK.name: torch.ones(2, S, dtype=torch.long),
-        TEMPERATURE.name: torch.zeros(2),
-        SAMPLE_UNIFORM.name: torch.ones(2, S),
-        CANDIDATES.name: torch.arange(S - C, S).expand(2, C).contiguous(),
-        WITH_STATS.name: torch.ones(2, dtype=torch.long),
-        WINDOW_IDS.name: ids[:, S - W :],
-        WINDOW_START.name: torch.tensor([S - W, 0]),
-        KV.name: torch.zeros(cfg.n_layers, 2, 2, cfg.n_kv_heads, S, cfg.head_dim),
-        PROMPT_WIDTH.name: torch.tensor([S - W, S - W]),
-    }
-
-
-def cache_sizes(cfg: ModelConfig) -> dict[Size, int]:
-    """The Size dims of the cache graphs' kv tensor, for this model."""
-    return {Size.LAYERS: cfg.n_layers, Size.KV_HEADS: cfg.n_kv_heads, Size.HEAD_DIM: cfg.head_dim}
-
-
 def trace_graphs(
     plan: GraphPlan, options: ExportOptions, max_seq_len: int, tmp: Path, progress: Progress
 ) -> tuple[dict[str, GraphRecord], SharedWeightFile, dict[str, QuantizedGraph]]:
     """Trace every graph of the plan into `tmp`, all weights into one shared file, each checked against its spec;
     with --quantize the language model's graphs are quantized (what each kept in full precision, by graph)."""
     bounds = {Axis.BATCH: MAX_TRACE_BATCH, Axis.SEQ: max_seq_len, Axis.IMAGES: MAX_TRACE_BATCH,
-              Axis.IMAGE_TOKENS: MAX_IMAGE_TOKENS, Axis.WINDOW: max_seq_len, Axis.CANDIDATES: max_seq_len}
+              Axis.IMAGE_TOKENS: MAX_IMAGE_TOKENS, Axis.WINDOW: max_seq_len, Axis.CANDIDATES: max_seq_len,
+              Axis.RUN: max_seq_len, Axis.CACHED: max_seq_len}
     records: dict[str, GraphRecord] = {}
     quantized: dict[str, QuantizedGraph] = {}
     store = SharedWeightFile(tmp)
     with store:
         for index, (graph, module) in enumerate(plan.modules):
             progress(f"tracing {graph.name}")
-            args = tuple(plan.examples[name] for name in graph.input_names)
+            examples = {**plan.examples, **plan.graph_examples.get(graph.name, {})}
+            args = tuple(examples[name] for name in graph.input_names)
             onnx_model = trace_graph(module, args, graph, options.opset, bounds, plan.weights)
             if options.quantization is not None and graph.name in QUANTIZED_GRAPHS:
                 quantized[graph.name] = quantize_graph(onnx_model, options.quantization, plan.head_widths)
@@ -254,10 +225,6 @@ class ExportRun:
         if max_seq_len < shortest[0]:
             raise ConfigError(f"--max-seq-len {max_seq_len} is too short: {shortest[1]}")
         stats = options.seer.spec(config.n_layers)
-        if options.kv_cache and config.shift_logits:
-            raise ConfigError(f"--kv-cache is not supported for {config.family} (shifted logits: a window's first token "
-                              "is read from the column before the window, which the block-wise cache does not "
-                              "recompute); export without --kv-cache")
         dest = Path(out).expanduser().absolute()
         fingerprint = destination_fingerprint(dest, checkpoint, options.force)
         return cls(options, dest, checkpoint, source, config, max_seq_len, stats, fingerprint, load)
@@ -287,7 +254,8 @@ class ExportRun:
                 dtype=options.dtype,
                 opset=options.opset,
                 max_seq_len=max_seq_len,
-                graphs={name: records[name] for name in STEP_GRAPH_NAMES + CACHE_GRAPH_NAMES if name in records},
+                graphs={name: records[name] for name in STEP_GRAPH_NAMES + CACHE_GRAPH_NAMES + PROMPT_CACHE_GRAPH_NAMES
+                        if name in records},
                 seer=SeerSpec(
                     stats_layers=list(stats.layers),
                     stat_names=list(STAT_NAMES),
@@ -387,11 +355,11 @@ def _load_text(run: ExportRun, report: Progress) -> Loaded:
     with fake_mode:
         model = shaped_model(cfg, torch_dtype)
     kv_cache = run.options.kv_cache
-    cache = ((WINDOW_STEP, WindowStepGraph(model)),) if kv_cache else ()
+    step = export_graphs(prefix_dlm=cfg.prefix_dlm, kv_cache=kv_cache)[0]
     plan = GraphPlan(
-        modules=((step_graph(prefix_dlm=cfg.prefix_dlm, kv_cache=kv_cache), step_module(model, stats, kv_cache=kv_cache)),
-                 *cache),
+        modules=((step, step_module(model, stats, kv_cache=kv_cache)), *(cache_modules(model) if kv_cache else ())),
         examples=step_examples(cfg, run.max_seq_len),
+        graph_examples={PROMPT_STEP.name: prompt_examples(cfg, run.max_seq_len)},
         sizes={Size.STAT_ROWS: len(stats.sparsity_rows), **cache_sizes(cfg)},
         validate=validate,
         weights=StreamedWeights(fake_mode, sources, torch_dtype),

@@ -18,7 +18,10 @@ position: index = #{v : cumsum(p)[v] < u}. That is an exact draw from the distri
 seed, and uses only Softmax / CumSum / Less / ReduceSum, which ONNX Runtime and TensorRT both run.
 
 `window_step` (export --kv-cache) runs a window of columns (a denoising block) against the keys and values a full
-pass returned (Fast-dLLM's dual cache, refreshed by the loop at each block's first step).
+pass returned (Fast-dLLM's dual cache, refreshed by the loop at each block's first step); `prompt_step` (also --kv-cache)
+runs the last prompt token and the response against the keys and values of the columns before them (the prompt
+cache: LaViDa's prefix-DLM cache, exact; Dimple's prefilling elsewhere). Both head their columns as the step graph
+does (`candidate_head`; the window graph heads every column of its window).
 
 A prefix-DLM model's step graph (ModelConfig.prefix_dlm, LaViDa) takes `prompt_width` [B] last; a multimodal one
 takes the image table before it: prompt ids at and above the LM's embedding rows select a row of it in-graph
@@ -28,9 +31,12 @@ projector and LLaVA's image_newline, and outputs float32 whatever the export dty
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor, nn
 
+from seer_deploy.contracts.graphs import GraphIO, export_graphs
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.networks.confidence import greedy_head, log_prob_of
 from seer_deploy.models.networks.image_prompts import embed_with_images
@@ -89,19 +95,34 @@ class StepGraph(nn.Module):
                                   stats=self.spec, return_kv=self.kv_cache, prompt_width=prompt_width,
                                   stats_wanted=(with_stats > 0).any())
         assert out.stats is not None
-        B, S, D = out.hidden.shape
-        C = candidates.shape[1]
-        rows = torch.gather(out.hidden, 1, model.logit_source(candidates)[..., None].expand(B, C, D))
-        logits = model.logits_of(rows).float()  # [B, C, V]: the LM head on the candidates only
-        uniform = torch.gather(sample_uniform, 1, candidates)
-        ids, conf, top, log_total = pick_tokens(logits, temperature, uniform)
-        eos = torch.exp(logits[..., model.cfg.eos_id] - top - log_total)
-        token_ids = input_ids.scatter(1, candidates, ids)
-        confidence = torch.full((B, S), float("-inf"), device=conf.device).scatter(1, candidates, conf)
-        eos_prob = torch.zeros((B, S), device=eos.device).scatter(1, candidates, eos)
+        B, S, _ = out.hidden.shape
+        head = candidate_head(model, out.hidden, input_ids, candidates, temperature, sample_uniform)
+        eos_prob = torch.zeros((B, S), device=head.eos.device).scatter(1, candidates, head.eos)
         _, L, F, _ = out.stats.shape
-        result = (token_ids, confidence, eos_prob, out.stats.reshape(B, L * F, S))
+        result = (head.token_ids, head.confidence, eos_prob, out.stats.reshape(B, L * F, S))
         return (*result, out.kv) if out.kv is not None else result
+
+
+class CandidateHead(NamedTuple):
+    token_ids: Tensor  # [B, S]: the pick at the candidate columns, the input id elsewhere
+    confidence: Tensor  # [B, S]: its log-probability at the candidate columns, -inf elsewhere
+    eos: Tensor  # [B, C]: the softmax probability of EOS at each candidate column
+
+
+def candidate_head(model: MaskPredictor, hidden: Tensor, input_ids: Tensor, candidates: Tensor, temperature: Tensor,
+                   sample_uniform: Tensor) -> CandidateHead:
+    """The LM head, its softmax and the pick on the candidate columns only (hidden [B, S, D] of the columns input_ids
+    [B, S] holds, candidates [B, C] among them; with shift_logits a column's logits come from the column before)."""
+    B, S, D = hidden.shape
+    C = candidates.shape[1]
+    rows = torch.gather(hidden, 1, model.logit_source(candidates)[..., None].expand(B, C, D))
+    logits = model.logits_of(rows).float()  # [B, C, V]
+    uniform = torch.gather(sample_uniform, 1, candidates)
+    ids, conf, top, log_total = pick_tokens(logits, temperature, uniform)
+    eos = torch.exp(logits[..., model.cfg.eos_id] - top - log_total)
+    token_ids = input_ids.scatter(1, candidates, ids)
+    confidence = torch.full((B, S), float("-inf"), device=conf.device).scatter(1, candidates, conf)
+    return CandidateHead(token_ids, confidence, eos)
 
 
 class PrefixStepGraph(StepGraph):
@@ -145,7 +166,7 @@ def step_module(model: MaskPredictor, spec: StatsSpec, *, multimodal: bool = Fal
 
 
 class WindowStepGraph(nn.Module):
-    """A cached step: only the window's columns run (`MaskPredictor.window_hidden`), the rest comes from kv."""
+    """A cached step: only the window's columns run (`MaskPredictor.forward_window`), the rest comes from kv."""
 
     def __init__(self, model: MaskPredictor) -> None:
         super().__init__()
@@ -155,9 +176,49 @@ class WindowStepGraph(nn.Module):
         self, window_ids: Tensor, attention_mask: Tensor, window_start: Tensor, kv: Tensor, temperature: Tensor,
         sample_uniform: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        logits = self.model.forward_window(window_ids, attention_mask, window_start, kv)
+        return self.outputs(window_ids, attention_mask, window_start, kv, temperature, sample_uniform)
+
+    def outputs(self, window_ids: Tensor, attention_mask: Tensor, window_start: Tensor, kv: Tensor,
+                temperature: Tensor, sample_uniform: Tensor, prompt_width: Tensor | None = None
+                ) -> tuple[Tensor, Tensor]:
+        logits = self.model.forward_window(window_ids, attention_mask, window_start, kv, prompt_width)
         ids, conf, _, _ = pick_tokens(logits, temperature, sample_uniform)
         return ids, conf
+
+
+class PrefixWindowStepGraph(WindowStepGraph):
+    """WindowStepGraph of a prefix-DLM model: prompt_width [B] last (a window starting one column before its block,
+    shifted logits, may hold the last prompt column, which sees no response key)."""
+
+    def forward(self, window_ids: Tensor, attention_mask: Tensor, window_start: Tensor,  # type: ignore[override]
+                kv: Tensor, temperature: Tensor, sample_uniform: Tensor, prompt_width: Tensor
+                ) -> tuple[Tensor, Tensor]:
+        return self.outputs(window_ids, attention_mask, window_start, kv, temperature, sample_uniform, prompt_width)
+
+
+def window_module(model: MaskPredictor) -> WindowStepGraph:
+    """The window module an export traces (contracts.graphs.window_graph; prefix-DLM from the model's config)."""
+    return PrefixWindowStepGraph(model) if model.cfg.prefix_dlm else WindowStepGraph(model)
+
+
+class PromptStepGraph(nn.Module):
+    """A pass against the prompt cache: the last prompt token and the response run, against the keys and values of
+    the columns before them (prompt_kv, cut from step zero's), positions continuing from the cache. prompt_width [B]
+    (where the responses start) is read by a prefix-DLM model only: its last prompt column sees no response key,
+    which makes the cache exact."""
+
+    def __init__(self, model: MaskPredictor) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, run_ids: Tensor, attention_mask: Tensor, prompt_kv: Tensor, temperature: Tensor,
+                sample_uniform: Tensor, candidates: Tensor, prompt_width: Tensor) -> tuple[Tensor, Tensor]:
+        B = run_ids.shape[0]
+        run_start = torch.full((B,), prompt_kv.shape[4], dtype=torch.long, device=run_ids.device)
+        width = prompt_width if self.model.cfg.prefix_dlm else None
+        hidden = self.model.cached_hidden(run_ids, attention_mask, run_start, prompt_kv, width)
+        head = candidate_head(self.model, hidden, run_ids, candidates, temperature, sample_uniform)
+        return head.token_ids, head.confidence
 
 
 class VisionGraph(nn.Module):
@@ -169,3 +230,9 @@ class VisionGraph(nn.Module):
 
     def forward(self, pixel_values: Tensor) -> Tensor:
         return self.vision(pixel_values).float()
+
+
+def cache_modules(model: MaskPredictor) -> tuple[tuple[GraphIO, nn.Module], ...]:
+    """The cache graphs of a --kv-cache export (after the step graph) and the modules traced for them."""
+    _, window, prompt = export_graphs(prefix_dlm=model.cfg.prefix_dlm, kv_cache=True)
+    return (window, window_module(model)), (prompt, PromptStepGraph(model))

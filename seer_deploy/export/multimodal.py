@@ -28,8 +28,8 @@ from seer_deploy.contracts.graphs import (
     IMAGE_TABLE,
     INPUT_IDS,
     PIXEL_VALUES,
+    PROMPT_STEP,
     VISION,
-    WINDOW_STEP,
     Size,
     step_graph,
 )
@@ -37,17 +37,16 @@ from seer_deploy.contracts.manifest_sections import GraphRecord
 from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
+from seer_deploy.export.examples import cache_sizes, prompt_examples, step_examples
 from seer_deploy.export.exporter import (
     ExportResult,
     ExportRun,
     GraphPlan,
     Loaded,
     Progress,
-    cache_sizes,
     checkpoint_config,
-    step_examples,
 )
-from seer_deploy.export.graphs import VisionGraph, WindowStepGraph, step_module
+from seer_deploy.export.graphs import VisionGraph, cache_modules, step_module
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.validate import (
     ExportValidationError,
@@ -75,6 +74,7 @@ STAGES: tuple[str, ...] = (
     "tracing vision",
     "tracing step",
     "tracing window_step",  # --kv-cache
+    "tracing prompt_step",  # --kv-cache
     "checking graphs",
     "validating with ONNX Runtime",
     "installing",
@@ -164,9 +164,10 @@ def _load_multimodal(run: ExportRun, report: Progress) -> Loaded:
             (VISION, VisionGraph(vision)),
             (step_graph(multimodal=True, prefix_dlm=cfg.prefix_dlm, kv_cache=kv_cache),
              step_module(lm, stats, multimodal=True, kv_cache=kv_cache)),
-            *(((WINDOW_STEP, WindowStepGraph(lm)),) if kv_cache else ()),
+            *(cache_modules(lm) if kv_cache else ()),
         ),
         examples=_examples(cfg, vcfg, max_seq_len),
+        graph_examples={PROMPT_STEP.name: prompt_examples(cfg, max_seq_len)},
         sizes={
             Size.STAT_ROWS: len(stats.sparsity_rows),
             Size.D_MODEL: cfg.d_model,

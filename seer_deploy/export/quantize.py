@@ -20,12 +20,12 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
-from seer_deploy.contracts.graphs import CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES
+from seer_deploy.contracts.graphs import CACHE_GRAPH_NAMES, PROMPT_CACHE_GRAPH_NAMES, STEP_GRAPH_NAMES
 from seer_deploy.contracts.quantization import ACCURACY_LEVEL, Quantization
 from seer_deploy.export.streamed_weights import CheckpointTensor, ExportedWeight
 
 MS_DOMAIN = "com.microsoft"
-QUANTIZED_GRAPHS = STEP_GRAPH_NAMES + CACHE_GRAPH_NAMES  # the language model's: a vision tower keeps its dtype
+QUANTIZED_GRAPHS = STEP_GRAPH_NAMES + CACHE_GRAPH_NAMES + PROMPT_CACHE_GRAPH_NAMES  # the language model's: a vision tower keeps its dtype
 _FLOATS = {ir.DataType.FLOAT: np.float32, ir.DataType.FLOAT16: np.float16}
 
 

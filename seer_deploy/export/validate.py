@@ -32,10 +32,14 @@ from seer_deploy.contracts.sampling import draw_uniform
 from seer_deploy.core.backend import (
     Backend,
     CacheBackend,
+    PromptCacheBackend,
+    PromptInput,
     StepInput,
     StepOutput,
     WindowInput,
     supports_cache,
+    supports_prompt_cache,
+    window_lead,
 )
 from seer_deploy.core.errors import ArtifactError
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
@@ -297,12 +301,30 @@ def _compare_cache(backend: CacheBackend, ref: ProbeReference, probs: np.ndarray
     report.close("refresh kv (relative)", refreshed.kv / scale, ref.kv / scale, report.kv_rtol)
     B, S = p.input_ids.shape
     W = max(1, S // 3)
-    start = np.full(B, S - W, dtype=np.int64)
-    window = backend.window_step(WindowInput(p.input_ids[:, S - W :], p.attention_mask, start, refreshed.kv))
-    report.tokens("window_step token_ids",
-                  _pick(probs[:, S - W :], window.token_ids) >= best[:, S - W :] - report.prob_atol, "not a near-tie")
-    report.close("window_step confidence", np.exp(window.confidence), _pick(probs[:, S - W :], window.token_ids),
+    lead = window_lead(backend)  # shifted logits: the window starts one column before the columns it predicts
+    start = np.full(B, S - W - lead, dtype=np.int64)
+    window = backend.window_step(WindowInput(p.input_ids[:, S - W - lead :], p.attention_mask, start, refreshed.kv,
+                                             prompt_width=p.prompt_width))
+    ids = window.token_ids[:, lead:]
+    report.tokens("window_step token_ids", _pick(probs[:, S - W :], ids) >= best[:, S - W :] - report.prob_atol,
+                  "not a near-tie")
+    report.close("window_step confidence", np.exp(window.confidence[:, lead:]), _pick(probs[:, S - W :], ids),
                  report.prob_atol)
+
+
+def _compare_prompt_cache(backend: PromptCacheBackend, ref: ProbeReference, probs: np.ndarray, best: np.ndarray,
+                          report: _Report) -> None:
+    """The prompt cache: the last prompt token and the response against the reference's keys and values of the
+    columns before them compute what the full pass computes at the response columns."""
+    p = ref.probe
+    P = p.prompt_width
+    run = p.input_ids[:, P - 1 :]
+    candidates = np.ascontiguousarray(np.broadcast_to(np.arange(1, run.shape[1]), (run.shape[0], run.shape[1] - 1)))
+    out = backend.prompt_step(PromptInput(run, p.attention_mask, np.ascontiguousarray(ref.kv[:, :, :, :, : P - 1]),
+                                          candidates=candidates, prompt_width=P))
+    ids = out.token_ids[:, 1:]
+    report.tokens("prompt_step token_ids", _pick(probs[:, P:], ids) >= best[:, P:] - report.prob_atol, "not a near-tie")
+    report.close("prompt_step confidence", np.exp(out.confidence[:, 1:]), _pick(probs[:, P:], ids), report.prob_atol)
 
 
 def _cols(values: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -349,6 +371,8 @@ def compare_with_torch(backend: Backend, refs: list[ProbeReference], cfg: ModelC
             report.tokens("step token_ids (sampling rows)", ok, "the uniform lies outside the token's CDF interval")
         if supports_cache(backend):
             _compare_cache(cast(CacheBackend, backend), ref, probs, best, report)
+        if supports_prompt_cache(backend):
+            _compare_prompt_cache(cast(PromptCacheBackend, backend), ref, probs, best, report)
     report.finish_sparsity(cfg.mlp_hidden)
     if report.problems:
         raise ExportValidationError("ONNX Runtime disagrees with torch: " + "; ".join(report.problems),

@@ -17,7 +17,17 @@ from typing import cast
 import numpy as np
 
 from seer_deploy.contracts.quantization import Quantization
-from seer_deploy.core.backend import Backend, CacheBackend, StepInput, WindowInput, supports_cache
+from seer_deploy.core.backend import (
+    Backend,
+    CacheBackend,
+    PromptCacheBackend,
+    PromptInput,
+    StepInput,
+    WindowInput,
+    supports_cache,
+    supports_prompt_cache,
+    window_lead,
+)
 from seer_deploy.export.validate import ExportValidationError, ProbeReference, response_candidates
 
 
@@ -70,9 +80,17 @@ def compare_quantized(backend: Backend, refs: list[ProbeReference], quant: Quant
                                                 candidates=cols))
             B, S = p.input_ids.shape
             W = max(1, S // 3)
-            window = cache.window_step(WindowInput(p.input_ids[:, S - W:], p.attention_mask,
-                                                   np.full(B, S - W, dtype=np.int64), refreshed.kv))
-            tally.add(probs[:, S - W:], window.token_ids, real[:, S - W:])
+            lead = window_lead(backend)  # shifted logits: the window starts one column before what it predicts
+            window = cache.window_step(WindowInput(p.input_ids[:, S - W - lead:], p.attention_mask,
+                                                   np.full(B, S - W - lead, dtype=np.int64), refreshed.kv,
+                                                   prompt_width=p.prompt_width))
+            tally.add(probs[:, S - W:], window.token_ids[:, lead:], real[:, S - W:])
+        if supports_prompt_cache(backend):
+            P = p.prompt_width
+            run = p.input_ids[:, P - 1:]
+            out = cast(PromptCacheBackend, backend).prompt_step(PromptInput(
+                run, p.attention_mask, np.ascontiguousarray(ref.kv[:, :, :, :, : P - 1]), prompt_width=P))
+            tally.add(probs[:, P:], out.token_ids[:, 1:], real[:, P:])
     moved = np.concatenate(sparsity)
     figures = {
         "token agreement": tally.agree / max(tally.total, 1),

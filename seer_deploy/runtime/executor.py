@@ -14,12 +14,14 @@ commit in is not run (the reference runs it and changes nothing).
 With parallel decoding (`GenerationConfig.decode`) a row has no schedule: each pass commits what the rule accepts and
 the row moves to its next block when its block has no masks left (`_Cursor`). With the KV cache a row's pass is a
 refresh (the group's columns, keys and values kept per row) when it enters a block, else a window step over its
-block only (`_Group.refresh`, `_Group.window_step`).
+block only (`_Group.refresh`, `_Group.window_step`; a model with shifted logits runs the column before its block
+too: `core.backend.window_lead`). With the prompt cache every pass runs the last prompt token and the row's columns
+against step zero's keys and values of the columns before them (`_Group.prompt_step`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -29,22 +31,22 @@ from seer_deploy.core.backend import (
     Backend,
     CacheBackend,
     KVCache,
+    PromptCacheBackend,
+    PromptInput,
     RefreshOutput,
     Step0Output,
     StepInput,
     StepOutput,
     WindowInput,
     kv_zeros,
+    window_lead,
 )
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, left_pad
 from seer_deploy.runtime.loopcore import LoopCore
+from seer_deploy.runtime.settled import SettledHook, SettledPrefixes
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import BlockPlan, TruncationPlan
-
-# (batch row, the row's settled response prefix): the response ids before its first mask, which no later step
-# changes (a committed token is never re-masked). Called from the loop's thread after a pass that grew the prefix.
-SettledHook = Callable[[int, np.ndarray], None]
 
 
 def mask_columns(x: np.ndarray, hi: np.ndarray | None, mask_id: int) -> np.ndarray:
@@ -160,8 +162,9 @@ class Rows:
     plans: Sequence[TruncationPlan]
     first_schedule: np.ndarray | None = None  # int64 [B, s]: the rest of block 0's schedule when it was fixed
     # before step zero (full length); None splits the masks left in each block as a row enters it
-    kv: KVCache | None = None  # float32 [layers, 2, B, kv_heads, S, head_dim]: step zero's keys and values, when
-    # it was a refresh over the columns the rows run in (full length); None: each row refreshes first
+    kv: KVCache | None = None  # float32 [layers, 2, B, kv_heads, S, head_dim]: step zero's keys and values. The
+    # block-wise cache: when step zero was a refresh over the columns the rows run in (full length; None: each row
+    # refreshes first). The prompt cache: its prompt columns (S = step zero's prompt width), always
 
     def take(self, rows: Sequence[int]) -> Rows:
         index = list(rows)
@@ -177,7 +180,9 @@ def run_group(ctx: LoopContext, rows: Rows, tally: Tally, batch_rows: Sequence[i
     returns their responses int64 [n, gen_length] (cut tails EOS) and the forward passes each row made, int64 [n]."""
     group = _Group.start(ctx, rows)
     cursors = [_Cursor(plan, ctx.config.parallel) for plan in rows.plans]
-    settled = _Settled(ctx, group, list(batch_rows) if batch_rows is not None else list(range(group.n)))
+    settled = SettledPrefixes(ctx.on_settled, ctx.mask_id, list(batch_rows) if batch_rows is not None
+                              else list(range(group.n)))
+    settled.report(group.x, group.prompt_width, group.kept, np.arange(group.n))  # what step zero already settled
     while True:
         targets = [c.next(ctx, group, i, rows.first_schedule) for i, c in enumerate(cursors)]
         if all(t is None for t in targets):
@@ -189,7 +194,9 @@ def run_group(ctx: LoopContext, rows: Rows, tally: Tally, batch_rows: Sequence[i
         can = active & (left > 0) & ((k > 0) | ctx.config.parallel)
         if not can.any():
             continue
-        if group.cache is None:
+        if group.prompt_kv is not None:
+            group.prompt_step(np.flatnonzero(can), hi, k, tally)
+        elif group.cache is None:
             group.step(np.flatnonzero(can), hi, k, tally)
         else:
             fresh = can & (group.cache.block_lo != lo)  # entering a block (or no cache yet): refresh
@@ -197,31 +204,8 @@ def run_group(ctx: LoopContext, rows: Rows, tally: Tally, batch_rows: Sequence[i
                 group.refresh(np.flatnonzero(fresh), lo, hi, k, tally)
             if (can & ~fresh).any():
                 group.window_step(np.flatnonzero(can & ~fresh), lo, hi, k, tally)
-        settled.report(np.flatnonzero(can))
+        settled.report(group.x, group.prompt_width, group.kept, np.flatnonzero(can))
     return group.tokens(), group.passes
-
-
-class _Settled:
-    """Each row's settled prefix length (response columns before its first mask), reported as it grows."""
-
-    def __init__(self, ctx: LoopContext, group: _Group, batch_rows: list[int]) -> None:
-        self.ctx, self.group, self.batch_rows = ctx, group, batch_rows
-        self.length = np.zeros(group.n, np.int64)
-        if ctx.on_settled is not None:
-            self.report(np.arange(group.n))  # what step zero already settled
-
-    def report(self, rows: np.ndarray) -> None:
-        if self.ctx.on_settled is None:
-            return
-        P, x = self.group.prompt_width, self.group.x
-        for i in rows:
-            kept = int(self.group.kept[i])
-            response = x[i, P : P + kept]
-            masked = np.flatnonzero(response == self.ctx.mask_id)
-            n = int(masked[0]) if masked.size else kept
-            if n > self.length[i]:
-                self.length[i] = n
-                self.ctx.on_settled(self.batch_rows[i], response[:n].copy())
 
 
 class _Cursor:
@@ -287,6 +271,8 @@ class _Group:
     width: np.ndarray
     cache: _Cache | None
     passes: np.ndarray  # int64 [n]: forward passes each row made
+    # the prompt cache: [layers, 2, n, kv_heads, P - 1, head_dim], the columns before the last prompt token
+    prompt_kv: KVCache | None = None
 
     @property
     def n(self) -> int:
@@ -312,12 +298,16 @@ class _Group:
             x[i, P : P + kept[i]] = responses[i, : kept[i]]
             x[i, P + kept[i] : P + width[i]] = ctx.eos_id  # the tail context: committed, past every block
             real[i, P : P + width[i]] = 1
-        cache = None
+        cache, prompt_kv = None, None
         if ctx.config.kv_cache:
             kv = rows.kv if rows.kv is not None and rows.kv.shape[4] == P + K else None
             first = np.full(n, P + plans[0].blocks[0].start if kv is not None else -1, dtype=np.int64)
             cache = _Cache(kv, first)
-        return cls(ctx, x, real, plen, kept, width, cache, np.zeros(n, np.int64))
+        if ctx.config.prompt_cache:
+            assert rows.kv is not None, "the prompt cache is cut from step zero's keys and values"
+            widest = rows.kv.shape[4]  # step zero's prompt width: the group's prompts are its last P columns
+            prompt_kv = rows.kv[:, :, :, :, widest - P : widest - 1]
+        return cls(ctx, x, real, plen, kept, width, cache, np.zeros(n, np.int64), prompt_kv)
 
     def step(self, rows: np.ndarray, hi: np.ndarray, k: np.ndarray, tally: Tally) -> None:
         """An uncached pass for `rows`, trimmed to the columns they need; commits before hi."""
@@ -331,6 +321,23 @@ class _Group:
         self.x[rows, c0:c1] = sub
         self.passes[rows] += 1
         tally.count(self.ctx, sub_real)
+
+    def prompt_step(self, rows: np.ndarray, hi: np.ndarray, k: np.ndarray, tally: Tally) -> None:
+        """A pass for `rows` against the prompt cache: the last prompt token and their response columns run, the
+        columns before them come from the cache; commits before hi."""
+        assert self.prompt_kv is not None
+        backend = cast(PromptCacheBackend, self.ctx.backend)
+        P = self.prompt_width
+        c0, c1 = P - 1, P + int(self.width[rows].max())
+        sub = np.ascontiguousarray(self.x[rows, c0:c1])
+        temperature, seed = self.ctx.sampling()
+        run = PromptInput(sub, np.ascontiguousarray(self.real[rows, :c1]), self.prompt_kv[:, :, rows], temperature,
+                          seed, mask_columns(sub, hi[rows] - c0, self.ctx.mask_id), P)
+        out = backend.prompt_step(run)
+        self.ctx.commit(sub, out, np.ones(rows.size, np.int64), hi[rows] - c0, k[rows])
+        self.x[rows, c0:c1] = sub
+        self.passes[rows] += 1
+        tally.count(self.ctx, self.real[rows, c0:c1])
 
     def refresh(self, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, k: np.ndarray, tally: Tally) -> None:
         """A full pass for `rows` (the group's columns) that also refills their keys and values; commits before hi."""
@@ -355,12 +362,13 @@ class _Group:
         assert self.cache is not None and self.cache.kv is not None
         backend = cast(CacheBackend, self.ctx.backend)
         S = self.x.shape[1]
-        W = int((hi[rows] - lo[rows]).max())
-        start = np.minimum(lo[rows], S - W)  # a window never runs past the group's columns
+        lead = window_lead(backend)  # shifted logits: the column before the block predicts its first token
+        W = int((hi[rows] - lo[rows]).max()) + lead
+        start = np.minimum(lo[rows] - lead, S - W)  # a window never runs past the group's columns
         columns = start[:, None] + np.arange(W)[None, :]
         sub = np.ascontiguousarray(np.take_along_axis(self.x[rows], columns, axis=1))
         window = WindowInput(sub, np.ascontiguousarray(self.real[rows]), start, self.cache.kv[:, :, rows],
-                             *self.ctx.sampling())
+                             *self.ctx.sampling(), prompt_width=self.prompt_width)
         out = backend.window_step(window)
         self.ctx.commit(sub, out, lo[rows] - start, hi[rows] - start, k[rows])
         for j, b in enumerate(rows):

@@ -25,18 +25,22 @@ from seer_deploy.core.backend import (
     Backend,
     CacheBackend,
     KVCache,
+    PromptCacheBackend,
     RefreshOutput,
     Step0Output,
     StepInput,
     StepOutput,
+    kv_zeros,
     supports_cache,
     supports_guidance,
+    supports_prompt_cache,
 )
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, left_pad
-from seer_deploy.runtime.executor import LoopContext, Rows, SettledHook, Tally, mask_columns, run_group
+from seer_deploy.runtime.executor import LoopContext, Rows, Tally, mask_columns, run_group
 from seer_deploy.runtime.loopcore import LoopCore, active_core
 from seer_deploy.runtime.scheduler import HybridPlan, StepCost, plan_hybrid, step_cost_of
+from seer_deploy.runtime.settled import SettledHook
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import SeerReport, TruncationPlan, full_length_plan, make_plan, plan_batch
 
@@ -63,14 +67,16 @@ def check_supported(config: GenerationConfig, backend: Backend) -> None:
             f"torch backend has; '{backend.name}' returns just the chosen token and its probability: run the "
             f"checkpoint itself (torch), or set cfg_scale to 0"
         )
-    if config.kv_cache and not supports_cache(backend):
-        raise ConfigError(
-            f"--kv-cache needs the cache graphs (refresh, window_step), which '{backend.name}' does not have; "
-            "re-export with `seer-deploy export --kv-cache` (and rebuild), or drop --kv-cache"
-        )
-    if config.kv_cache and config.cfg_scale > 0:
-        raise ConfigError("--kv-cache does not run classifier-free guidance (it would need a second cache); "
-                          "set --cfg-scale 0 or drop --kv-cache")
+    caches = (("--kv-cache", config.kv_cache, supports_cache(backend), "the cache graphs (refresh, window_step)"),
+              ("--prompt-cache", config.prompt_cache, supports_prompt_cache(backend),
+               "the prompt-cache graph (prompt_step)"))
+    for flag, wanted, supported, graphs in caches:
+        if wanted and not supported:
+            raise ConfigError(f"{flag} needs {graphs}, which '{backend.name}' does not have; re-export with "
+                              f"`seer-deploy export --kv-cache` (and rebuild), or drop {flag}")
+        if wanted and config.cfg_scale > 0:
+            raise ConfigError(f"{flag} does not run classifier-free guidance (it would need a second cache); set "
+                              f"--cfg-scale 0 or drop {flag}")
 
 
 def run_generation(
@@ -102,6 +108,9 @@ def run_generation(
         raise ConfigError("every prompt must have at least one token")
     config.validate(backend.max_seq_len, max(len(p) for p in prompts))
     check_supported(config, backend)
+    if config.prompt_cache and any(mask_id in p for p in prompts):
+        raise ConfigError("a prompt holds the mask token: the prompt cache keeps the prompt as step zero left it, "
+                          "so its masks would never be filled; drop --prompt-cache or the masks from the prompt")
     if pad_id == mask_id:
         raise ConfigError(f"pad_id equals mask_id ({mask_id}): padding would be denoised; pad with EOS instead")
     eos = pad_id if eos_id is None else eos_id
@@ -121,8 +130,9 @@ def run_generation(
     started = time.perf_counter()
     canvas = seer.first_canvas if seer is not None and kept_lengths is None else 0
     plans: list[TruncationPlan | None] = [None] * B
+    prompt_kv = PromptKV(config.prompt_cache, B, P)
     if 0 < canvas < G:  # progressive step zero: a short canvas first
-        plans = first_canvas_plans(ctx, x, real, P, first.end, schedule[:, 0], canvas, tally)
+        plans = first_canvas_plans(ctx, x, real, P, first.end, schedule[:, 0], canvas, tally, prompt_kv)
     todo = [b for b in range(B) if plans[b] is None]  # rows that run step zero at full length
     out0, kv = None, None
     if todo:
@@ -131,6 +141,7 @@ def run_generation(
         out0, kv = step_zero(ctx, x_zero, mask_zero, P, P + first.end, schedule[todo, 0], tally, real[todo],
                              truncating)
         x[todo] = x_zero
+        prompt_kv.keep(todo, kv)
     step_zero_done_at = time.perf_counter()
     step_zero_seconds = step_zero_done_at - started
     responses = x[:, P:].copy()
@@ -148,14 +159,17 @@ def run_generation(
     if not all(plan is not None for plan in plans):
         raise AssertionError("every row has a plan after step zero")
     decided = [plan for plan in plans if plan is not None]
-    rows = Rows(prompts, responses, decided, None if truncating else schedule[:, 1:], kv)
+    rows = Rows(prompts, responses, decided, None if truncating else schedule[:, 1:],
+                prompt_kv.kv if config.prompt_cache else kv)
     tokens, hybrid, passes = run_rows(ctx, rows, tally, cost)
     row_passes = [1 + int(n) for n in passes]
     reports = None
     if truncating:
         forced = kept_lengths is not None
+        counted = config.parallel or config.kv_cache or config.prompt_cache
         reports = [SeerReport.from_plan(plan, len(prompts[b]), ctx.passes_per_step, forced=forced,
-                                        passes=row_passes[b] if config.parallel or config.kv_cache else None)
+                                        passes=row_passes[b] if counted else None,
+                                        cached=len(prompts[b]) - 1 if config.prompt_cache else 0)
                    for b, plan in enumerate(decided)]
     return LoopResult(tokens, tally.passes, tally.tokens_processed, reports, hybrid, tally.positions_computed,
                       tally.batch_sizes, row_passes, step_zero_seconds, step_zero_done_at)
@@ -170,6 +184,7 @@ def first_canvas_plans(
     k: np.ndarray,
     canvas: int,
     tally: Tally,
+    prompt_kv: PromptKV,
 ) -> list[TruncationPlan | None]:
     """Progressive step zero: step zero on prompt + `canvas` masks for every row. A row whose kept length (boundary +
     margin) falls inside the canvas keeps that step zero's commits, written into x, and gets its plan at full
@@ -184,8 +199,8 @@ def first_canvas_plans(
     width = P + canvas
     xc = np.ascontiguousarray(x[:, :width])
     mask = np.ascontiguousarray(real[:, :width])
-    out0, _ = step_zero(ctx, xc, None if bool(mask.all()) else mask, P, P + min(first_end, canvas), k, tally, mask,
-                        truncating=True)
+    out0, kv = step_zero(ctx, xc, None if bool(mask.all()) else mask, P, P + min(first_end, canvas), k, tally, mask,
+                         truncating=True)
     assert out0 is not None
     on_canvas = plan_batch(out0, list(ctx.backend.sparsity_rows), P, xc[:, P:], seer=seer, eos_id=ctx.eos_id,
                            mask_id=ctx.mask_id, gen_length=canvas, steps=canvas, block_length=None)
@@ -195,10 +210,31 @@ def first_canvas_plans(
             plans.append(None)
             continue
         x[b, :width] = xc[b]
+        prompt_kv.keep([b], None if kv is None else kv[:, :, b : b + 1])
         plans.append(make_plan(config.gen_length, config.steps, config.block_length, plan.kept,
                                still_masked=x[b, P:] == ctx.mask_id, boundary=plan.boundary,
                                context=seer.context_slots(plan.kept, config.gen_length)))
     return plans
+
+
+class PromptKV:
+    """The prompt cache's keys and values of a batch as step zero leaves them, row by row: the prompt columns of
+    step zero's kv (a row planned on the first canvas keeps its canvas pass's)."""
+
+    def __init__(self, wanted: bool, batch: int, prompt_width: int) -> None:
+        self.wanted, self.batch, self.prompt_width = wanted, batch, prompt_width
+        self.kv: KVCache | None = None
+
+    def keep(self, rows: Sequence[int], kv: KVCache | None) -> None:
+        if not self.wanted:
+            return
+        assert kv is not None, "with the prompt cache, step zero returns the keys and values"
+        prompt = kv[:, :, :, :, : self.prompt_width]
+        if self.kv is None:
+            shape = list(prompt.shape)
+            shape[2] = self.batch
+            self.kv = kv_zeros(prompt, tuple(shape))
+        self.kv[:, :, list(rows)] = prompt
 
 
 def run_rows(ctx: LoopContext, rows: Rows, tally: Tally, cost: StepCost | None = None
@@ -227,6 +263,8 @@ def run_planned(
     """Plans decided before any step runs (oracle studies: each answer's length known up front): every row from all
     masks through the executor, no step zero at full length. A plan's blocks[0].steps counts a step zero, so give
     block 0 one step more than it should run."""
+    if config.prompt_cache:
+        raise ConfigError("the prompt cache is cut from step zero, which planned runs do not make; drop --prompt-cache")
     ctx = LoopContext(backend, core or active_core(), config, mask_id, pad_id, eos_id, np.random.default_rng(0))
     tally = Tally()
     masks = np.full((len(prompts), config.gen_length), mask_id, dtype=np.int64)
@@ -256,20 +294,26 @@ def step_zero(
     """
     B = x.shape[0]
     out0, kv = None, None
-    if truncating or (ctx.config.temperature == 0 and not ctx.config.kv_cache):
+    config = ctx.config
+    cached = config.kv_cache or config.prompt_cache
+    if truncating or (config.temperature == 0 and not cached):
         # Seer reads step zero's tokens and EOS probabilities over the whole response: every mask is a candidate.
-        out0 = ctx.backend.step0(StepInput(x, mask, prompt_width=prompt_width, guidance=ctx.config.cfg_scale,
-                                           candidates=mask_columns(x, None, ctx.mask_id)))
+        inputs = StepInput(x, mask, prompt_width=prompt_width, guidance=config.cfg_scale,
+                           candidates=mask_columns(x, None, ctx.mask_id))
+        if config.prompt_cache:  # step zero fills the prompt cache
+            out0 = cast(PromptCacheBackend, ctx.backend).prefill(inputs)
+            kv = out0.kv
+        else:
+            out0 = ctx.backend.step0(inputs)
         tally.count(ctx, real)
     committed: StepOutput | Step0Output | RefreshOutput | None = out0
-    if not truncating and ctx.config.kv_cache:
+    if not truncating and cached:
         committed = cast(CacheBackend, ctx.backend).refresh(ctx.step_input(x, mask, prompt_width, np.full(B, hi)))
         kv = committed.kv
         tally.count(ctx, real)
-    elif ctx.config.temperature > 0:
+    elif config.temperature > 0:
         committed = ctx.backend.step(ctx.step_input(x, mask, prompt_width, np.full(B, hi)))
         tally.count(ctx, real)
     assert committed is not None  # greedy runs commit step zero's own tokens
     ctx.commit(x, committed, np.zeros(B, np.int64), np.full(B, hi, np.int64), k)
     return out0, kv
-

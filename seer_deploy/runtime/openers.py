@@ -262,7 +262,8 @@ def open_engine(d: Description, backend: BackendChoice | None, options: TargetOp
                               f"or give its export ({export_dir}) to run on the CPU")
         trt = TensorRTBackend.open(path, facts, sparsity_rows=list(export.seer.sparsity_rows),
                                    max_seq_len=export.max_seq_len, device=index, cuda_graph=options.cuda_graph,
-                                   prefix_dlm=export.model_config().prefix_dlm)
+                                   prefix_dlm=export.model_config().prefix_dlm,
+                                   window_lead=int(export.model_config().shift_logits))
         return trt, replace(info, max_batch=manifest.max_batch)
     # An ORT engine dir runs the export's graphs with its recorded session settings: the cache graphs where it was
     # built with them (their hashes checked above), none where it was built before the export had them.

@@ -86,6 +86,14 @@ class _Batch:
     is_prompt: Tensor
     prompt_width: int
     real_tokens: int
+    prompt_kv: Tensor | None = None  # the prompt cache: step zero's keys and values of columns [0, P - 1)
+
+    def pass_tokens(self, config: GenerationConfig) -> int:
+        """Real positions a pass after step zero runs: with the prompt cache, from the last prompt token on."""
+        if not config.prompt_cache:
+            return self.real_tokens
+        mask = self.attention_mask
+        return int(self.x[:, self.prompt_width - 1 :].numel() if mask is None else mask[:, self.prompt_width - 1 :].sum())
 
 
 def _start(prompts: list[list[int]], responses: Tensor, cfg: ModelConfig, device: torch.device) -> _Batch:
@@ -123,8 +131,7 @@ def _step(
     mask_id = model.cfg.mask_id
     x = batch.x
     is_masked = x == mask_id
-    logits, stats = guided_logits(model, x, batch.attention_mask, batch.is_prompt, config.cfg_scale, mask_id, spec,
-                                  batch.prompt_width)
+    logits, stats = _logits(model, batch, config, spec)
     x0 = gumbel_argmax(logits, config.temperature, generator)
     if config.remasking == "low_confidence":
         score = token_log_prob(logits, x0)
@@ -139,6 +146,28 @@ def _step(
         confidence = torch.where(is_masked, score, torch.full_like(score, -torch.inf))
         commit = select_transfer(confidence, k) & is_masked
     return _StepOut(torch.where(commit, x0, x), x0, logits, stats)
+
+
+def _logits(model: MaskPredictor, batch: _Batch, config: GenerationConfig, spec: StatsSpec | None
+            ) -> tuple[Tensor, Tensor | None]:
+    """A pass's logits [B, S, V] (and with `spec` its statistics). With the prompt cache the first pass (step zero)
+    keeps its keys and values of the columns before the last prompt token, and every later one runs the last prompt
+    token and the response against them (the prompt columns' logits are zeros: they hold no mask)."""
+    if not config.prompt_cache:
+        return guided_logits(model, batch.x, batch.attention_mask, batch.is_prompt, config.cfg_scale,
+                             model.cfg.mask_id, spec, batch.prompt_width)
+    x, P = batch.x, batch.prompt_width
+    width = prefix_width(model, x.shape[0], P, x.device)
+    if batch.prompt_kv is None:
+        out = model(x, batch.attention_mask, stats=spec, return_kv=True, **width)
+        assert out.kv is not None
+        batch.prompt_kv = out.kv[:, :, :, :, : P - 1]
+        return out.logits, out.stats
+    mask = torch.ones_like(x) if batch.attention_mask is None else batch.attention_mask
+    start = torch.full((x.shape[0],), P - 1, device=x.device)
+    hidden = model.cached_hidden(x[:, P - 1 :], mask, start, batch.prompt_kv, width.get("prompt_width"))
+    run = model.shifted(model.logits_of(hidden), dim=1)
+    return torch.cat([run.new_zeros(run.shape[0], P - 1, run.shape[2]), run], dim=1), None
 
 
 def _run_block(
@@ -229,9 +258,9 @@ def generate(
     for b in range(0 if config.parallel else G // block):
         n_passes += _run_block(model, batch, P + b * block, P + (b + 1) * block, steps_per_block, config, generator)
     passes = 2 if config.cfg_scale > 0 else 1
+    tokens_processed = (batch.real_tokens + (n_passes - 1) * batch.pass_tokens(config)) * passes
     return GenerationResult(
-        tokens=batch.x[:, P:].cpu(), passes=n_passes, tokens_processed=n_passes * batch.real_tokens * passes
-    )
+        tokens=batch.x[:, P:].cpu(), passes=n_passes, tokens_processed=tokens_processed)
 
 
 def _generate_seer(
@@ -274,17 +303,19 @@ def _generate_seer(
         slots[:, kept:] = cfg.eos_id  # the context: committed EOS, past every block, so never scored or changed
         sub = _start([after_zero[b] for b in rows_of_group], slots, cfg, device)
         Pg = sub.prompt_width
+        if batch.prompt_kv is not None:  # the group's prompt columns are the last Pg of step zero's
+            sub.prompt_kv = batch.prompt_kv[:, :, rows_of_group, :, P - Pg :]
         if config.parallel:
             ran, row_ran = _run_parallel(model, sub, [(Pg + bp.start, Pg + bp.end) for bp in blocks], config,
                                          generator)
             n_passes += ran
-            tokens_processed += ran * sub.real_tokens * passes
+            tokens_processed += ran * sub.pass_tokens(config) * passes
             per_row_passes.update({b: 1 + r for b, r in zip(rows_of_group, row_ran, strict=True)})
         for j, bp in enumerate(blocks if not config.parallel else ()):
             n_steps = bp.steps - 1 if j == 0 else bp.steps  # step zero was the first block's first step
             ran = _run_block(model, sub, Pg + bp.start, Pg + bp.end, n_steps, config, generator)
             n_passes += ran
-            tokens_processed += ran * sub.real_tokens * passes
+            tokens_processed += ran * sub.pass_tokens(config) * passes
         tokens[rows_of_group, :kept] = sub.x[:, Pg : Pg + kept].cpu()
     reports = [
         SeerReport.from_plan(plan, len(prompts[b]), passes, forced=kept_lengths is not None,

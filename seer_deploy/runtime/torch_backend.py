@@ -11,13 +11,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
+from seer_deploy.core.backend import PromptInput, RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import SparsityRow, StatsSpec
 from seer_deploy.models.checkpoints.multimodal import LoadedMultimodal
 from seer_deploy.models.networks.confidence import greedy_head, token_log_prob
 from seer_deploy.models.networks.image_prompts import ImageConditionedModel
-from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.networks.llada import MaskPredictor, ModelOutput
 from seer_deploy.models.prompts.image_placeholders import image_table_np
 from seer_deploy.runtime.reference import guided_logits, gumbel_argmax, prefix_width
 
@@ -32,6 +32,7 @@ class TorchBackend:
     name = "torch"
     supports_guidance = True
     supports_cache = True
+    supports_prompt_cache = True
 
     def __init__(self, model: MaskPredictor, stats: StatsSpec | None = None, *, device_cache: bool | None = None
                  ) -> None:
@@ -51,6 +52,7 @@ class TorchBackend:
         self._device = next(model.parameters()).device
         # The KV cache as a tensor on the model's device (it never crosses to the host); None: on a GPU, not on a CPU.
         self.device_cache = self._device.type != "cpu" if device_cache is None else device_cache
+        self.window_lead = model.window_lead
 
     def _forward(self, inputs: StepInput, stats: StatsSpec | None) -> tuple[Tensor, Tensor | None]:
         """Logits (guided when inputs.guidance > 0) and, with `stats`, the statistics of the conditional pass."""
@@ -69,6 +71,9 @@ class TorchBackend:
     def step0(self, inputs: StepInput) -> Step0Output:
         """Greedy step zero at full length, with EOS probability and the sparsity rows [B, L*F, S] (layer-major)."""
         logits, stats = self._forward(inputs, self.stats)
+        return self._step0_output(logits, stats)
+
+    def _step0_output(self, logits: Tensor, stats: Tensor | None) -> Step0Output:
         token, confidence, top, log_total = greedy_head(logits)
         eos_prob = torch.exp(logits[..., self.eos_id].float() - top - log_total)
         assert stats is not None  # requested with self.stats
@@ -88,18 +93,26 @@ class TorchBackend:
 
     @torch.inference_mode()
     def refresh(self, inputs: StepInput) -> RefreshOutput:
-        """A step that also returns every layer's keys and values (the block-wise cache; no guidance)."""
+        """A step that also returns every layer's keys and values (the KV caches; no guidance)."""
+        out, checked = self._pass_with_kv(inputs, None)
+        picked = _pick(out.logits, checked.temperature, checked.seed)
+        return RefreshOutput(picked.token_ids, picked.confidence, self._cache(out.kv))
+
+    @torch.inference_mode()
+    def prefill(self, inputs: StepInput) -> Step0Output:
+        """Step zero (greedy, with the statistics) that also returns every layer's keys and values: the prompt cache."""
+        out, _ = self._pass_with_kv(inputs, self.stats)
+        return self._step0_output(out.logits, out.stats)._replace(kv=self._cache(out.kv))
+
+    def _pass_with_kv(self, inputs: StepInput, stats: StatsSpec | None) -> tuple[ModelOutput, StepInput]:
         checked = inputs.checked(self.max_seq_len)
         if checked.guidance > 0:
-            raise ConfigError("the KV cache does not run classifier-free guidance; set cfg_scale to 0 or drop the cache")
+            raise ConfigError("the KV caches do not run classifier-free guidance; set cfg_scale to 0 or drop the cache")
         assert checked.attention_mask is not None
         ids = torch.from_numpy(checked.input_ids).to(self._device)
-        out = self.model(ids, torch.from_numpy(checked.attention_mask).to(self._device), return_kv=True,
+        out = self.model(ids, torch.from_numpy(checked.attention_mask).to(self._device), stats=stats, return_kv=True,
                          **prefix_width(self.model, ids.shape[0], checked.prompt_width, self._device))
-        assert out.kv is not None
-        picked = _pick(out.logits, checked.temperature, checked.seed)
-        kv = out.kv.float() if self.device_cache else _numpy(out.kv, np.float32)
-        return RefreshOutput(picked.token_ids, picked.confidence, kv)
+        return out, checked
 
     @torch.inference_mode()
     def window_step(self, inputs: WindowInput) -> StepOutput:
@@ -109,8 +122,30 @@ class TorchBackend:
         logits = self.model.forward_window(
             torch.from_numpy(checked.window_ids).to(device), torch.from_numpy(checked.attention_mask).to(device),
             torch.from_numpy(checked.window_start).to(device), _tensor(checked.kv, device),
+            self._width(checked.window_ids.shape[0], checked.prompt_width),
         )
         return _pick(logits, checked.temperature, checked.seed)
+
+    @torch.inference_mode()
+    def prompt_step(self, inputs: PromptInput) -> StepOutput:
+        """A pass over the run's columns against the prompt cache (every run column is computed, whatever the
+        candidates say)."""
+        checked = inputs.checked()
+        device = self._device
+        ids = torch.from_numpy(checked.run_ids).to(device)
+        kv = _tensor(checked.prompt_kv, device)
+        start = torch.full((ids.shape[0],), kv.shape[4], dtype=torch.long, device=device)
+        hidden = self.model.cached_hidden(ids, torch.from_numpy(checked.attention_mask).to(device), start, kv,
+                                          self._width(ids.shape[0], checked.prompt_width))
+        logits = self.model.shifted(self.model.logits_of(hidden), dim=1)
+        return _pick(logits, checked.temperature, checked.seed)
+
+    def _width(self, batch: int, prompt_width: int) -> Tensor | None:
+        return prefix_width(self.model, batch, prompt_width, self._device).get("prompt_width")
+
+    def _cache(self, kv: Tensor | None) -> np.ndarray | Tensor:
+        assert kv is not None, "a pass with return_kv returns the keys and values"
+        return kv.float() if self.device_cache else _numpy(kv, np.float32)
 
 
 def _pick(logits: Tensor, temperature: float | np.ndarray, seed: int | None) -> StepOutput:

@@ -66,10 +66,11 @@ class TruncationPlan:
     def truncated(self) -> bool:
         return self.kept < self.gen_length
 
-    def tokens_processed(self, prompt_len: int, passes_per_step: int = 1, steps: int | None = None) -> int:
+    def tokens_processed(self, prompt_len: int, passes_per_step: int = 1, steps: int | None = None,
+                         cached: int = 0) -> int:
         """Real tokens run through the model: step zero at full length, the other steps (the plan's, or `steps`) at
-        prompt + kept + context."""
-        rest = ((self.steps if steps is None else steps) - 1) * (prompt_len + self.width)
+        prompt + kept + context, less the `cached` prompt columns they read from the prompt cache."""
+        rest = ((self.steps if steps is None else steps) - 1) * (prompt_len - cached + self.width)
         return passes_per_step * (prompt_len + self.gen_length + rest)
 
     def full_tokens_processed(self, prompt_len: int, passes_per_step: int = 1) -> int:
@@ -203,8 +204,9 @@ class SeerReport:
 
     @classmethod
     def from_plan(cls, plan: TruncationPlan, prompt_len: int, passes_per_step: int = 1, forced: bool = False,
-                  passes: int | None = None) -> SeerReport:
-        """passes: the passes the request made, where they are not the plan's (parallel decoding)."""
+                  passes: int | None = None, cached: int = 0) -> SeerReport:
+        """passes: the passes the request made, where they are not the plan's (parallel decoding); cached: the prompt
+        columns the passes after step zero read from the prompt cache."""
         b = plan.boundary
         made = plan.steps if passes is None else passes
         return cls(
@@ -215,7 +217,7 @@ class SeerReport:
             gen_length=plan.gen_length,
             passes=made,
             full_passes=plan.full_steps,
-            tokens_processed=plan.tokens_processed(prompt_len, passes_per_step, made),
+            tokens_processed=plan.tokens_processed(prompt_len, passes_per_step, made, cached),
             full_tokens_processed=plan.full_tokens_processed(prompt_len, passes_per_step),
             context=plan.context,
         )

@@ -10,9 +10,10 @@ The other families are options of the same network (ModelConfig, models.families
 `shift_logits` (Dream: token i is read from position i - 1). The shift is applied to the logits and to the
 statistics alike, so statistic i belongs to the token it predicts and Seer's boundary indexes tokens as before.
 
-Block-wise KV cache (Fast-dLLM's dual cache): `forward(..., return_kv=True)` also returns every layer's keys and
-values (after rotary, before the grouped-query repeat); `forward_window` runs only a window of the sequence, its
-queries attending to the window's fresh keys and values and to the cached ones of every other real position.
+KV caches: `forward(..., return_kv=True)` also returns every layer's keys and values (after rotary, before the
+grouped-query repeat); `cached_hidden` runs only some columns of the sequence, their queries attending to their fresh
+keys and values and to the cached ones of every other real position: a window of the block-wise cache (Fast-dLLM's
+dual cache, `forward_window`) or the last prompt token and the response against the prompt cache.
 """
 
 from __future__ import annotations
@@ -259,27 +260,45 @@ class MaskPredictor(nn.Module):
         allowed = ~(is_prompt[:, :, None] & ~is_prompt[:, None, :])  # [B, query, key]
         return allowed[:, None] if key_mask is None else allowed[:, None] & key_mask
 
-    def forward_window(self, window_ids: Tensor, attention_mask: Tensor, window_start: Tensor, kv: Tensor) -> Tensor:
-        """Logits [B, W, V] of the window columns (`window_hidden` and the LM head)."""
-        return self.logits_of(self.window_hidden(window_ids, attention_mask, window_start, kv))
+    def forward_window(self, window_ids: Tensor, attention_mask: Tensor, window_start: Tensor, kv: Tensor,
+                       prompt_width: Tensor | None = None) -> Tensor:
+        """Logits [B, W, V] of the window columns (`cached_hidden` and the LM head); with shift_logits the shift runs
+        inside the window, so its first column's logits are its own (the loop starts a window one column before the
+        block it commits in: `window_lead`)."""
+        return self.shifted(self.logits_of(self.cached_hidden(window_ids, attention_mask, window_start, kv,
+                                                              prompt_width)), dim=1)
 
-    def window_hidden(self, window_ids: Tensor, attention_mask: Tensor, window_start: Tensor, kv: Tensor) -> Tensor:
-        """Hidden states [B, W, D] of the window columns [window_start[b], window_start[b] + W) of a sequence whose keys and
-        values `kv` [n_layers, 2, B, n_kv_heads, S, head_dim] a full pass computed (attention_mask [B, S] is the whole
-        sequence's). The window's keys and values are computed fresh; the cached ones of the window are not used."""
-        if self.cfg.shift_logits:
-            raise ConfigError("the block-wise KV cache does not run models with shifted logits (Dream, Dimple): a "
-                              "window's first token is read from the column before it, outside the window; run "
-                              "without --kv-cache")
-        x = self.embed_inputs(window_ids)
-        W, S = x.shape[1], attention_mask.shape[1]
-        columns = window_start[:, None] + torch.arange(W, device=x.device)[None, :]
+    @property
+    def window_lead(self) -> int:
+        """Columns a cached pass runs before the first one it commits in: 1 where a token is read from the column
+        before it (shift_logits), else 0."""
+        return int(self.cfg.shift_logits)
+
+    def cached_hidden(self, run_ids: Tensor, attention_mask: Tensor, run_start: Tensor, kv: Tensor,
+                      prompt_width: Tensor | None = None) -> Tensor:
+        """Hidden states [B, W, D] of the columns [run_start[b], run_start[b] + W) of a sequence (attention_mask
+        [B, S] is the whole sequence's), their keys and values computed fresh, against cached ones `kv`
+        [n_layers, 2, B, n_kv_heads, C, head_dim] of its first C columns (C <= S) that a full pass returned; cached
+        columns inside the run are not used. The block-wise cache passes every column (C = S) and a window; the
+        prompt cache the columns before the run (C = run_start). With prefix-DLM (prompt_width [B]) a query in the
+        prompt sees no response key."""
+        x = self.embed_inputs(run_ids)
+        B, W, C = x.shape[0], x.shape[1], kv.shape[4]
+        columns = run_start[:, None] + torch.arange(W, device=x.device)[None, :]
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0).gather(1, columns)
         cos, sin = rope_tables(positions, self.cfg.rotary, self.cfg.rope_theta)
-        seq = torch.arange(S, device=x.device)[None, :]
-        in_window = (seq >= window_start[:, None]) & (seq < window_start[:, None] + W)
+        cached = torch.arange(C, device=x.device)[None, :].expand(B, C)
+        in_run = (cached >= run_start[:, None]) & (cached < run_start[:, None] + W)
         real = attention_mask.bool()
-        key_mask = torch.cat([real & ~in_window, real.gather(1, columns)], dim=1)[:, None, None, :]
+        key_mask = torch.cat([real[:, :C] & ~in_run, real.gather(1, columns)], dim=1)[:, None, None, :]
+        if self.cfg.prefix_dlm:
+            if prompt_width is None:
+                raise ConfigError("this model uses prefix-DLM attention (LaViDa): pass prompt_width, the column where "
+                                  "the response starts")
+            width = prompt_width.to(x.device)[:, None]
+            prompt_query = columns < width  # [B, W]
+            response_key = torch.cat([cached, columns], dim=1) >= width  # [B, C + W]
+            key_mask = key_mask & ~(prompt_query[:, None, :, None] & response_key[:, None, None, :])
         for i, layer in enumerate(self.layers):
             x, _, _ = layer(x, cos, sin, key_mask, cached=(kv[i, 0], kv[i, 1]))
         return x
