@@ -111,7 +111,7 @@ class Counts:
 
 
 def test_one_generate_on_an_export_reads_and_builds_each_thing_once(
-        exports: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+        exports: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         cli_exit: Callable[[list[str]], tuple[int, str, str]]) -> None:
     from seer_deploy.core.generation import GenerationConfig
     from seer_deploy.models.text.tokenizer import Tokenizer
@@ -120,11 +120,15 @@ def test_one_generate_on_an_export_reads_and_builds_each_thing_once(
     counts = Counts(("config.json", "manifest.json", "tokenizer.json", "seer.json"))
     counts.count(monkeypatch, targets.Description, "__init__", "described")
     counts.count(monkeypatch, Tokenizer, "__init__", "tokenizer built")
-    counts.count(monkeypatch, GenerationConfig, "validate", "validated")
-    counts.on = True
-    code, _, err = cli_exit(["generate", str(exports["shipped"]), "-p", PROMPT, "--gen-length", "16", "--seer"])
-    counts.on = False
-    assert code == 0, err
-    print("COUNTS", counts.seen)
-    assert counts.seen == {"described": 1, "manifest.json": 1, "tokenizer.json": 1, "tokenizer built": 1,
-                           "validated": 1, "seer.json": 1}
+    counts.count(monkeypatch, GenerationConfig, "check_fits", "validated")  # settings: checked when made
+    template = tmp_path / "chat.jinja"
+    template.write_text("{{ messages[0].content }}")
+    for extra in ([], ["--chat-template", str(template)]):  # a chosen template: still one tokenizer
+        counts.seen.clear()
+        counts.on = True
+        code, _, err = cli_exit(["generate", str(exports["shipped"]), "-p", PROMPT, "--gen-length", "16", "--seer",
+                                 *extra])
+        counts.on = False
+        assert code == 0, err
+        assert counts.seen == {"described": 1, "manifest.json": 1, "tokenizer.json": 1, "tokenizer built": 1,
+                               "validated": 1, "seer.json": 1}, extra
