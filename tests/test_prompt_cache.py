@@ -17,13 +17,13 @@ from test_families_text import family_checkpoint
 
 from seer_deploy.core.backend import PromptInput
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
 from seer_deploy.models.networks.llada import MaskPredictor
-from seer_deploy.runtime.loop import run_generation
+from seer_deploy.runtime.loop import check_prompts, run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
@@ -58,9 +58,12 @@ def lavida(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def generations(backend: object, config: GenerationConfig, model: MaskPredictor, **extra: object) -> np.ndarray:
+    return run_generation(backend, PROMPTS, config, special_ids(model), **extra).tokens  # type: ignore[arg-type]
+
+
+def special_ids(model: MaskPredictor) -> SpecialIds:
     cfg = model.cfg
-    return run_generation(backend, PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id,  # type: ignore[arg-type]
-                          eos_id=cfg.eos_id, **extra).tokens  # type: ignore[arg-type]
+    return SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id)
 
 
 def cached_pass(model: MaskPredictor, ids: torch.Tensor, kv: torch.Tensor, width: int) -> torch.Tensor:
@@ -107,9 +110,8 @@ def test_lavida_prompt_cache_gives_the_uncached_tokens(lavida: tuple[MaskPredict
         np.testing.assert_array_equal(generations(backend, replace(config, prompt_cache=True), model, **extra), want)
     reference = generate(model, PROMPTS, replace(config, prompt_cache=True), **extra)  # type: ignore[arg-type]
     np.testing.assert_array_equal(reference.tokens.numpy(), want)
-    cfg = model.cfg
-    runs = [run_generation(TorchBackend(model), PROMPTS, c, mask_id=cfg.mask_id, pad_id=cfg.pad_id, **extra)
-            for c in (config, replace(config, prompt_cache=True))]  # type: ignore[arg-type]
+    runs = [run_generation(TorchBackend(model), PROMPTS, c, special_ids(model), **extra)  # type: ignore[arg-type]
+            for c in (config, replace(config, prompt_cache=True))]
     assert runs[0].passes == runs[1].passes and runs[1].tokens_processed < runs[0].tokens_processed
     if runs[1].seer is not None and decode == "fixed":  # each request's report counts the cached passes' positions
         assert sum(r.tokens_processed for r in runs[1].seer) == runs[1].tokens_processed
@@ -176,11 +178,10 @@ def test_prompt_cache_refusals(lavida: tuple[MaskPredictor, Path], tmp_path: Pat
     with pytest.raises(ConfigError, match="choose one"):
         GenerationConfig(8, 8, kv_cache=True, prompt_cache=True).validate()
     with pytest.raises(ConfigError, match="mask token"):
-        run_generation(TorchBackend(model), [[10, cfg.mask_id, 17]], GenerationConfig(8, 8, prompt_cache=True),
-                       mask_id=cfg.mask_id, pad_id=cfg.pad_id)
-    with pytest.raises(ConfigError, match="guidance"):
-        run_generation(TorchBackend(model), PROMPTS, GenerationConfig(8, 8, prompt_cache=True, cfg_scale=1.0),
-                       mask_id=cfg.mask_id, pad_id=cfg.pad_id)
+        check_prompts([[10, 3], [10, cfg.mask_id, 17]], GenerationConfig(8, 8, prompt_cache=True), cfg.mask_id)
+    check_prompts([[10, cfg.mask_id, 17]], GenerationConfig(8, 8), cfg.mask_id)  # without the cache they are filled
+    with pytest.raises(ConfigError, match="cfg-scale"):
+        GenerationConfig(8, 8, prompt_cache=True, cfg_scale=1.0)
     code, _, err = run(["generate", str(export), "-p", "reverse 12", "--gen-length", "8", "--kv-cache",
                         "--prompt-cache"], capsys)
     assert code == 2 and "choose one" in err and len(err.strip().splitlines()) == 1
@@ -203,14 +204,12 @@ def test_dimple_prefilling_in_the_runtime_loop_equals_the_reference_loop(family:
     token run again; not the uncached tokens): the runtime loop on torch and ONNX Runtime gives the reference loop's
     tokens, which compute it apart (`reference.generate`), with Seer off and on."""
     model, export = cached_checkpoint(tmp_path, family, False)
-    cfg = model.cfg
     for decode, config in CONFIGS.items():
         cached = replace(config, prompt_cache=True)
         for seer in (None, SeerConfig(detector="eos", eos_floor=0.0)):
             want = generate(model, PROMPTS, cached, seer=seer)
             for backend in (TorchBackend(model), OrtBackend(export, CPU)):
-                got = run_generation(backend, PROMPTS, cached, mask_id=cfg.mask_id, pad_id=cfg.pad_id,
-                                     eos_id=cfg.eos_id, seer=seer)
+                got = run_generation(backend, PROMPTS, cached, special_ids(model), seer=seer)
                 np.testing.assert_array_equal(got.tokens, want.tokens.numpy(), err_msg=f"{decode} {seer}")
             if seer is None and decode == "fixed":
                 assert want.tokens_processed == got.tokens_processed

@@ -34,7 +34,7 @@ from seer_deploy.models.demos.demo_tasks import Example
 from seer_deploy.models.demos.demo_vl_tasks import PictureExample
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.models.text.tokenizer import Tokenizer
-from seer_deploy.runtime.targets import TargetInfo, find_seer_config, is_multimodal_target, target_kind
+from seer_deploy.runtime.targets import TargetInfo, describe, find_seer_config
 from seer_deploy.seer.config import SeerConfig, TailContext, parse_tail_context
 from seer_deploy.seer.metrics import true_lengths
 from seer_deploy.service import Prompt, Service, ServiceOptions
@@ -155,17 +155,18 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
     """Open the checkpoint, resolve Seer, export once into `work_dir` and open a service on each engine."""
     from seer_deploy.export.exporter import export_checkpoint
     from seer_deploy.export.multimodal import export_multimodal
-    from seer_deploy.export.options import ExportOptions, SeerStats
+    from seer_deploy.export.options import ExportOptions
 
     settings.validate()
-    if target_kind(settings.target) != "checkpoint":
+    described = describe(settings.target)
+    if described.kind != "checkpoint":
         raise ConfigError(
             f"TARGET '{settings.target}' is an export or engine directory; bench needs the checkpoint (for the torch "
             f"reference row and its own export): give 'demo', 'demo-vl' or a checkpoint directory"
         )
-    multimodal = is_multimodal_target(settings.target)
+    multimodal = described.multimodal
     notes: list[str] = []
-    calibrated = find_seer_config(settings.target)
+    calibrated = find_seer_config(settings.target, described)
     seer = calibrated if calibrated is not None else SeerConfig()
     if calibrated is None:
         notes.append(f"no calibrated Seer config for {settings.target}: Seer ran with the built-in defaults "
@@ -194,14 +195,14 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
     start = time.perf_counter()
     export = export_multimodal if multimodal else export_checkpoint
     exported = export(settings.target, work_dir / "export",
-                      ExportOptions(seer=SeerStats.for_config(seer), kv_cache=True))  # the fast rows run the cache
+                      ExportOptions(seer=seer, kv_cache=True))  # the fast rows run the cache
     export_seconds = time.perf_counter() - start
     services = {"torch": torch_service,
                 "ort": service(exported.out, io_binding=settings.io_binding, cuda_graph=settings.cuda_graph)}
     for scheme in settings.quantize:
         say(f"exporting {settings.target} quantized to {scheme}")
         quantized = export(settings.target, work_dir / f"export-{scheme}",
-                           ExportOptions(seer=SeerStats.for_config(seer), kv_cache=True,
+                           ExportOptions(seer=seer, kv_cache=True,
                                          quantization=Quantization(scheme)))
         services[f"ort-{scheme}"] = service(quantized.out, io_binding=settings.io_binding,
                                             cuda_graph=settings.cuda_graph)

@@ -95,7 +95,6 @@ def generation_config(
         kv_cache=kv_cache,
         prompt_cache=prompt_cache,
     )
-    config.validate()
     return config
 
 

@@ -42,7 +42,7 @@ from seer_deploy.contracts.graphs import (
     Size,
     export_graphs,
 )
-from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, SeerSpec, WeightsSpec
+from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, WeightsSpec
 from seer_deploy.core.atomic import (
     check_replaceable,
     claim,
@@ -51,7 +51,7 @@ from seer_deploy.core.atomic import (
 )
 from seer_deploy.core.errors import ConfigError, UnverifiedExport
 from seer_deploy.core.files import file_sha256
-from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
+from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.export.destination import ARTIFACT_KIND, destination_fingerprint
 from seer_deploy.export.examples import cache_sizes, prompt_examples, step_examples
 from seer_deploy.export.graphs import cache_modules, step_module
@@ -79,6 +79,7 @@ from seer_deploy.models.checkpoints.checkpoint import (
 from seer_deploy.models.checkpoints.weight_sources import shaped_model, weight_sources
 from seer_deploy.models.families.config import ModelConfig, config_from_dict
 from seer_deploy.models.text.tokenizer import export_tokenizer, special_ids_from_tokenizer_file
+from seer_deploy.seer.config import SeerConfig
 
 STAGES: tuple[str, ...] = (
     "loading checkpoint",
@@ -224,7 +225,8 @@ class ExportRun:
                               f"most {config.max_seq_len}")
         if max_seq_len < shortest[0]:
             raise ConfigError(f"--max-seq-len {max_seq_len} is too short: {shortest[1]}")
-        stats = options.seer.spec(config.n_layers)
+        seer = options.seer or SeerConfig.shipped_in(checkpoint)  # the checkpoint's own calibration by default
+        stats = seer.stats_spec(config.n_layers) if seer is not None else StatsSpec.from_config(None, config.n_layers)
         dest = Path(out).expanduser().absolute()
         fingerprint = destination_fingerprint(dest, checkpoint, options.force)
         return cls(options, dest, checkpoint, source, config, max_seq_len, stats, fingerprint, load)
@@ -256,13 +258,7 @@ class ExportRun:
                 max_seq_len=max_seq_len,
                 graphs={name: records[name] for name in STEP_GRAPH_NAMES + CACHE_GRAPH_NAMES + PROMPT_CACHE_GRAPH_NAMES
                         if name in records},
-                seer=SeerSpec(
-                    stats_layers=list(stats.layers),
-                    stat_names=list(STAT_NAMES),
-                    abs_threshold=stats.abs_threshold,
-                    rel_threshold=stats.rel_threshold,
-                    sparsity_rows=stats.sparsity_rows,
-                ),
+                seer=stats,
                 sampling=sampling.manifest_entry(),
                 versions=export_versions(),
                 weights=WeightsSpec(store.name, store.sha256(), store.size, quantization),
