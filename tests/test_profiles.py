@@ -143,7 +143,7 @@ def test_choose_profile_for_seq_boundaries() -> None:
 def test_device_buffers_hold_the_largest_call_of_any_profile() -> None:
     """TensorRT's buffers are sized once: batch and sequence at the last profile's maximum, fixed dims as built."""
     layout = ProfileLayout(buckets=(16, 32, 64), max_batch=4, max_prompt=20, min_prompt=2)
-    assert layout.largest_axes() == {"batch": 4, "seq": 20 + 64, "candidates": 20 + 64}
+    assert layout.largest_axes() == {"batch": 4, "seq": 20 + 64, "candidates": 20 + 64, "run": 1 + 64, "cached": 20 - 1}
     engine = {"input_ids": (-1, -1), "attention_mask": (-1, -1), "candidates": (-1, -1), "token_ids": (-1, -1),
               "confidence": (-1, -1), "eos_prob": (-1, -1), "sparsity": (-1, 8, -1)}
     assert buffer_shapes(STEP, layout, engine) == {
@@ -291,7 +291,7 @@ def test_cache_engine_buffers_hold_the_largest_call() -> None:
                "candidates": dyn, "with_stats": (-1,), "token_ids": dyn, "confidence": dyn, "kv": kv}
     assert buffer_shapes(REFRESH, layout, refresh)["kv"] == (2, 2, 4, 2, 84, 8)
     windows = WindowLayout(layout, (16, 32))
-    assert windows.largest_axes() == {"batch": 4, "seq": 84, "candidates": 84, "window": 32}
+    assert windows.largest_axes() == {"batch": 4, "seq": 84, "candidates": 84, "run": 65, "cached": 19, "window": 32}
     window = {"window_ids": dyn, "attention_mask": dyn, "window_start": (-1,), "kv": kv, "temperature": (-1,),
               "sample_uniform": dyn, "token_ids": dyn, "confidence": dyn}
     assert buffer_shapes(WINDOW_STEP, windows, window) == {
