@@ -28,7 +28,7 @@ from pathlib import Path
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models.checkpoints.multimodal import resolve_multimodal
+from seer_deploy.models.checkpoints.multimodal_files import checkpoint_directory
 from seer_deploy.models.demos.demo_vl_tasks import heldout_examples
 from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.service import Run, Service, ServiceOptions
@@ -116,7 +116,7 @@ def main() -> None:
     config = GenerationConfig(args.gen_length, args.gen_length)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
-        demo = resolve_multimodal("demo-vl")
+        demo = checkpoint_directory("demo-vl")
         targets = {"demo-vl (LLaDA-V; prompt cache = Dimple's prefilling)": demo,
                    "demo-vl weights, prefix-DLM (LaViDa's attention; prompt cache exact)":
                        prefix_dlm_copy(demo, Path(tmp) / "prefix")}

@@ -272,7 +272,9 @@ class Service:
         ids = [self.tokenizer.encode_request(r.prompt, r.messages) for r in requests]
         counts = [len(t) + self._picture_tokens(p) for t, p in zip(ids, pictures, strict=True)]
         generation.check_fits(self.backend.max_seq_len, max(counts), image_tokens=self.info.images is not None)
-        check_prompts(ids, generation, self.info.mask_id)
+        images = self.info.images
+        check_prompts(ids, generation, self.backend, self.info.mask_id,
+                      None if images is None else images.image_token_index)
         return Prepared(tuple(requests), ids, pictures, counts, generation)
 
     def _picture_tokens(self, pictures: list[Image.Image]) -> int:

@@ -15,7 +15,7 @@ import torch
 from test_cli import run
 from test_families_text import family_checkpoint
 
-from seer_deploy.core.backend import PromptInput
+from seer_deploy.core.backend import PromptInput, window_lead
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
@@ -177,9 +177,21 @@ def test_prompt_cache_refusals(lavida: tuple[MaskPredictor, Path], tmp_path: Pat
     cfg = model.cfg
     with pytest.raises(ConfigError, match="choose one"):
         GenerationConfig(8, 8, kv_cache=True, prompt_cache=True).validate()
+    torch_backend = TorchBackend(model)
     with pytest.raises(ConfigError, match="mask token"):
-        check_prompts([[10, 3], [10, cfg.mask_id, 17]], GenerationConfig(8, 8, prompt_cache=True), cfg.mask_id)
-    check_prompts([[10, cfg.mask_id, 17]], GenerationConfig(8, 8), cfg.mask_id)  # without the cache they are filled
+        check_prompts([[10, 3], [10, cfg.mask_id, 17]], GenerationConfig(8, 8, prompt_cache=True), torch_backend,
+                      cfg.mask_id)
+    check_prompts([[10, cfg.mask_id, 17]], GenerationConfig(8, 8), torch_backend, cfg.mask_id)  # filled uncached
+    picture = 7  # a prompt ending with a picture's placeholder: a cached pass would run an image id
+    with pytest.raises(ConfigError, match="ends with a picture"):
+        check_prompts([[10, 3, picture]], GenerationConfig(8, 8, prompt_cache=True), torch_backend, cfg.mask_id, picture)
+    blocks = GenerationConfig(8, 8, block_length=4, kv_cache=True)  # the block-wise cache: LaViDa-Dream's first
+    lead = window_lead(torch_backend)  # window holds the last prompt token, LaViDa-LLaDA's does not
+    if lead:
+        with pytest.raises(ConfigError, match="ends with a picture"):
+            check_prompts([[10, 3, picture]], blocks, torch_backend, cfg.mask_id, picture)
+    else:
+        check_prompts([[10, 3, picture]], blocks, torch_backend, cfg.mask_id, picture)
     with pytest.raises(ConfigError, match="cfg-scale"):
         GenerationConfig(8, 8, prompt_cache=True, cfg_scale=1.0)
     code, _, err = run(["generate", str(export), "-p", "reverse 12", "--gen-length", "8", "--kv-cache",

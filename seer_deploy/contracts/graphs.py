@@ -162,7 +162,8 @@ STEP = GraphIO("step", (INPUT_IDS, ATTENTION_MASK, TEMPERATURE, SAMPLE_UNIFORM, 
 VISION = GraphIO("vision", (PIXEL_VALUES,), (IMAGE_EMBEDS,))
 STEP_GRAPH_NAMES: tuple[str, ...] = (STEP.name,)  # what every export has, text or multimodal
 # The window graph (export --kv-cache): a step over a window only (its keys and values fresh, the rest of the
-# sequence's from `kv`, which the step graph returned). A window's ids are response tokens: no image table.
+# sequence's from `kv`, which the step graph returned). A window's ids are text (the response, and for a shifted model
+# the column before the block; a prompt ending with a picture is refused: runtime.loop.check_prompts): no image table.
 WINDOW_STEP = GraphIO(
     "window_step",
     (WINDOW_IDS, ATTENTION_MASK, WINDOW_START, KV, TEMPERATURE, WINDOW_UNIFORM),

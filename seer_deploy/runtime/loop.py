@@ -34,6 +34,7 @@ from seer_deploy.core.backend import (
     supports_cache,
     supports_guidance,
     supports_prompt_cache,
+    window_lead,
 )
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, SpecialIds, left_pad
@@ -93,11 +94,19 @@ def check_supported(config: GenerationConfig, backend: Backend) -> None:
                               f"`seer-deploy export --kv-cache` (and rebuild), or drop {flag}")
 
 
-def check_prompts(prompts: Sequence[Sequence[int]], config: GenerationConfig, mask_id: int) -> None:
-    """ConfigError for prompts these settings cannot run: with the prompt cache, a prompt holding the mask token."""
+def check_prompts(prompts: Sequence[Sequence[int]], config: GenerationConfig, backend: Backend, mask_id: int,
+                  picture_id: int | None = None) -> None:
+    """ConfigError for prompts these settings cannot run: with the prompt cache, a prompt holding the mask token; with
+    a cache whose passes run the last prompt token (the prompt cache; a shifted model's first window), a prompt that
+    ends with a picture (`picture_id`, its placeholder): the cached graphs take no image table."""
     if config.prompt_cache and any(mask_id in p for p in prompts):
         raise ConfigError("a prompt holds the mask token: the prompt cache keeps the prompt as step zero left it, "
                           "so its masks would never be filled; drop --prompt-cache or the masks from the prompt")
+    runs_last = config.prompt_cache or (config.kv_cache and window_lead(backend) > 0)
+    if runs_last and picture_id is not None and any(p and p[-1] == picture_id for p in prompts):
+        raise ConfigError("a prompt ends with a picture: the cache's passes run the last prompt token, which must be "
+                          "text; put the question after the picture (a chat template's assistant header does) or drop "
+                          "the cache")
 
 
 def run_generation(
