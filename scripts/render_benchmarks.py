@@ -16,6 +16,7 @@
     seer-deploy eval demo-vl --harness lmms-eval --tasks demo_vl --modes all --gen-length 32 --tail-context 0 \
         --threads 1 --json benchmarks/results-eval/demo-vl-lmms.json              # the same through lmms-eval
     PYTHONPATH=. python benchmarks/quant_study.py --out benchmarks/results-quant  # Seer on int8 / int4 weights
+    PYTHONPATH=. python benchmarks/bench_prompt_cache.py --prompts 32 --rounds 3   # the prompt cache with pictures
     python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
 
 The first part is the run with the fast rows (parallel decoding, the KV cache: benchmarks/results-fast, with its
@@ -45,6 +46,7 @@ RESULTS_EVAL = ROOT / "benchmarks" / "results-eval"  # eval --json: demo.md, dem
 RESULTS_QUANT = ROOT / "benchmarks" / "results-quant"  # benchmarks/quant_study.py: quant_study.md, the JSON; notes.md
 RESULTS_QUANT_BENCH = ROOT / "benchmarks" / "results-quant-bench"  # seer-deploy bench --quantize int8,int4: notes.md
 RESULTS_QUANT_MEMORY = ROOT / "benchmarks" / "results-quant-memory"  # benchmarks/quant_memory.py: table.md; notes.md
+RESULTS_PROMPT_CACHE = ROOT / "benchmarks" / "results-prompt-cache"  # bench_prompt_cache.py: prompt_cache.md; notes.md
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
      "python benchmarks/bench_loopcore.py"),
@@ -116,6 +118,9 @@ def main() -> None:
         title, _, body = rendered.partition("\n")
         parts += [f"{title}, with the quantized rows (issue 31)", (RESULTS_QUANT_BENCH / "notes.md").read_text().strip(),
                   body, ""]
+    parts += _section("The prompt cache with pictures (issue 45)", RESULTS_PROMPT_CACHE / "notes.md")
+    table = RESULTS_PROMPT_CACHE / "prompt_cache.md"  # benchmarks/bench_prompt_cache.py, beside its JSON
+    parts += [table.read_text().strip() if table.is_file() else f"(not measured: {table} is missing)", ""]
     parts += _section("TensorRT-RTX builds", RESULTS_TRT / "notes.md")
     serve = RESULTS_SERVE / "notes.md"
     parts += ["# Serving: seer-deploy serve under load", "",
