@@ -36,6 +36,8 @@ from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, left_pad
 from seer_deploy.runtime.executor import LoopContext, Rows, SettledHook, Tally, mask_columns, run_group
 from seer_deploy.runtime.loopcore import LoopCore, active_core
+from seer_deploy.runtime.rule_loop import run_rule_group
+from seer_deploy.runtime.rules import StepCount, pass_count
 from seer_deploy.runtime.scheduler import HybridPlan, StepCost, plan_hybrid, step_cost_of
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import SeerReport, TruncationPlan, full_length_plan, make_plan, plan_batch
@@ -117,9 +119,15 @@ def run_generation(
     first = full_length_plan(G, config.steps, config.block_length).blocks[0]
     left = ctx.core.masks_left(x, np.full(B, P + first.start, np.int64), np.full(B, P + first.end, np.int64), mask_id)
     schedule = ctx.core.transfer_schedule(left, first.steps)
+    prompt_masks = np.array([sum(t == mask_id for t in p) for p in prompts], np.int64)
+    zero_counts = None
+    if config.dream_sampler:  # every mask of the sequence is a candidate, the prompt's too
+        zero_counts = [pass_count(ctx.core, config, int(m), int(m), 0, config.steps) for m in left + prompt_masks]
     truncating = seer is not None or kept_lengths is not None
     started = time.perf_counter()
-    canvas = seer.first_canvas if seer is not None and kept_lengths is None else 0
+    # The progressive step zero (a short canvas first) counts LLaDA's schedule; the Dream family's sampler runs
+    # step zero at full length.
+    canvas = seer.first_canvas if seer is not None and kept_lengths is None and zero_counts is None else 0
     plans: list[TruncationPlan | None] = [None] * B
     if 0 < canvas < G:  # progressive step zero: a short canvas first
         plans = first_canvas_plans(ctx, x, real, P, first.end, schedule[:, 0], canvas, tally)
@@ -129,7 +137,7 @@ def run_generation(
         x_zero = x[todo]  # a copy: step zero commits into it
         mask_zero = None if mask is None or bool(mask[todo].all()) else np.ascontiguousarray(mask[todo])
         out0, kv = step_zero(ctx, x_zero, mask_zero, P, P + first.end, schedule[todo, 0], tally, real[todo],
-                             truncating)
+                             truncating, None if zero_counts is None else [zero_counts[b] for b in todo])
         x[todo] = x_zero
     step_zero_done_at = time.perf_counter()
     step_zero_seconds = step_zero_done_at - started
@@ -148,14 +156,14 @@ def run_generation(
     if not all(plan is not None for plan in plans):
         raise AssertionError("every row has a plan after step zero")
     decided = [plan for plan in plans if plan is not None]
-    rows = Rows(prompts, responses, decided, None if truncating else schedule[:, 1:], kv)
+    rows = Rows(prompts, responses, decided, None if truncating else schedule[:, 1:], kv, prompt_masks)
     tokens, hybrid, passes = run_rows(ctx, rows, tally, cost)
     row_passes = [1 + int(n) for n in passes]
     reports = None
     if truncating:
         forced = kept_lengths is not None
         reports = [SeerReport.from_plan(plan, len(prompts[b]), ctx.passes_per_step, forced=forced,
-                                        passes=row_passes[b] if config.parallel or config.kv_cache else None)
+                                        passes=row_passes[b] if config.passes_follow_model else None)
                    for b, plan in enumerate(decided)]
     return LoopResult(tokens, tally.passes, tally.tokens_processed, reports, hybrid, tally.positions_computed,
                       tally.batch_sizes, row_passes, step_zero_seconds, step_zero_done_at)
@@ -208,8 +216,9 @@ def run_rows(ctx: LoopContext, rows: Rows, tally: Tally, cost: StepCost | None =
     hybrid = plan_hybrid(rows.plans, [len(p) for p in rows.prompts], cost or step_cost_of(ctx.backend))
     tokens = np.full(rows.responses.shape, ctx.eos_id, dtype=np.int64)
     passes = np.zeros(rows.responses.shape[0], np.int64)
+    runner = run_rule_group if ctx.config.dream_sampler else run_group
     for group in hybrid.groups:
-        tokens[list(group)], passes[list(group)] = run_group(ctx, rows.take(group), tally, list(group))
+        tokens[list(group)], passes[list(group)] = runner(ctx, rows.take(group), tally, list(group))
     return tokens, hybrid, passes
 
 
@@ -245,6 +254,7 @@ def step_zero(
     tally: Tally,
     real: np.ndarray,
     truncating: bool,
+    counts: list[StepCount] | None = None,
 ) -> tuple[Step0Output | None, KVCache | None]:
     """The first denoising step, at full length: commits k[b] masks (or, with parallel decoding, those the rule
     accepts) before `hi` in x; returns what Seer reads and, when it was a refresh, the keys and values.
@@ -259,7 +269,8 @@ def step_zero(
     if truncating or (ctx.config.temperature == 0 and not ctx.config.kv_cache):
         # Seer reads step zero's tokens and EOS probabilities over the whole response: every mask is a candidate.
         out0 = ctx.backend.step0(StepInput(x, mask, prompt_width=prompt_width, guidance=ctx.config.cfg_scale,
-                                           candidates=mask_columns(x, None, ctx.mask_id)))
+                                           candidates=mask_columns(x, None, ctx.mask_id),
+                                           scoring=ctx.config.scoring()))
         tally.count(ctx, real)
     committed: StepOutput | Step0Output | RefreshOutput | None = out0
     if not truncating and ctx.config.kv_cache:
@@ -270,6 +281,6 @@ def step_zero(
         committed = ctx.backend.step(ctx.step_input(x, mask, prompt_width, np.full(B, hi)))
         tally.count(ctx, real)
     assert committed is not None  # greedy runs commit step zero's own tokens
-    ctx.commit(x, committed, np.zeros(B, np.int64), np.full(B, hi, np.int64), k)
+    ctx.commit(x, committed, np.zeros(B, np.int64), np.full(B, hi, np.int64), k, counts)
     return out0, kv
 

@@ -31,6 +31,7 @@ from seer_deploy.models.families.config import ModelConfig
 from seer_deploy.models.networks.confidence import greedy_head, log_prob_of, token_log_prob
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.runtime.loopcore import transfer_schedule
+from seer_deploy.runtime.reference_rules import pass_counts, pick_scored, rule_commit
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import SeerReport, group_rows, plan_batch
 
@@ -117,14 +118,21 @@ def _step(
     config: GenerationConfig,
     generator: torch.Generator | None,
     spec: StatsSpec | None = None,
+    rule: tuple[int, int, Tensor] | None = None,
 ) -> _StepOut:
     """One denoising step: forward, x0, score the masked positions before hi[b], commit the top k[b] of row b (or,
-    k None, the ones parallel decoding's rule accepts)."""
+    k None, the ones parallel decoding's rule accepts; under the Dream family's sampler, `rule` = (pass index,
+    passes, masks at the start per row): what that pass of the rule commits)."""
     mask_id = model.cfg.mask_id
     x = batch.x
     is_masked = x == mask_id
     logits, stats = guided_logits(model, x, batch.attention_mask, batch.is_prompt, config.cfg_scale, mask_id, spec,
                                   batch.prompt_width)
+    scoring = config.scoring()
+    if scoring is not None and rule is not None:
+        x0, score = pick_scored(logits, config.temperature, generator, scoring)
+        candidate = is_masked & (torch.arange(x.shape[1], device=x.device)[None, :] < hi[:, None])
+        return _StepOut(rule_commit(x, x0, score, candidate, *rule, config, generator), x0, logits, stats)
     x0 = gumbel_argmax(logits, config.temperature, generator)
     if config.remasking == "low_confidence":
         score = token_log_prob(logits, x0)
@@ -159,6 +167,20 @@ def _run_block(
     for i in range(n_steps):
         batch.x = _step(model, batch, row_hi, schedules[:, i], config, generator).x
     return n_steps
+
+
+def _run_rule(model: MaskPredictor, batch: _Batch, hi: int, first: int, steps: int, totals: Tensor,
+              config: GenerationConfig, generator: torch.Generator | None) -> int:
+    """Passes first..steps-1 of the Dream family's sampler over the columns before hi; a pass that would commit
+    nothing in any row is not run (the loop so ends when no mask is left). Returns the passes made."""
+    row_hi = torch.full((batch.x.shape[0],), hi, device=batch.x.device)
+    ran = 0
+    for i in range(first, steps):
+        counts, _, _ = pass_counts(_masks_before(batch.x, row_hi, model.cfg.mask_id), totals, i, steps, config)
+        if any(c > 0 for c in counts):
+            batch.x = _step(model, batch, row_hi, None, config, generator, rule=(i, steps, totals)).x
+            ran += 1
+    return ran
 
 
 def _run_parallel(
@@ -223,10 +245,13 @@ def generate(
     P = batch.prompt_width
     steps_per_block = config.steps_per_block
     n_passes = 0
-    if config.parallel:
+    if config.dream_sampler:
+        totals = _masks_before(batch.x, torch.full((len(prompts),), P + G, device=device), cfg.mask_id)
+        n_passes = _run_rule(model, batch, P + G, 0, config.steps, totals, config, generator)
+    elif config.parallel:
         n_passes = _run_parallel(model, batch, [(P + s, P + s + block) for s in range(0, G, block)], config,
                                   generator)[0]
-    for b in range(0 if config.parallel else G // block):
+    for b in range(0 if config.parallel or config.dream_sampler else G // block):
         n_passes += _run_block(model, batch, P + b * block, P + (b + 1) * block, steps_per_block, config, generator)
     passes = 2 if config.cfg_scale > 0 else 1
     return GenerationResult(
@@ -252,7 +277,9 @@ def _generate_seer(
     steps_per_block = config.steps_per_block
     spec = seer.stats_spec(cfg.n_layers) if seer is not None and seer.needs_sparsity else None
     first = None if config.parallel else torch.tensor([int(transfer_schedule(np.array([block]), steps_per_block)[0, 0])] * B, device=device)
-    zero = _step(model, batch, torch.full((B,), P + block, device=device), first, config, generator, spec)
+    prompt_masks = torch.tensor([sum(t == cfg.mask_id for t in p) for p in prompts])
+    rule = (0, config.steps, prompt_masks + G) if config.dream_sampler else None
+    zero = _step(model, batch, torch.full((B,), P + block, device=device), first, config, generator, spec, rule)
     passes = 2 if config.cfg_scale > 0 else 1
     tokens_processed = batch.real_tokens * passes
     responses = zero.x[:, P:].cpu()
@@ -274,13 +301,19 @@ def _generate_seer(
         slots[:, kept:] = cfg.eos_id  # the context: committed EOS, past every block, so never scored or changed
         sub = _start([after_zero[b] for b in rows_of_group], slots, cfg, device)
         Pg = sub.prompt_width
-        if config.parallel:
+        if config.dream_sampler:
+            ran = _run_rule(model, sub, Pg + kept, 1, blocks[0].steps, prompt_masks[rows_of_group] + kept, config,
+                            generator)
+            n_passes += ran
+            tokens_processed += ran * sub.real_tokens * passes
+            per_row_passes.update({b: 1 + ran for b in rows_of_group})
+        elif config.parallel:
             ran, row_ran = _run_parallel(model, sub, [(Pg + bp.start, Pg + bp.end) for bp in blocks], config,
                                          generator)
             n_passes += ran
             tokens_processed += ran * sub.real_tokens * passes
             per_row_passes.update({b: 1 + r for b, r in zip(rows_of_group, row_ran, strict=True)})
-        for j, bp in enumerate(blocks if not config.parallel else ()):
+        for j, bp in enumerate(blocks if not (config.parallel or config.dream_sampler) else ()):
             n_steps = bp.steps - 1 if j == 0 else bp.steps  # step zero was the first block's first step
             ran = _run_block(model, sub, Pg + bp.start, Pg + bp.end, n_steps, config, generator)
             n_passes += ran

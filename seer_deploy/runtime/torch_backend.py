@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
+from seer_deploy.core.decoding import Scoring
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import SparsityRow, StatsSpec
 from seer_deploy.models.checkpoints.multimodal import LoadedMultimodal
@@ -20,6 +21,7 @@ from seer_deploy.models.networks.image_prompts import ImageConditionedModel
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.models.prompts.image_placeholders import image_table_np
 from seer_deploy.runtime.reference import guided_logits, gumbel_argmax, prefix_width
+from seer_deploy.runtime.reference_rules import pick_scored
 
 
 class TorchBackend:
@@ -73,18 +75,20 @@ class TorchBackend:
         eos_prob = torch.exp(logits[..., self.eos_id].float() - top - log_total)
         assert stats is not None  # requested with self.stats
         B, L, Fn, S = stats.shape
+        score = None if inputs.scoring is None else _pick(logits, 0.0, None, inputs.scoring).score
         return Step0Output(
             token_ids=_numpy(token, np.int64),
             confidence=_numpy(confidence, np.float32),
             eos_prob=_numpy(eos_prob, np.float32),
             sparsity=_numpy(stats.reshape(B, L * Fn, S), np.float32),
+            score=score,
         )
 
     @torch.inference_mode()
     def step(self, inputs: StepInput) -> StepOutput:
         """x0 (argmax, or LLaDA's Gumbel-max sample seeded by `seed` at temperature > 0) and log softmax(logits)[x0]."""
         logits, _ = self._forward(inputs, None)
-        return _pick(logits, inputs.temperature, inputs.seed)
+        return _pick(logits, inputs.temperature, inputs.seed, inputs.scoring)
 
     @torch.inference_mode()
     def refresh(self, inputs: StepInput) -> RefreshOutput:
@@ -113,8 +117,11 @@ class TorchBackend:
         return _pick(logits, checked.temperature, checked.seed)
 
 
-def _pick(logits: Tensor, temperature: float | np.ndarray, seed: int | None) -> StepOutput:
-    """x0 (argmax, or LLaDA's Gumbel-max sample seeded by `seed` at temperature > 0) and log softmax(logits)[x0]."""
+def _pick(logits: Tensor, temperature: float | np.ndarray, seed: int | None, scoring: Scoring | None = None
+          ) -> StepOutput:
+    """x0 (argmax, or LLaDA's Gumbel-max sample seeded by `seed` at temperature > 0) and log softmax(logits)[x0];
+    with `scoring` (the Dream family's rules) x0 comes from the tempered, filtered logits and the rule's score is
+    returned too (models.networks.rule_scores)."""
     temperatures = np.unique(np.asarray(temperature, dtype=np.float64))
     if temperatures.size != 1:
         raise ConfigError("the torch backend samples every row of a step at one temperature; give one number")
@@ -126,9 +133,12 @@ def _pick(logits: Tensor, temperature: float | np.ndarray, seed: int | None) -> 
             generator.seed()
         else:
             generator.manual_seed(seed)
-    token = gumbel_argmax(logits, value, generator)
-    confidence = token_log_prob(logits, token)
-    return StepOutput(token_ids=_numpy(token, np.int64), confidence=_numpy(confidence, np.float32))
+    if scoring is None:
+        token = gumbel_argmax(logits, value, generator)
+        return StepOutput(token_ids=_numpy(token, np.int64), confidence=_numpy(token_log_prob(logits, token), np.float32))
+    token, score = pick_scored(logits, value, generator, scoring)
+    return StepOutput(_numpy(token, np.int64), _numpy(token_log_prob(logits, token), np.float32),
+                      _numpy(score, np.float32))
 
 
 def _tensor(kv: np.ndarray | Tensor, device: torch.device) -> Tensor:
