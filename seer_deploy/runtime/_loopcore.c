@@ -149,6 +149,18 @@ static int int64_arg(PyObject *obj, long long *out) {
     return overflow || (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
+/* x0 and the scores (v[1], v[2]) have x's (v[0]) shape; else ValueError naming the first that differs. */
+static int check_same_shape(const Py_buffer *v, const char *const *names) {
+    for (int i = 1; i < 3; i++) {
+        if (v[i].shape[0] != v[0].shape[0] || v[i].shape[1] != v[0].shape[1]) {
+            PyErr_Format(PyExc_ValueError, "%s has shape [%zd, %zd] but x has [%zd, %zd]; they must match", names[i],
+                         v[i].shape[0], v[i].shape[1], v[0].shape[0], v[0].shape[1]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int check_block(const int64_t *lo, const int64_t *hi, Py_ssize_t batch, Py_ssize_t seq) {
     for (Py_ssize_t b = 0; b < batch; b++) {
         if (lo[b] < 0 || lo[b] > hi[b] || hi[b] > (int64_t)seq) {
@@ -270,7 +282,7 @@ static PyObject *commit_step(PyObject *module, PyObject *args, PyObject *kwargs)
                                      &objs[3], &objs[4], &objs[5], &mask_obj))
         return NULL;
     if (int64_arg(mask_obj, &mask_id) < 0) return NULL;
-    static const char *names[6] = {"x", "x0", "confidence", "block_lo", "block_hi", "k"};
+    static const char *const names[6] = {"x", "x0", "confidence", "block_lo", "block_hi", "k"};
     static const elem_kind kinds[6] = {KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_INT64, KIND_INT64, KIND_INT64};
     static const int ndims[6] = {2, 2, 2, 1, 1, 1};
     Py_buffer v[6];
@@ -283,13 +295,7 @@ static PyObject *commit_step(PyObject *module, PyObject *args, PyObject *kwargs)
         if (get_array(get_state(module), objs[got], names[got], kinds[got], ndims[got], got == 0, &v[got]) < 0)
             goto done;
     Py_ssize_t batch = v[0].shape[0], seq = v[0].shape[1];
-    for (int i = 1; i < 3; i++) {
-        if (v[i].shape[0] != batch || v[i].shape[1] != seq) {
-            PyErr_Format(PyExc_ValueError, "%s has shape [%zd, %zd] but x has [%zd, %zd]; they must match", names[i],
-                         v[i].shape[0], v[i].shape[1], batch, seq);
-            goto done;
-        }
-    }
+    if (check_same_shape(v, names) < 0) goto done;
     for (int i = 3; i < 6; i++)
         if (check_rows(&v[i], names[i], batch) < 0) goto done;
     if ((uint64_t)seq > (uint64_t)UINT32_MAX) {
@@ -364,7 +370,7 @@ static PyObject *commit_confident(PyObject *module, PyObject *args, PyObject *kw
                                      &objs[4], &objs[5], &objs[3], &mask_obj))
         return NULL;
     if (int64_arg(mask_obj, &mask_id) < 0) return NULL;
-    static const char *names[6] = {"x", "x0", "confidence", "thresholds", "block_lo", "block_hi"};
+    static const char *const names[6] = {"x", "x0", "confidence", "thresholds", "block_lo", "block_hi"};
     static const elem_kind kinds[6] = {KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_FLOAT32, KIND_INT64, KIND_INT64};
     static const int ndims[6] = {2, 2, 2, 1, 1, 1};
     Py_buffer v[6];
@@ -377,13 +383,7 @@ static PyObject *commit_confident(PyObject *module, PyObject *args, PyObject *kw
         if (get_array(get_state(module), objs[got], names[got], kinds[got], ndims[got], got == 0, &v[got]) < 0)
             goto done;
     Py_ssize_t batch = v[0].shape[0], seq = v[0].shape[1];
-    for (int i = 1; i < 3; i++) {
-        if (v[i].shape[0] != batch || v[i].shape[1] != seq) {
-            PyErr_Format(PyExc_ValueError, "%s has shape [%zd, %zd] but x has [%zd, %zd]; they must match", names[i],
-                         v[i].shape[0], v[i].shape[1], batch, seq);
-            goto done;
-        }
-    }
+    if (check_same_shape(v, names) < 0) goto done;
     for (int i = 4; i < 6; i++)
         if (check_rows(&v[i], names[i], batch) < 0) goto done;
     if ((uint64_t)seq > (uint64_t)UINT32_MAX) {
@@ -643,13 +643,7 @@ static PyObject *commit_above(PyObject *module, PyObject *args, PyObject *kwargs
     if (get_arrays(module, objs, names, kinds, ndims, 6, 1, v) < 0) return NULL;
     PyObject *out = NULL;
     Py_ssize_t batch = v[0].shape[0], seq = v[0].shape[1];
-    for (int i = 1; i < 3; i++) {
-        if (v[i].shape[0] != batch || v[i].shape[1] != seq) {
-            PyErr_Format(PyExc_ValueError, "%s has shape [%zd, %zd] but x has [%zd, %zd]; they must match", names[i],
-                         v[i].shape[0], v[i].shape[1], batch, seq);
-            goto done;
-        }
-    }
+    if (check_same_shape(v, names) < 0) goto done;
     for (int i = 3; i < 6; i++)
         if (check_rows(&v[i], names[i], batch) < 0) goto done;
     const int64_t *lo = (const int64_t *)v[4].buf, *hi = (const int64_t *)v[5].buf;
