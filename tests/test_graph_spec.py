@@ -57,8 +57,10 @@ def test_the_declarations() -> None:
     assert MULTIMODAL_STEP.input_names == [*STEP.input_names, "image_table"]
     assert step_graph(True, True).input_names == [*STEP.input_names, "image_table", "prompt_width"]
     assert step_graph(kv_cache=True).output_names == [*STEP.output_names, "kv"]
-    # The step graph's outputs are step zero's output record, field for field; a later step reads the first two.
-    assert STEP.output_names == list(Step0Output._fields) and STEP.output_names[:2] == list(StepOutput._fields)
+    # The step graph's outputs are step zero's output record, field for field; a later step reads the first two and
+    # the score.
+    assert STEP.output_names == list(Step0Output._fields)
+    assert [*STEP.output_names[:2], STEP.output_names[-1]] == list(StepOutput._fields)
     for graph in ALL_GRAPHS:
         assert len(set(graph.input_names)) == len(graph.inputs) and graph.host_outputs == graph.output_names
         for tensor in (*graph.inputs, *graph.outputs):
@@ -70,6 +72,8 @@ def test_the_declarations() -> None:
         "sample_uniform": {0: Axis.BATCH, 1: Axis.SEQ},
         "candidates": {0: Axis.BATCH, 1: Axis.CANDIDATES},
         "with_stats": {0: Axis.BATCH},
+        "score_rule": {0: Axis.BATCH},
+        "score_temperature": {0: Axis.BATCH},
     }
     assert MULTIMODAL_STEP.dynamic_axes()["image_table"] == {0: Axis.IMAGE_TOKENS}
 

@@ -17,6 +17,9 @@ from seer_deploy.contracts.graphs import (
     INPUT_IDS,
     KV,
     PROMPT_WIDTH,
+    SCORE,
+    SCORE_RULE,
+    SCORE_TEMPERATURE,
     SPARSITY,
     TEMPERATURE,
     TOKEN_IDS,
@@ -53,6 +56,10 @@ def graph_feed(graph: GraphIO, checked: StepInput, image_table: np.ndarray | Non
         values[CANDIDATES.name] = every_column(batch, seq) if checked.candidates is None else checked.candidates
     if graph.takes(WITH_STATS):
         values[WITH_STATS.name] = np.full(batch, int(with_stats), dtype=np.int64)
+    if graph.takes(SCORE_RULE):
+        scoring = checked.scoring
+        values[SCORE_RULE.name] = np.full(batch, 0 if scoring is None else int(scoring.rule), dtype=np.int64)
+        values[SCORE_TEMPERATURE.name] = np.full(batch, 1.0 if scoring is None else scoring.temperature, np.float32)
     if image_table is not None:
         values[IMAGE_TABLE.name] = image_table
     if graph.takes(PROMPT_WIDTH):
@@ -77,17 +84,24 @@ def _output(tensor: TensorIO, values: Mapping[str, np.ndarray]) -> np.ndarray:
     return np.asarray(values[tensor.name]).astype(tensor.dtype, copy=False)
 
 
+def _score(values: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """The score output where the graph returned it (a step graph's; not the cache graphs')."""
+    return _output(SCORE, values) if SCORE.name in values else None
+
+
 def step0_output(values: Mapping[str, np.ndarray]) -> Step0Output:
     return Step0Output(
         token_ids=_output(TOKEN_IDS, values),
         confidence=_output(CONFIDENCE, values),
         eos_prob=_output(EOS_PROB, values),
         sparsity=_output(SPARSITY, values),
+        score=_score(values),
     )
 
 
 def step_output(values: Mapping[str, np.ndarray]) -> StepOutput:
-    return StepOutput(token_ids=_output(TOKEN_IDS, values), confidence=_output(CONFIDENCE, values))
+    return StepOutput(token_ids=_output(TOKEN_IDS, values), confidence=_output(CONFIDENCE, values),
+                      score=_score(values))
 
 
 def refresh_output(values: Mapping[str, np.ndarray]) -> RefreshOutput:

@@ -132,6 +132,10 @@ SAMPLE_UNIFORM = TensorIO("sample_uniform", "float32", _BS)  # contracts.samplin
 CANDIDATES = TensorIO("candidates", "int64", (Axis.BATCH, Axis.CANDIDATES))
 # 1 = compute Seer's step-zero sparsity statistics (step zero); 0 in every row = skip them (sparsity is zeros).
 WITH_STATS = TensorIO("with_stats", "int64", (Axis.BATCH,))
+# The Dream family's rules (core.decoding.ScoreRule): what each row's candidates are scored by, and the temperature
+# of the softmax the score reads (1 = untempered). Rule 0 at temperature 1 is the confidence output itself.
+SCORE_RULE = TensorIO("score_rule", "int64", (Axis.BATCH,))
+SCORE_TEMPERATURE = TensorIO("score_temperature", "float32", (Axis.BATCH,))
 IMAGE_TABLE = TensorIO("image_table", "float32", (Axis.IMAGE_TOKENS, Size.D_MODEL))  # ids >= image_id_base pick a row
 PROMPT_WIDTH = TensorIO("prompt_width", "int64", (Axis.BATCH,))  # prefix-DLM graphs: where each row's response starts
 PIXEL_VALUES = TensorIO("pixel_values", "float32", (Axis.IMAGES, 3, Size.IMAGE_SIZE, Size.IMAGE_SIZE))
@@ -140,6 +144,7 @@ TOKEN_IDS = TensorIO("token_ids", "int64", _BS)  # x0: the argmax (or a sample) 
 CONFIDENCE = TensorIO("confidence", "float32", _BS)  # log softmax probability of x0 (models.networks.confidence); -inf elsewhere
 EOS_PROB = TensorIO("eos_prob", "float32", _BS)  # softmax probability of EOS per candidate; 0 elsewhere
 SPARSITY = TensorIO("sparsity", "float32", (Axis.BATCH, Size.STAT_ROWS, Axis.SEQ))  # manifest seer.sparsity_rows
+SCORE = TensorIO("score", "float32", _BS)  # the row's score_rule per candidate (B x S, never vocabulary-sized); -inf elsewhere
 IMAGE_EMBEDS = TensorIO("image_embeds", "float32", (Axis.IMAGES, Size.TOKENS_PER_IMAGE, Size.D_MODEL))
 
 # The block-wise KV cache: every layer's keys and values (float32 whatever the export dtype).
@@ -155,8 +160,9 @@ WINDOW_CONFIDENCE = TensorIO(CONFIDENCE.name, "float32", _BW)
 # sparsity rows and EOS probabilities Seer reads), every later step, and in a --kv-cache export the cache refresh
 # (the kv output). Skipped work costs nothing: the statistics and the sampling branch sit behind conditionals, the
 # LM head runs on the candidate columns only.
-STEP = GraphIO("step", (INPUT_IDS, ATTENTION_MASK, TEMPERATURE, SAMPLE_UNIFORM, CANDIDATES, WITH_STATS),
-               (TOKEN_IDS, CONFIDENCE, EOS_PROB, SPARSITY))
+STEP = GraphIO("step", (INPUT_IDS, ATTENTION_MASK, TEMPERATURE, SAMPLE_UNIFORM, CANDIDATES, WITH_STATS, SCORE_RULE,
+                        SCORE_TEMPERATURE),
+               (TOKEN_IDS, CONFIDENCE, EOS_PROB, SPARSITY, SCORE))
 VISION = GraphIO("vision", (PIXEL_VALUES,), (IMAGE_EMBEDS,))
 STEP_GRAPH_NAMES: tuple[str, ...] = (STEP.name,)  # what every export has, text or multimodal
 # The window graph (export --kv-cache): a step over a window only (its keys and values fresh, the rest of the

@@ -30,6 +30,7 @@ from seer_deploy.contracts.graphs import (
     CONFIDENCE,
     EOS_PROB,
     KV,
+    SCORE,
     SPARSITY,
     STEP,
     TOKEN_IDS,
@@ -57,7 +58,7 @@ FP16_WEIGHT_FUSION = "FuseFp16InitializerToFp32NodeTransformer"  # ONNX Runtime'
 # The graphs a denoising step runs (the others run once a batch or a block): the ones CUDA graphs pay off for.
 EVERY_STEP: frozenset[str] = frozenset({STEP.name, WINDOW_STEP.name})
 # What each kind of call asks the step graph for (ONNX Runtime computes the graph either way, but copies only these).
-STEP_OUTPUTS: tuple[str, ...] = (TOKEN_IDS.name, CONFIDENCE.name)
+STEP_OUTPUTS: tuple[str, ...] = (TOKEN_IDS.name, CONFIDENCE.name, SCORE.name)
 STEP0_OUTPUTS: tuple[str, ...] = (*STEP_OUTPUTS, EOS_PROB.name, SPARSITY.name)
 REFRESH_OUTPUTS: tuple[str, ...] = (*STEP_OUTPUTS, KV.name)
 

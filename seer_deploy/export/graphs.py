@@ -35,6 +35,7 @@ from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.networks.confidence import greedy_head, log_prob_of
 from seer_deploy.models.networks.image_prompts import embed_with_images
 from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.networks.rule_scores import rule_score
 from seer_deploy.models.networks.vision import VisionEncoder
 
 
@@ -67,9 +68,25 @@ def pick_tokens(logits: Tensor, temperature: Tensor, sample_uniform: Tensor) -> 
     return ids, conf, top, log_total
 
 
+def _confidence_score(logits: Tensor, ids: Tensor, conf: Tensor, rule: Tensor, temperature: Tensor) -> Tensor:
+    return conf.clone()  # every row ranks by log p(token) at temperature 1: the confidence itself
+
+
+def _rule_score(logits: Tensor, ids: Tensor, conf: Tensor, rule: Tensor, temperature: Tensor) -> Tensor:
+    return rule_score(logits, ids, rule, temperature)
+
+
+def score_head(logits: Tensor, ids: Tensor, conf: Tensor, rule: Tensor, temperature: Tensor) -> Tensor:
+    """[B, C]: each row's score_rule over softmax(logits / score_temperature) (models.networks.rule_scores); the
+    margin and entropy (a top-2 and a softmax over the vocabulary) run only when some row asks for them."""
+    return torch.cond(((rule != 0) | (temperature != 1)).any(), _rule_score, _confidence_score,
+                      (logits, ids, conf, rule, temperature))
+
+
 class StepGraph(nn.Module):
-    """Every full pass: (input_ids, attention_mask, temperature, sample_uniform, candidates, with_stats) ->
-    token_ids, confidence, eos_prob, sparsity [B, K, S] (layer-major) and, with `kv_cache`, kv."""
+    """Every full pass: (input_ids, attention_mask, temperature, sample_uniform, candidates, with_stats, score_rule,
+    score_temperature) -> token_ids, confidence, eos_prob, sparsity [B, K, S] (layer-major), score and, with
+    `kv_cache`, kv."""
 
     def __init__(self, model: MaskPredictor, spec: StatsSpec, kv_cache: bool = False) -> None:
         super().__init__()
@@ -78,11 +95,13 @@ class StepGraph(nn.Module):
         self.kv_cache = kv_cache
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor,
-                candidates: Tensor, with_stats: Tensor) -> tuple[Tensor, ...]:
-        return self.outputs(input_ids, None, attention_mask, temperature, sample_uniform, candidates, with_stats)
+                candidates: Tensor, with_stats: Tensor, score_rule: Tensor, score_temperature: Tensor
+                ) -> tuple[Tensor, ...]:
+        return self.outputs(input_ids, None, attention_mask, temperature, sample_uniform, candidates, with_stats,
+                            (score_rule, score_temperature))
 
     def outputs(self, input_ids: Tensor, embeds: Tensor | None, attention_mask: Tensor, temperature: Tensor,
-                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor,
+                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, scoring: tuple[Tensor, Tensor],
                 prompt_width: Tensor | None = None) -> tuple[Tensor, ...]:
         model = self.model
         out = model.hidden_states(None if embeds is not None else input_ids, attention_mask, inputs_embeds=embeds,
@@ -99,8 +118,10 @@ class StepGraph(nn.Module):
         token_ids = input_ids.scatter(1, candidates, ids)
         confidence = torch.full((B, S), float("-inf"), device=conf.device).scatter(1, candidates, conf)
         eos_prob = torch.zeros((B, S), device=eos.device).scatter(1, candidates, eos)
+        score = torch.full((B, S), float("-inf"), device=conf.device).scatter(
+            1, candidates, score_head(logits, ids, conf, *scoring))
         _, L, F, _ = out.stats.shape
-        result = (token_ids, confidence, eos_prob, out.stats.reshape(B, L * F, S))
+        result = (token_ids, confidence, eos_prob, out.stats.reshape(B, L * F, S), score)
         return (*result, out.kv) if out.kv is not None else result
 
 
@@ -108,31 +129,32 @@ class PrefixStepGraph(StepGraph):
     """StepGraph of a prefix-DLM model (ModelConfig.prefix_dlm): prompt_width [B] last (contracts.graphs.PROMPT_WIDTH)."""
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
-                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, prompt_width: Tensor
-                ) -> tuple[Tensor, ...]:
+                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, score_rule: Tensor,
+                score_temperature: Tensor, prompt_width: Tensor) -> tuple[Tensor, ...]:
         return self.outputs(input_ids, None, attention_mask, temperature, sample_uniform, candidates, with_stats,
-                            prompt_width)
+                            (score_rule, score_temperature), prompt_width)
 
 
 class MultimodalStepGraph(StepGraph):
     """StepGraph with image ids: the image table after with_stats."""
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
-                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, image_table: Tensor
-                ) -> tuple[Tensor, ...]:
+                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, score_rule: Tensor,
+                score_temperature: Tensor, image_table: Tensor) -> tuple[Tensor, ...]:
         embeds = embed_with_images(self.model.embed, input_ids, image_table)
-        return self.outputs(input_ids, embeds, attention_mask, temperature, sample_uniform, candidates, with_stats)
+        return self.outputs(input_ids, embeds, attention_mask, temperature, sample_uniform, candidates, with_stats,
+                            (score_rule, score_temperature))
 
 
 class MultimodalPrefixStepGraph(StepGraph):
     """MultimodalStepGraph of a prefix-DLM model (LaViDa): prompt_width [B] after the image table."""
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
-                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, image_table: Tensor,
-                prompt_width: Tensor) -> tuple[Tensor, ...]:
+                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, score_rule: Tensor,
+                score_temperature: Tensor, image_table: Tensor, prompt_width: Tensor) -> tuple[Tensor, ...]:
         embeds = embed_with_images(self.model.embed, input_ids, image_table)
         return self.outputs(input_ids, embeds, attention_mask, temperature, sample_uniform, candidates, with_stats,
-                            prompt_width)
+                            (score_rule, score_temperature), prompt_width)
 
 
 def step_module(model: MaskPredictor, spec: StatsSpec, *, multimodal: bool = False, kv_cache: bool = False

@@ -65,6 +65,13 @@ def check_supported(config: GenerationConfig, backend: Backend) -> None:
             f"torch backend has; '{backend.name}' returns just the chosen token and its probability: run the "
             f"checkpoint itself (torch), or set cfg_scale to 0"
         )
+    scoring = config.scoring()
+    if scoring is not None and scoring.filtered and not supports_guidance(backend):
+        raise ConfigError(
+            f"--top-p / --top-k filter the whole vocabulary before the softmax, which only the torch backend has; "
+            f"'{backend.name}' returns the chosen token and its score: run the checkpoint itself (torch), or drop "
+            "--top-p / --top-k"
+        )
     if config.kv_cache and not supports_cache(backend):
         raise ConfigError(
             f"--kv-cache needs the cache graphs (refresh, window_step), which '{backend.name}' does not have; "

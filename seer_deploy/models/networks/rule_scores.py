@@ -60,5 +60,5 @@ def rule_score(logits: Tensor, token_ids: Tensor, rule: Tensor, temperature: Ten
     margin, neg_entropy = margin_and_entropy(scaled)
     log_p = token_log_prob(scaled, token_ids)
     by_rule = rule[:, None]
-    return torch.where(by_rule == ScoreRule.MARGIN, margin,
-                       torch.where(by_rule == ScoreRule.NEG_ENTROPY, neg_entropy, log_p))
+    return torch.where(by_rule == int(ScoreRule.MARGIN), margin,
+                       torch.where(by_rule == int(ScoreRule.NEG_ENTROPY), neg_entropy, log_p))
