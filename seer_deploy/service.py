@@ -10,6 +10,7 @@ capability of the target: a batch's images are encoded by the target's backend a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ from PIL import Image
 from seer_deploy.core.backend import Backend, ImageBackend
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.families.families import IMAGES_UNSUPPORTED
+from seer_deploy.models.families.families import IMAGES_UNSUPPORTED, authors_rule
 from seer_deploy.models.prompts.image_placeholders import encode_pictures, expand_placeholders
 from seer_deploy.models.prompts.prompt import Prompt, check_prompt_images, load_pictures
 from seer_deploy.models.text.chat_template import read_template_file
@@ -62,6 +63,9 @@ class ServiceOptions:
     seed: int = 0
     chat_template: Path | None = None  # a Jinja chat template file instead of the target's own
     raw_prompts: bool = False  # prompts as raw text, no chat template (base models)
+    # The family's own decoding rule (models.families.families.authors_rule) replaces generation's decode and
+    # remasking once the target is open: what the CLI asks for when no rule was named.
+    authors_rule: bool = False
 
     def template_choice(self) -> TemplateChoice | None:
         """The chat template chosen instead of the target's own; None keeps the target's."""
@@ -195,6 +199,8 @@ class Service:
                           io_binding=self.options.io_binding, cuda_graph=self.options.cuda_graph, seer=seer),
             described,
         )
+        if self.options.authors_rule:
+            self.options = with_authors_rule(self.options, self.info.config.family, self.info.config.prefix_dlm)
         check_supported(self.options.generation, self.backend)
         self.seer = self.info.seer_for_engine(seer)
         self.tokenizer = self.info.tokenizer(self.options.template_choice())
@@ -303,6 +309,14 @@ class Service:
         backend.set_image_table(embeds)
         counts = [len(r.images) for r in requests]
         return expand_placeholders(ids, counts, [len(e) for e in embeds], images.image_token_index, images.id_base)
+
+
+def with_authors_rule(options: ServiceOptions, family: str, prefix_dlm: bool) -> ServiceOptions:
+    """`options` with the family's own decoding rule (checked: ConfigError names what does not fit it)."""
+    decode, remasking = authors_rule(family, prefix_dlm)
+    generation = dataclasses.replace(options.generation, decode=decode, remasking=remasking)  # type: ignore[arg-type]
+    generation.validate()
+    return dataclasses.replace(options, generation=generation, authors_rule=False)
 
 
 def _report_settled(on_settled: Callable[[int, list[int]], None], first: int, row: int, ids: np.ndarray) -> None:

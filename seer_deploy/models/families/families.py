@@ -40,6 +40,14 @@ ARCHITECTURES: tuple[tuple[str, str], ...] = (
     ("LLaDAMoE", "llada_moe"), ("MMada", "mmada"), ("Dimple", "dimple"), ("Dream", "dream"),
 )
 FAMILIES: tuple[str, ...] = ("llada", "mmada", "dream", "dimple", "llada_moe")
+# The rule (decode, remasking) each family's authors' evaluation runs, at steps = the answer length, temperature 0:
+# Dream's eval scripts diffusion_generate with alg=entropy; Dimple's lmms-eval script decoding_pipeline=dream with
+# maskgit_plus; LaViDa-Dream's (the Dream family with prefix-DLM) topk_margin; the LLaDA family LLaDA's generate.
+AUTHORS_RULES: dict[tuple[str, bool], tuple[str, str]] = {
+    ("dream", False): ("timesteps", "entropy"), ("dream", True): ("timesteps", "topk_margin"),
+    ("dimple", False): ("timesteps", "maskgit_plus"), ("dimple", True): ("timesteps", "maskgit_plus"),
+}
+LLADA_RULE = ("fixed", "low_confidence")
 MMADA_CODEBOOK = 8192  # MAGVIT-v2 codes MMaDA-8B adds to LLaDA's vocabulary
 # LaViDa generates with prefix-DLM attention (its predict.py passes prefix_lm=True): on for LaViDa checkpoints, whose
 # config.json has no key for it; the torch loops, the exported graphs and every engine pass prompt_width.
@@ -155,6 +163,11 @@ IMAGES_UNSUPPORTED: dict[str, str] = {
     "dimple": "Dimple's vision tower is not implemented (Qwen2.5-VL: Conv3d patches, windowed attention, M-RoPE, patch "
               "merger): seer-deploy runs Dimple on text prompts only; drop the images",
 }
+
+
+def authors_rule(family: str, prefix_dlm: bool) -> tuple[str, str]:
+    """(decode, remasking) of the family's own evaluation (AUTHORS_RULES; LLaDA's for the LLaDA family)."""
+    return AUTHORS_RULES.get((family, prefix_dlm), LLADA_RULE)
 
 
 def check_images_supported(raw: dict[str, Any]) -> None:
