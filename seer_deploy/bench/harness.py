@@ -24,7 +24,16 @@ import torch
 from seer_deploy.bench.machine import describe_machine
 from seer_deploy.bench.measure import RowTiming, measure_row
 from seer_deploy.bench.results import BenchResult, RowResult
-from seer_deploy.bench.rows import FAST_ROWS, ROW_DESCRIPTIONS, Runner, oracle_row, reference_row, service_row
+from seer_deploy.bench.rows import (
+    FAST_ROWS,
+    ROW_DESCRIPTIONS,
+    RULES,
+    Runner,
+    oracle_row,
+    reference_row,
+    rule_of,
+    service_row,
+)
 from seer_deploy.bench.scaling import SCALING_BACKENDS, ScalingSettings, run_scaling
 from seer_deploy.bench.workloads import Workload, picture_workload, text_workload
 from seer_deploy.contracts.quantization import SCHEMES, Quantization
@@ -62,6 +71,7 @@ class BenchSettings:
     io_binding: bool = False  # ONNX Runtime rows through IO binding
     cuda_graph: bool = False  # ONNX Runtime rows with CUDA graphs (CUDA only)
     quantize: tuple[str, ...] = ("int8", "int4")  # also export these quantizations: the ort-int8-seer ... rows
+    rules: tuple[str, ...] = ()  # bench.rows.RULES to add as ort-<rule> and ort-<rule>-seer rows
 
     def fast_config(self, gen_length: int) -> GenerationConfig:
         """The fast rows' settings at `gen_length`: the threshold rule over blocks of fast_block_length, with the
@@ -90,6 +100,9 @@ class BenchSettings:
         if self.fast_block_length < 1:
             raise ConfigError(f"--fast-block-length must be >= 1, got {self.fast_block_length}")
         self.fast_config(self.fast_block_length).validate()  # --threshold in (0, 1]
+        unknown_rules = [r for r in self.rules if r not in RULES]
+        if unknown_rules:
+            raise ConfigError(f"--rules {','.join(unknown_rules)}: choose from {', '.join(RULES)}")
         unknown = [q for q in self.quantize if q not in SCHEMES]
         if unknown:
             raise ConfigError(f"--quantize {','.join(unknown)}: use int8, int4 or both (int8,int4), or none")
@@ -127,6 +140,7 @@ class Prepared:
                  *(f"ort-{q}-seer{fast}" for q in self.settings.quantize for fast in ("", "-fast")), "torch-seer"]
         if self.settings.tail_context is not None:
             names.insert(names.index("ort-oracle"), "ort-seer-tail")
+        names += [f"ort-{rule}{seer}" for rule in self.settings.rules for seer in ("", "-seer")]
         return names + (["trt-full", "trt-seer"] if "trt" in self.services else [])
 
     @property
@@ -237,6 +251,10 @@ def _runner(p: Prepared, row: str, config: GenerationConfig, timings: dict[str, 
         return reference_row(p.services["torch"], config)
     if row == "torch-seer":
         return service_row(p.services["torch"], config, p.seer)
+    rule = rule_of(row)
+    if rule is not None:
+        return service_row(p.services["ort"], replace(config, **RULES[rule]),  # type: ignore[arg-type]
+                           p.seer if row.endswith("-seer") else None)
     fast = p.settings.fast_config(config.gen_length)
     quantized = re.fullmatch(r"ort-(int\d)-seer(-fast)?", row)
     if quantized:
@@ -331,6 +349,9 @@ def score_setting(p: Prepared, gen_length: int, batch_size: int, timings: dict[s
     results = []
     for name, t in timings.items():
         answers = [p.tokenizer.decode_answer(row.tolist()) for row in t.tokens]
+        rule = rule_of(name)
+        full = ref_answers if rule is None else [p.tokenizer.decode_answer(row.tolist())
+                                                 for row in timings[f"ort-{rule}"].tokens]
         answer_tokens = int(true_lengths(t.tokens, stops).sum())
         engine = "trt" if name.startswith("trt") else "ort"
         oracle = timings.get(f"{engine}-oracle") if name in ("ort-seer", "ort-seer-tail", "trt-seer") else None
@@ -349,7 +370,7 @@ def score_setting(p: Prepared, gen_length: int, batch_size: int, timings: dict[s
             speedup=round(reference.seconds / t.seconds, 3),
             seer_over_oracle=round(oracle.seconds / t.seconds, 3) if oracle is not None else None,
             exact_match=round(float(np.mean([a == e.answer for a, e in zip(answers, p.examples, strict=True)])), 4),
-            identical_to_full=round(float(np.mean([a == r for a, r in zip(answers, ref_answers, strict=True)])), 4),
+            identical_to_full=round(float(np.mean([a == r for a, r in zip(answers, full, strict=True)])), 4),
             mean_kept=round(float(np.mean(t.kept)), 2) if t.kept is not None else None,
             safe=round(float(np.mean(np.asarray(t.kept) >= full_lengths)), 4) if t.kept is not None else None,
             tokens_per_answer_token=round(t.tokens_processed / answer_tokens, 2) if answer_tokens else None,
