@@ -39,7 +39,8 @@ def test_each_family_runs_its_authors_rule_by_default(dream_ckpt: Path, capsys: 
     decode = records(out)[0]["decode"]
     assert (decode["rule"], decode["remasking"], decode["eps"]) == ("timesteps", "entropy", 1e-3)
     code, out, err = run([*base, "--decode", "fixed"], capsys)
-    assert code == 0, err and records(out)[0]["decode"]["rule"] == "fixed"
+    assert code == 0, err
+    assert records(out)[0]["decode"]["rule"] == "fixed"
     code, out, err = run([*base, "--decode", "confident", "--remasking", "topk_margin", "--threshold", "0.5"], capsys)
     assert code == 0, err
     assert records(out)[0]["decode"] | {"rule": "confident", "remasking": "topk_margin", "threshold": 0.5} == (
@@ -100,3 +101,20 @@ def test_the_server_runs_a_requests_rule(server: Any) -> None:
                                                      "threshold": 0.5}, {"top_p": 1.0}):
         r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "1 2", "max_tokens": 8, **fields})
         assert r.status_code == 200, (fields, r.text)
+
+
+def test_calibration_works_for_a_dream_rule() -> None:
+    """Seer's calibration reads the answers of the rule it is given (their true lengths fit the cut): Dream's sampler
+    on the demo here (a random tiny checkpoint never ends an answer, so its cut cannot be fitted); generation with
+    the fitted config under that rule keeps every answer's end."""
+    from seer_deploy.calibration.detector_fit import CalibrationOptions, calibrate_model
+    from seer_deploy.calibration.prompt_set import prepare_prompts
+    from seer_deploy.models.demos.demo_tasks import heldout_examples
+
+    config = GenerationConfig(gen_length=24, steps=24, decode="timesteps", remasking="entropy")
+    prepared = prepare_prompts("demo", [Prompt(e.prompt) for e in heldout_examples(16)], config, 16, None)
+    result = calibrate_model(prepared.source, prepared.ids, config, CalibrationOptions(detector="eos", holdout=0.5),
+                             batch_size=16)
+    assert result.report["n_calibration"] == 8 and result.config.detector == "eos"
+    validation = result.report["detectors"]["eos"]["validation"]
+    assert validation["safe"] >= 0.875 and validation["mean_kept"] < 24  # it cuts, and keeps the answers' ends
