@@ -196,13 +196,13 @@ class Service:
         self.backend, self.info = open_target(
             target, self.options.backend,
             TargetOptions(providers=self.options.providers, threads=self.options.threads, device=self.options.device,
-                          io_binding=self.options.io_binding, cuda_graph=self.options.cuda_graph, seer=seer),
-            described,
+                          io_binding=self.options.io_binding, cuda_graph=self.options.cuda_graph),
+            described, seer,
         )
         if self.options.authors_rule:
             self.options = with_authors_rule(self.options, self.info.config.family, self.info.config.prefix_dlm)
         check_supported(self.options.generation, self.backend)
-        self.seer = self.info.seer_for_engine(seer)
+        self.seer = self.info.seer_for(seer)
         self.tokenizer = self.info.tokenizer(self.options.template_choice())
         self.load_seconds = time.perf_counter() - opening  # the start of time to first step (`Run`)
 
@@ -232,7 +232,7 @@ class Service:
         else:
             prepared = self.prepare(requests, generation)  # every input error before any model runs
         requests, ids, pictures, generation = prepared.requests, prepared.ids, prepared.pictures, prepared.generation
-        seer = None if full_length else self.info.seer_for_engine(seer) if seer is not None else self.seer
+        seer = None if full_length else self.info.seer_for(seer) if seer is not None else self.seer
         answers: list[Answer] = []
         passes = tokens_processed = 0
         step_zero_seconds = first_step_seconds = 0.0
