@@ -313,8 +313,7 @@ class Service:
 
 def with_authors_rule(options: ServiceOptions, family: str, prefix_dlm: bool) -> ServiceOptions:
     """`options` with the family's own decoding rule (checked: ConfigError names what does not fit it)."""
-    decode, remasking = authors_rule(family, prefix_dlm)
-    generation = dataclasses.replace(options.generation, decode=decode, remasking=remasking)  # type: ignore[arg-type]
+    generation = dataclasses.replace(options.generation, **authors_rule(family, prefix_dlm))  # type: ignore[arg-type]
     generation.validate()
     return dataclasses.replace(options, generation=generation, authors_rule=False)
 

@@ -123,3 +123,33 @@ def dimple(model: MaskPredictor, prompt: list[int], gen_length: int, steps: int,
         if bool((x != mask_id).all()):
             break
     return x[len(prompt):].tolist(), passes
+
+
+@torch.no_grad()
+def lavida_dream(model: MaskPredictor, prompt: list[int], gen_length: int, steps: int, alg: str, *,
+                 eps: float = 1e-3) -> list[int]:
+    """LaViDa's Dream `_sample` with prefix_lm (jacklishufan/LaViDa, llava/model/language_model/dream/
+    generation_utils.py, commit 284ef5c): the prompt pass's last logits give the first answer token greedily; then
+    min(steps, max_new_tokens) passes over the response against the prompt (prefix-DLM: the prompt's keys are those
+    of the prompt alone, so the full sequence's response columns give the cached pass's logits), the shift inside
+    the response. Temperature 0, deterministic rules."""
+    mask_id, P = model.cfg.mask_id, len(prompt)
+    width = torch.tensor([P])
+    prefill = model.logits_of(model.hidden_states(torch.tensor(prompt)[None], prompt_width=width).hidden)[0]
+    x = torch.tensor([int(prefill[-1].argmax())] + [mask_id] * (gen_length - 1))
+    steps = min(steps, gen_length)
+    timesteps = torch.linspace(1, eps, steps + 1)
+    for i in range(steps):
+        mask_index = x == mask_id
+        full = torch.cat([torch.tensor(prompt), x])[None]
+        logits = model.logits_of(model.hidden_states(full, prompt_width=width).hidden)[0, P:].float()
+        logits = torch.cat([logits[:1], logits[:-1]], dim=0)
+        confidence, x0 = sample_tokens(logits[mask_index], alg)
+        t, s = timesteps[i], timesteps[i + 1]
+        number = int(mask_index.sum() * (1 - s / t)) if i < steps - 1 else int(mask_index.sum())
+        if number > 0:
+            index = torch.topk(confidence, number).indices
+            x0_ = torch.full_like(x0, mask_id)
+            x0_[index] = x0[index]
+            x[mask_index] = x0_
+    return x.tolist()

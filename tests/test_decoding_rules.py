@@ -162,3 +162,20 @@ def test_llada_rules_are_untouched(models: dict[str, MaskPredictor], tmp_path: P
     cfg = model.cfg
     loop = run_generation(TorchBackend(model), PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id)
     np.testing.assert_array_equal(generate(model, PROMPTS, config).tokens.numpy(), loop.tokens)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_lavida_dream_writes_its_first_token_from_the_prompt_pass(tmp_path: Path, core: LoopCore) -> None:
+    """LaViDa-Dream (Dream with prefix-DLM attention): the prompt pass commits the first answer token greedily, then
+    min(steps, answer length) passes of Dream's loop: its tokens, in the runtime loop and the reference loop."""
+    model, _ = family_checkpoint(tmp_path, "dream", seed=5, prefix_dlm=True)
+    cfg = model.cfg
+    for alg in ("topk_margin", "entropy"):
+        for prompt, steps in zip(PROMPTS, (16, 6, 20), strict=True):
+            config = GenerationConfig(gen_length=16, steps=steps, decode="timesteps", remasking=alg,
+                                      first_from_prompt=True)
+            expected = authors.lavida_dream(model, prompt, 16, steps, alg)
+            assert run(model, prompt, config, core)[0] == expected
+        config = GenerationConfig(gen_length=16, steps=10, decode="timesteps", remasking=alg, first_from_prompt=True)
+        loop = run_generation(TorchBackend(model), PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id, core=core)
+        np.testing.assert_array_equal(generate(model, PROMPTS, config).tokens.numpy(), loop.tokens)

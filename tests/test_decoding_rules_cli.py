@@ -29,10 +29,12 @@ def records(out: str) -> list[dict[str, Any]]:
 
 
 def test_each_family_runs_its_authors_rule_by_default(dream_ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert authors_rule("dream", False) == ("timesteps", "entropy")
-    assert authors_rule("dream", True) == ("timesteps", "topk_margin")  # LaViDa-Dream
-    assert authors_rule("dimple", False) == ("timesteps", "maskgit_plus")
-    assert authors_rule("llada", True) == authors_rule("mmada", False) == ("fixed", "low_confidence")
+    assert authors_rule("dream", False) == {"decode": "timesteps", "remasking": "entropy"}
+    assert authors_rule("dream", True) == {"decode": "timesteps", "remasking": "topk_margin",  # LaViDa-Dream
+                                           "first_from_prompt": True}
+    assert authors_rule("dimple", False) == {"decode": "timesteps", "remasking": "maskgit_plus"}
+    assert authors_rule("llada", True) == authors_rule("mmada", False) == {"decode": "fixed",
+                                                                          "remasking": "low_confidence"}
     base = ["generate", str(dream_ckpt), "--prompt", "sort 3 1 2", "--gen-length", "8", "--json", "--no-seer"]
     code, out, err = run(base, capsys)
     assert code == 0, err

@@ -104,8 +104,7 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
     prepared = prepare_prompts(target, prompts, config, batch_size, threads)  # input errors before any model runs
     source, ids = prepared.source, prepared.ids
     if block_length is None:  # the family's own rule, as generate runs it (Dream's sampler for the Dream family)
-        decode, remasking = authors_rule(source.cfg.family, source.cfg.prefix_dlm)
-        config = dataclasses.replace(config, decode=decode, remasking=remasking)  # type: ignore[arg-type]
+        config = dataclasses.replace(config, **authors_rule(source.cfg.family, source.cfg.prefix_dlm))  # type: ignore[arg-type]
         config.validate()
     full, _ = source.answers(ids, config, batch_size=batch_size,
                              progress=lambda done, total: click.echo(f"full-length generation: {done}/{total}", err=True))

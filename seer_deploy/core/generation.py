@@ -75,6 +75,9 @@ class GenerationConfig:
     alg_temp: float = 0.0  # > 0: draw the committed positions from softmax(score / alg_temp) (Dream's alg_temp)
     top_p: float | None = None  # the Dream family's sampler: nucleus filter before the softmax (torch only)
     top_k: int | None = None  # the Dream family's sampler: top-k filter before the softmax (torch only)
+    # LaViDa-Dream: step zero is the prompt pass, which commits the first answer token greedily (and nothing else);
+    # the sampler's `steps` passes follow over the other masks
+    first_from_prompt: bool = False
 
     @property
     def parallel(self) -> bool:
@@ -148,6 +151,9 @@ class GenerationConfig:
             raise ConfigError(f"factor is {self.factor!r}; it must be a number in (0, {MAX_FACTOR:g}] (--factor)")
         check_rule(self.decode, self.remasking, self.eps, self.alg_temp, self.top_p, self.top_k, self.block_length,
                    self.gen_length)
+        if self.first_from_prompt is not False and not (self.first_from_prompt is True and self.dream_sampler):
+            raise ConfigError("first_from_prompt (LaViDa-Dream's greedy first token) is true or false, and only with "
+                              "--decode timesteps or confident")
         if self.dream_sampler and (self.kv_cache or self.cfg_scale > 0):
             raise ConfigError(f"--decode {self.decode} (the Dream family's sampler) runs without --kv-cache and "
                               "--cfg-scale; drop them")

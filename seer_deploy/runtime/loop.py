@@ -127,8 +127,10 @@ def run_generation(
     left = ctx.core.masks_left(x, np.full(B, P + first.start, np.int64), np.full(B, P + first.end, np.int64), mask_id)
     schedule = ctx.core.transfer_schedule(left, first.steps)
     prompt_masks = np.array([sum(t == mask_id for t in p) for p in prompts], np.int64)
-    zero_counts = None
-    if config.dream_sampler:  # every mask of the sequence is a candidate, the prompt's too
+    zero_counts, zero_lo, zero_hi = None, 0, P + first.end
+    if config.first_from_prompt:  # LaViDa-Dream's prompt pass: the first answer token, greedily, and nothing else
+        zero_counts, zero_lo, zero_hi = [StepCount(1)] * B, P, P + 1
+    elif config.dream_sampler:  # every mask of the sequence is a candidate, the prompt's too
         zero_counts = [pass_count(ctx.core, config, int(m), int(m), 0, config.steps) for m in left + prompt_masks]
     truncating = seer is not None or kept_lengths is not None
     started = time.perf_counter()
@@ -143,8 +145,8 @@ def run_generation(
     if todo:
         x_zero = x[todo]  # a copy: step zero commits into it
         mask_zero = None if mask is None or bool(mask[todo].all()) else np.ascontiguousarray(mask[todo])
-        out0, kv = step_zero(ctx, x_zero, mask_zero, P, P + first.end, schedule[todo, 0], tally, real[todo],
-                             truncating, None if zero_counts is None else [zero_counts[b] for b in todo])
+        out0, kv = step_zero(ctx, x_zero, mask_zero, P, zero_hi, schedule[todo, 0], tally, real[todo],
+                             truncating, None if zero_counts is None else [zero_counts[b] for b in todo], zero_lo)
         x[todo] = x_zero
     step_zero_done_at = time.perf_counter()
     step_zero_seconds = step_zero_done_at - started
@@ -262,9 +264,11 @@ def step_zero(
     real: np.ndarray,
     truncating: bool,
     counts: list[StepCount] | None = None,
+    lo: int = 0,
 ) -> tuple[Step0Output | None, KVCache | None]:
     """The first denoising step, at full length: commits k[b] masks (or, with parallel decoding, those the rule
-    accepts) before `hi` in x; returns what Seer reads and, when it was a refresh, the keys and values.
+    accepts; under the Dream family's sampler what `counts` ask for) in [lo, hi) of x; returns what Seer reads and,
+    when it was a refresh, the keys and values. LaViDa-Dream's prompt pass (first_from_prompt) is always greedy.
 
     The Backend's step0 is greedy; at temperature > 0 the commit uses a sampled step at the same input (one more
     forward pass, counted) so the loop samples from its first step on. A run that does not truncate needs only that
@@ -273,7 +277,8 @@ def step_zero(
     """
     B = x.shape[0]
     out0, kv = None, None
-    if truncating or (ctx.config.temperature == 0 and not ctx.config.kv_cache):
+    greedy = ctx.config.temperature == 0 or ctx.config.first_from_prompt
+    if truncating or (greedy and not ctx.config.kv_cache):
         # Seer reads step zero's tokens and EOS probabilities over the whole response: every mask is a candidate.
         out0 = ctx.backend.step0(StepInput(x, mask, prompt_width=prompt_width, guidance=ctx.config.cfg_scale,
                                            candidates=mask_columns(x, None, ctx.mask_id),
@@ -284,10 +289,10 @@ def step_zero(
         committed = cast(CacheBackend, ctx.backend).refresh(ctx.step_input(x, mask, prompt_width, np.full(B, hi)))
         kv = committed.kv
         tally.count(ctx, real)
-    elif ctx.config.temperature > 0:
+    elif not greedy:
         committed = ctx.backend.step(ctx.step_input(x, mask, prompt_width, np.full(B, hi)))
         tally.count(ctx, real)
     assert committed is not None  # greedy runs commit step zero's own tokens
-    ctx.commit(x, committed, np.zeros(B, np.int64), np.full(B, hi, np.int64), k, counts)
+    ctx.commit(x, committed, np.full(B, lo, np.int64), np.full(B, hi, np.int64), k, counts)
     return out0, kv
 

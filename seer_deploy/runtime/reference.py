@@ -169,6 +169,18 @@ def _run_block(
     return n_steps
 
 
+def _prompt_pass(model: MaskPredictor, batch: _Batch, config: GenerationConfig, spec: StatsSpec | None = None
+                 ) -> _StepOut:
+    """LaViDa-Dream's prompt pass: the first answer token, greedily, and nothing else (config.first_from_prompt)."""
+    mask_id, P = model.cfg.mask_id, batch.prompt_width
+    logits, stats = guided_logits(model, batch.x, batch.attention_mask, batch.is_prompt, config.cfg_scale, mask_id,
+                                  spec, P)
+    x0 = logits.argmax(-1)
+    x = batch.x.clone()
+    x[:, P] = torch.where(x[:, P] == mask_id, x0[:, P], x[:, P])
+    return _StepOut(x, x0, logits, stats)
+
+
 def _run_rule(model: MaskPredictor, batch: _Batch, hi: int, first: int, steps: int, totals: Tensor,
               config: GenerationConfig, generator: torch.Generator | None) -> int:
     """Passes first..steps-1 of the Dream family's sampler over the columns before hi; a pass that would commit
@@ -246,8 +258,11 @@ def generate(
     steps_per_block = config.steps_per_block
     n_passes = 0
     if config.dream_sampler:
+        steps, prompt_pass = config.steps, 0
+        if config.first_from_prompt:  # LaViDa-Dream: the prompt pass, then min(steps, G) passes
+            batch.x, steps, prompt_pass = _prompt_pass(model, batch, config).x, min(steps, G), 1
         totals = _masks_before(batch.x, torch.full((len(prompts),), P + G, device=device), cfg.mask_id)
-        n_passes = _run_rule(model, batch, P + G, 0, config.steps, totals, config, generator)
+        n_passes = prompt_pass + _run_rule(model, batch, P + G, 0, steps, totals, config, generator)
     elif config.parallel:
         n_passes = _run_parallel(model, batch, [(P + s, P + s + block) for s in range(0, G, block)], config,
                                   generator)[0]
@@ -279,7 +294,8 @@ def _generate_seer(
     first = None if config.parallel else torch.tensor([int(transfer_schedule(np.array([block]), steps_per_block)[0, 0])] * B, device=device)
     prompt_masks = torch.tensor([sum(t == cfg.mask_id for t in p) for p in prompts])
     rule = (0, config.steps, prompt_masks + G) if config.dream_sampler else None
-    zero = _step(model, batch, torch.full((B,), P + block, device=device), first, config, generator, spec, rule)
+    zero = _prompt_pass(model, batch, config, spec) if config.first_from_prompt else _step(
+        model, batch, torch.full((B,), P + block, device=device), first, config, generator, spec, rule)
     passes = 2 if config.cfg_scale > 0 else 1
     tokens_processed = batch.real_tokens * passes
     responses = zero.x[:, P:].cpu()
@@ -302,8 +318,9 @@ def _generate_seer(
         sub = _start([after_zero[b] for b in rows_of_group], slots, cfg, device)
         Pg = sub.prompt_width
         if config.dream_sampler:
-            ran = _run_rule(model, sub, Pg + kept, 1, blocks[0].steps, prompt_masks[rows_of_group] + kept, config,
-                            generator)
+            lead = 1 if config.first_from_prompt else 0  # after the prompt pass: every pass, the first token set
+            ran = _run_rule(model, sub, Pg + kept, 1 - lead, min(blocks[0].steps, kept) if lead else blocks[0].steps,
+                            prompt_masks[rows_of_group] + kept - lead, config, generator)
             n_passes += ran
             tokens_processed += ran * sub.real_tokens * passes
             per_row_passes.update({b: 1 + ran for b in rows_of_group})

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from seer_deploy.runtime.executor import LoopContext, Rows, Tally, _Group, _Settled
-from seer_deploy.runtime.rules import RuleCursor
+from seer_deploy.runtime.rules import rule_cursor
 
 
 def run_rule_group(ctx: LoopContext, rows: Rows, tally: Tally, batch_rows: Sequence[int] | None = None
@@ -18,7 +18,8 @@ def run_rule_group(ctx: LoopContext, rows: Rows, tally: Tally, batch_rows: Seque
     row made."""
     group = _Group.start(ctx, rows)
     prompt_masks = np.zeros(group.n, np.int64) if rows.prompt_masks is None else rows.prompt_masks
-    cursors = [RuleCursor(plan.blocks[0].steps, int(prompt_masks[i] + plan.kept)) for i, plan in enumerate(rows.plans)]
+    cursors = [rule_cursor(ctx.config, plan.blocks[0].steps, plan.kept, int(prompt_masks[i]))
+               for i, plan in enumerate(rows.plans)]
     settled = _Settled(ctx, group, list(batch_rows) if batch_rows is not None else list(range(group.n)))
     hi = group.prompt_width + group.kept
     while True:

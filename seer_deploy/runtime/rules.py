@@ -56,10 +56,10 @@ def pass_count(core: LoopCore, config: GenerationConfig, masks: int, total: int,
 class RuleCursor:
     """Where one row is in its block: the pass it makes next and what that pass commits."""
 
-    def __init__(self, steps: int, total: int) -> None:
-        self.steps = steps  # the row's passes, step zero included (its plan's one block)
-        self.total = total  # masks at the start (prompt masks + kept slots): Dimple's re-anchoring base
-        self.index = 1  # step zero has run
+    def __init__(self, steps: int, total: int, index: int = 1) -> None:
+        self.steps = steps  # the rule's passes (its plan's one block), step zero included unless it was a prompt pass
+        self.total = total  # masks at the rule's start (prompt masks + kept slots): Dimple's re-anchoring base
+        self.index = index  # the next pass: 1 after step zero; 0 after LaViDa-Dream's prompt pass
 
     def next(self, core: LoopCore, config: GenerationConfig, masks: int) -> StepCount | None:
         """The next pass's count, or None when the row is done (its passes run out, or no mask is left)."""
@@ -67,6 +67,15 @@ class RuleCursor:
             return None
         self.index += 1
         return pass_count(core, config, masks, self.total, self.index - 1, self.steps)
+
+
+def rule_cursor(config: GenerationConfig, steps: int, kept: int, prompt_masks: int) -> RuleCursor:
+    """A row's cursor after step zero: its plan's `steps` over `kept` slots; after LaViDa-Dream's prompt pass (which
+    committed the first answer token) all of them follow over the other masks, at most one a slot as LaViDa's
+    min(steps, max_new_tokens)."""
+    if config.first_from_prompt:
+        return RuleCursor(min(steps, kept), prompt_masks + kept - 1, index=0)
+    return RuleCursor(steps, prompt_masks + kept)
 
 
 def mask_uniforms(rng: np.random.Generator, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, mask_id: int

@@ -43,11 +43,14 @@ FAMILIES: tuple[str, ...] = ("llada", "mmada", "dream", "dimple", "llada_moe")
 # The rule (decode, remasking) each family's authors' evaluation runs, at steps = the answer length, temperature 0:
 # Dream's eval scripts diffusion_generate with alg=entropy; Dimple's lmms-eval script decoding_pipeline=dream with
 # maskgit_plus; LaViDa-Dream's (the Dream family with prefix-DLM) topk_margin; the LLaDA family LLaDA's generate.
-AUTHORS_RULES: dict[tuple[str, bool], tuple[str, str]] = {
-    ("dream", False): ("timesteps", "entropy"), ("dream", True): ("timesteps", "topk_margin"),
-    ("dimple", False): ("timesteps", "maskgit_plus"), ("dimple", True): ("timesteps", "maskgit_plus"),
+# LaViDa-Dream also writes its first answer token greedily from the prompt pass (first_from_prompt).
+AUTHORS_RULES: dict[tuple[str, bool], dict[str, object]] = {
+    ("dream", False): {"decode": "timesteps", "remasking": "entropy"},
+    ("dream", True): {"decode": "timesteps", "remasking": "topk_margin", "first_from_prompt": True},
+    ("dimple", False): {"decode": "timesteps", "remasking": "maskgit_plus"},
+    ("dimple", True): {"decode": "timesteps", "remasking": "maskgit_plus"},
 }
-LLADA_RULE = ("fixed", "low_confidence")
+LLADA_RULE: dict[str, object] = {"decode": "fixed", "remasking": "low_confidence"}
 MMADA_CODEBOOK = 8192  # MAGVIT-v2 codes MMaDA-8B adds to LLaDA's vocabulary
 # LaViDa generates with prefix-DLM attention (its predict.py passes prefix_lm=True): on for LaViDa checkpoints, whose
 # config.json has no key for it; the torch loops, the exported graphs and every engine pass prompt_width.
@@ -165,9 +168,9 @@ IMAGES_UNSUPPORTED: dict[str, str] = {
 }
 
 
-def authors_rule(family: str, prefix_dlm: bool) -> tuple[str, str]:
-    """(decode, remasking) of the family's own evaluation (AUTHORS_RULES; LLaDA's for the LLaDA family)."""
-    return AUTHORS_RULES.get((family, prefix_dlm), LLADA_RULE)
+def authors_rule(family: str, prefix_dlm: bool) -> dict[str, object]:
+    """The GenerationConfig settings of the family's own evaluation (AUTHORS_RULES; LLaDA's for the LLaDA family)."""
+    return dict(AUTHORS_RULES.get((family, prefix_dlm), LLADA_RULE))
 
 
 def check_images_supported(raw: dict[str, Any]) -> None:
