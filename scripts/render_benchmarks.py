@@ -16,6 +16,8 @@
     seer-deploy eval demo-vl --harness lmms-eval --tasks demo_vl --modes all --gen-length 32 --tail-context 0 \
         --threads 1 --json benchmarks/results-eval/demo-vl-lmms.json              # the same through lmms-eval
     PYTHONPATH=. python benchmarks/quant_study.py --out benchmarks/results-quant  # Seer on int8 / int4 weights
+    seer-deploy bench demo --gen-lengths 64 --batch-sizes 8 --prompts 8 --repeats 3 --no-scaling --no-tensorrt \
+        --quantize none --rules dream,lavida-dream,dimple,dimple-confident --out benchmarks/results-rules
     python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
 
 The first part is the run with the fast rows (parallel decoding, the KV cache: benchmarks/results-fast, with its
@@ -45,6 +47,7 @@ RESULTS_EVAL = ROOT / "benchmarks" / "results-eval"  # eval --json: demo.md, dem
 RESULTS_QUANT = ROOT / "benchmarks" / "results-quant"  # benchmarks/quant_study.py: quant_study.md, the JSON; notes.md
 RESULTS_QUANT_BENCH = ROOT / "benchmarks" / "results-quant-bench"  # seer-deploy bench --quantize int8,int4: notes.md
 RESULTS_QUANT_MEMORY = ROOT / "benchmarks" / "results-quant-memory"  # benchmarks/quant_memory.py: table.md; notes.md
+RESULTS_RULES = ROOT / "benchmarks" / "results-rules"  # seer-deploy bench --rules ...: bench.json; notes.md
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
      "python benchmarks/bench_loopcore.py"),
@@ -116,6 +119,12 @@ def main() -> None:
         title, _, body = rendered.partition("\n")
         parts += [f"{title}, with the quantized rows (issue 31)", (RESULTS_QUANT_BENCH / "notes.md").read_text().strip(),
                   body, ""]
+    rules = RESULTS_RULES / "bench.json"  # the bench with the Dream family's rules (issue 45), and its reading
+    if rules.is_file():
+        rendered = render_markdown(json.loads(rules.read_text()), "benchmarks/results-rules/bench.png")
+        title, _, body = rendered.partition("\n")
+        parts += [f"{title}, with the Dream family's decoding rules (issue 45)",
+                  (RESULTS_RULES / "notes.md").read_text().strip(), body, ""]
     parts += _section("TensorRT-RTX builds", RESULTS_TRT / "notes.md")
     serve = RESULTS_SERVE / "notes.md"
     parts += ["# Serving: seer-deploy serve under load", "",
