@@ -14,10 +14,10 @@ from test_families_text import family_checkpoint
 
 from seer_deploy.core.decoding import step_ratio, timesteps
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.runtime import loopcore
-from seer_deploy.runtime.loop import run_generation
+from seer_deploy.runtime.loop import LoopOptions, run_generation
 from seer_deploy.runtime.loopcore import LoopCore, c_core
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
@@ -38,8 +38,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, MaskPredictor]
 def run(model: MaskPredictor, prompt: list[int], config: GenerationConfig, core: LoopCore, seed: int = 0
         ) -> tuple[list[int], int]:
     cfg = model.cfg
-    result = run_generation(TorchBackend(model), [prompt], config, mask_id=cfg.mask_id, pad_id=cfg.pad_id,
-                            core=core, seed=seed)
+    result = run_generation(TorchBackend(model), [prompt], config, SpecialIds(cfg.mask_id, cfg.pad_id), seed=seed,
+                            options=LoopOptions(core=core))
     return result.tokens[0].tolist(), result.passes
 
 
@@ -125,7 +125,7 @@ def test_reference_loop_gives_the_runtime_loops_tokens(models: dict[str, MaskPre
         config = GenerationConfig(gen_length=16, steps=10, decode=decode, remasking=alg, threshold=0.6)
         cfg = model.cfg
         ref = generate(model, PROMPTS, config)
-        loop = run_generation(TorchBackend(model), PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id)
+        loop = run_generation(TorchBackend(model), PROMPTS, config, SpecialIds(cfg.mask_id, cfg.pad_id))
         np.testing.assert_array_equal(ref.tokens.numpy(), loop.tokens)
         for b, prompt in enumerate(PROMPTS):  # each row as its solo run
             assert loop.tokens[b].tolist() == run(model, prompt, config, loopcore)[0]
@@ -146,12 +146,12 @@ def test_reference_loop_gives_the_runtime_loops_tokens(models: dict[str, MaskPre
 def test_bad_settings_are_refused_in_one_line(bad: dict[str, object], match: str) -> None:
     settings: dict[str, object] = {"gen_length": 16, "steps": 16, "decode": "timesteps", "remasking": "entropy"}
     with pytest.raises(ConfigError, match=match) as error:
-        GenerationConfig(**{**settings, **bad}).validate()  # type: ignore[arg-type]
+        GenerationConfig(**{**settings, **bad})  # type: ignore[arg-type]
     assert "\n" not in str(error.value)
     with pytest.raises(ConfigError, match="is a rule of the Dream family's sampler"):
-        GenerationConfig(remasking="entropy").validate()
+        GenerationConfig(remasking="entropy")
     with pytest.raises(ConfigError, match="belong to the Dream family's sampler"):
-        GenerationConfig(top_k=5).validate()
+        GenerationConfig(top_k=5)
 
 
 def test_llada_rules_are_untouched(models: dict[str, MaskPredictor], tmp_path: Path) -> None:
@@ -160,7 +160,7 @@ def test_llada_rules_are_untouched(models: dict[str, MaskPredictor], tmp_path: P
     config = GenerationConfig(gen_length=16, steps=8, block_length=8)
     assert config.scoring() is None and not config.dream_sampler
     cfg = model.cfg
-    loop = run_generation(TorchBackend(model), PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id)
+    loop = run_generation(TorchBackend(model), PROMPTS, config, SpecialIds(cfg.mask_id, cfg.pad_id))
     np.testing.assert_array_equal(generate(model, PROMPTS, config).tokens.numpy(), loop.tokens)
 
 
@@ -177,5 +177,6 @@ def test_lavida_dream_writes_its_first_token_from_the_prompt_pass(tmp_path: Path
             expected = authors.lavida_dream(model, prompt, 16, steps, alg)
             assert run(model, prompt, config, core)[0] == expected
         config = GenerationConfig(gen_length=16, steps=10, decode="timesteps", remasking=alg, first_from_prompt=True)
-        loop = run_generation(TorchBackend(model), PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id, core=core)
+        loop = run_generation(TorchBackend(model), PROMPTS, config, SpecialIds(cfg.mask_id, cfg.pad_id),
+                              options=LoopOptions(core=core))
         np.testing.assert_array_equal(generate(model, PROMPTS, config).tokens.numpy(), loop.tokens)

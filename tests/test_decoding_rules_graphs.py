@@ -14,12 +14,12 @@ from test_families_text import family_checkpoint
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.decoding import ScoreRule, Scoring
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.ort import OrtBackend
 from seer_deploy.engines.ort_sessions import OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.models.networks.llada import MaskPredictor
-from seer_deploy.runtime.loop import run_generation
+from seer_deploy.runtime.loop import check_supported, run_generation
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
 
@@ -61,7 +61,7 @@ def test_onnx_runtime_gives_torchs_and_the_authors_tokens(dimple: tuple[MaskPred
                                                           alg: str) -> None:
     model, ort = dimple
     cfg = model.cfg
-    common = {"mask_id": cfg.mask_id, "pad_id": cfg.pad_id, "eos_id": cfg.eos_id}
+    common = {"ids": SpecialIds(cfg.mask_id, cfg.pad_id, cfg.eos_id)}
     threshold = 0.05 if alg == "entropy" else 0.8
     config = GenerationConfig(gen_length=16, steps=10, decode=decode, remasking=alg, threshold=threshold)  # type: ignore[arg-type]
     solo = run_generation(ort, PROMPTS[:1], config, **common).tokens[0].tolist()  # type: ignore[arg-type]
@@ -82,6 +82,7 @@ def test_graphs_refuse_top_p_and_top_k_in_one_line(dimple: tuple[MaskPredictor, 
     for extra in ({"top_p": 0.9}, {"top_k": 3}):
         config = GenerationConfig(gen_length=8, steps=8, decode="timesteps", remasking="entropy", **extra)  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match="only the torch backend") as error:
-            run_generation(ort, PROMPTS[:1], config, mask_id=cfg.mask_id, pad_id=cfg.pad_id)
+            check_supported(config, ort)
         assert "\n" not in str(error.value)
-        run_generation(TorchBackend(model), PROMPTS[:1], config, mask_id=cfg.mask_id, pad_id=cfg.pad_id)
+        check_supported(config, TorchBackend(model))
+        run_generation(TorchBackend(model), PROMPTS[:1], config, SpecialIds(cfg.mask_id, cfg.pad_id))

@@ -105,7 +105,6 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
     source, ids = prepared.source, prepared.ids
     if block_length is None:  # the family's own rule, as generate runs it (Dream's sampler for the Dream family)
         config = dataclasses.replace(config, **authors_rule(source.cfg.family, source.cfg.prefix_dlm))  # type: ignore[arg-type]
-        config.validate()
     full, _ = source.answers(ids, config, batch_size=batch_size,
                              progress=lambda done, total: click.echo(f"full-length generation: {done}/{total}", err=True))
     result = calibrate_model(source, ids, config, options, full_tokens=full, batch_size=batch_size)

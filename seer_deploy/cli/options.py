@@ -119,7 +119,6 @@ def generation_config(
         top_p=top_p,
         top_k=top_k,
     )
-    config.validate()
     return config
 
 

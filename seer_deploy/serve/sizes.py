@@ -70,9 +70,8 @@ def request_generation(base: GenerationConfig, gen_length: int, steps: int | Non
         settings["remasking"] = "maskgit_plus" if settings["decode"] in DREAM_DECODES else "low_confidence"
     if settings.get("decode", config.decode) not in DREAM_DECODES:
         settings.pop("top_p", None)  # OpenAI's top_p means nothing to LLaDA's rules
-    config = dataclasses.replace(config, **settings)
-    try:
-        config.validate()
+    try:  # checked when made
+        config = dataclasses.replace(config, **settings)
     except ConfigError as exc:
         exc.param = _field_named(str(exc), list(settings))  # type: ignore[attr-defined]
         raise
