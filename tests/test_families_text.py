@@ -82,6 +82,8 @@ def family_checkpoint(root: Path, family: str, seed: int = 0, layout: str = "lla
     if family in ("dream", "dimple"):
         fields.update(n_kv_heads=1, rope_theta=1e6, rms_eps=1e-6, qkv_bias=True, shift_logits=True,
                       bos_id=ids["<|endoftext|>"])
+    if family == "dimple":
+        fields.update(mrope_section=(1, 1, 2))  # M-RoPE over the head's 4 rotary frequencies
     if family == "llada_moe":
         fields.update(n_kv_heads=4, mlp_hidden=16, num_experts=4, experts_per_token=2, qk_norm=True, rotary_dim=4,
                       rope_theta=50000.0)
