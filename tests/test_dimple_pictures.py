@@ -4,15 +4,12 @@ in one line, and the M-RoPE positions of a prompt with text, picture, text, pict
 
 from __future__ import annotations
 
-import functools
-import types
-
 import numpy as np
 import pytest
 import torch
+from dimple_checkpoint import qwen_rope_index
 from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.models.pictures.mrope import mrope_positions, picture_layout
@@ -58,16 +55,6 @@ def test_a_picture_the_rules_cannot_place_is_refused_in_one_line(size: tuple[int
     assert "p.png" in str(refused.value) and "\n" not in str(refused.value)
 
 
-def qwen_rope_index(ids: torch.Tensor, grids: list[tuple[int, int, int]], mask: torch.Tensor) -> torch.Tensor:
-    """transformers' Qwen2-VL get_rope_index (5.x: image tokens marked by mm_token_type_ids) on Qwen's own ids."""
-    owner = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=types.SimpleNamespace(
-        spatial_merge_size=2)))
-    owner.get_vision_position_ids = functools.partial(Qwen2VLModel.get_vision_position_ids, owner)
-    positions, _ = Qwen2VLModel.get_rope_index(owner, ids, (ids == IMAGE_PAD).int(), torch.tensor(grids),
-                                               attention_mask=mask)
-    return positions
-
-
 def test_positions_equal_qwen2_vl_get_rope_index_for_text_picture_text_picture() -> None:
     """Two rows, left-padded: text, a 4 x 6-token picture, text, a 3 x 2-token picture, text; and text, one picture
     of 5 x 5, text. Our ids carry image ids (id_base + table row); Qwen's carry <|image_pad|>."""
@@ -93,7 +80,7 @@ def test_positions_equal_qwen2_vl_get_rope_index_for_text_picture_text_picture()
     ours_ids = np.array([[0] * (width - len(r)) + r for r in ours])
     qwen_ids = torch.tensor([[0] * (width - len(r)) + r for r in qwen])
     got = mrope_positions(ours_ids, mask, id_base, picture_layout(grids, 2))
-    want = qwen_rope_index(qwen_ids, grids, torch.from_numpy(mask)).numpy()
+    want = qwen_rope_index(qwen_ids, grids, torch.from_numpy(mask), IMAGE_PAD).numpy()
     real = mask.astype(bool)
     np.testing.assert_array_equal(got[:, real], want[:, real])
     assert got[:, 0, -1].tolist() != [len(ours[0]) - 1] * 3  # pictures moved the text positions (the test can fail)

@@ -153,8 +153,8 @@ def _tensorrt_ready() -> str | None:
 
 def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambda _: None) -> Prepared:
     """Open the checkpoint, resolve Seer, export once into `work_dir` and open a service on each engine."""
+    from seer_deploy.export.dimple import export_with_pictures
     from seer_deploy.export.exporter import export_checkpoint
-    from seer_deploy.export.multimodal import export_multimodal
     from seer_deploy.export.options import ExportOptions, SeerStats
 
     settings.validate()
@@ -192,7 +192,7 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
                               "measure it without the quantized rows: --quantize none") from exc
     say(f"exporting {settings.target} to ONNX (once for this run)")
     start = time.perf_counter()
-    export = export_multimodal if multimodal else export_checkpoint
+    export = export_with_pictures if multimodal else export_checkpoint
     exported = export(settings.target, work_dir / "export",
                       ExportOptions(seer=SeerStats.for_config(seer), kv_cache=True))  # the fast rows run the cache
     export_seconds = time.perf_counter() - start
@@ -225,7 +225,8 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
         notes.append("multimodal workload: each row's timings include its own vision tower (torch's, or vision.onnx) "
                      "encoding the batch's pictures, as a user's request runs")
         facts = {"vision_parameters": torch_service.backend.vision.num_parameters(),  # type: ignore[attr-defined]
-                 "tokens_per_image": images.tokens_per_image, "image_size": images.image.image_size}
+                 "tokens_per_image": images.tokens_per_image,
+                 "image_size": images.image.image_size if images.image is not None else None}
     return Prepared(settings, model, info, torch_service.tokenizer, seer,
                     "calibrated" if calibrated is not None else "defaults", workload, services, export_seconds,
                     skipped, notes, work_dir, facts)

@@ -13,14 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import torch
 from PIL import Image
 
 from seer_deploy.calibration.sources import AnswerSource, BackendSource, TorchSource
 from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
-from seer_deploy.core.backend import ImageBackend
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
@@ -32,7 +30,7 @@ from seer_deploy.models.networks.image_prompts import ImageConditionedModel, ima
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.models.networks.vision import VisionEncoder
 from seer_deploy.models.pictures.image import pixel_batch
-from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, encode_pictures, expand_placeholders
+from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, expand_placeholders
 from seer_deploy.models.prompts.prompt import Prompt, check_prompt_images, load_pictures
 from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.runtime.openers import open_target
@@ -97,12 +95,8 @@ def prepare_export_prompts(described: Description, prompts: Sequence[Prompt], co
     config.validate(backend.max_seq_len, max((len(p) + n for p, n in zip(ids, extra, strict=True)), default=0))
     flat = [p for per_prompt in pictures for p in per_prompt]
     if images is not None:
-        image_backend = cast(ImageBackend, backend)  # a multimodal export's backend
-        embeds = [e for lo in range(0, len(flat), batch_size) for e in
-                  encode_pictures(image_backend.encode_images, flat[lo : lo + batch_size], images.image, images.anyres)]
-        ids = expand_placeholders(ids, [len(p) for p in pictures], [len(e) for e in embeds],
-                                  images.image_token_index, images.id_base)
-        image_backend.set_image_table(embeds)
+        tokens = images.set_pictures(backend, flat, per_call=batch_size)
+        ids = expand_placeholders(ids, [len(p) for p in pictures], tokens, images.image_token_index, images.id_base)
     seer = described.export.seer
     return PreparedPrompts(BackendSource(backend, info.config, (seer.abs_threshold, seer.rel_threshold), info.mask_id,
                                          info.pad_id, info.eos_id), ids, len(flat))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from seer_deploy.core.errors import CheckpointError, ConfigError
+from seer_deploy.core.errors import CheckpointError
 from seer_deploy.models.families.lavida import lavida_variant
 
 # config.json model_type -> family. LLaVA-style wrappers (LLaDA-V, LaViDa) name the family of their language model.
@@ -45,6 +45,10 @@ MMADA_CODEBOOK = 8192  # MAGVIT-v2 codes MMaDA-8B adds to LLaDA's vocabulary
 # config.json has no key for it; the torch loops, the exported graphs and every engine pass prompt_width.
 LAVIDA_PREFIX_DEFAULT = True
 DIMPLE_VISION_PREFIXES = ("visual.", "img_projector.", "model.visual.", "model.img_projector.")
+# Dimple's DimpleConfig: the ids around a picture's tokens (its processor writes <|vision_start|><|image_pad|> x
+# tokens<|vision_end|>) and the video placeholder (videos are not run here).
+DIMPLE_IDS = {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+              "vision_end_token_id": 151653}
 # Dimple's DimpleConfig: `mrope_section` (top level; Qwen2-VL keeps it in rope_scaling) defaults to Qwen2.5-VL-7B's.
 DIMPLE_MROPE_SECTION = (16, 24, 24)
 MROPE_TYPES = ("mrope", "default")  # rope_scaling types that mean M-RoPE with plain frequencies
@@ -166,19 +170,3 @@ def _check_moe(raw: dict[str, Any]) -> None:
     factor = raw.get("partial_rotary_factor", 1.0)
     if not isinstance(factor, int | float) or isinstance(factor, bool) or not 0 < factor <= 1:
         raise CheckpointError(f"config.json partial_rotary_factor {factor!r} must be a number in (0, 1]")
-
-
-# Families whose vision tower seer-deploy does not implement: their checkpoints run text prompts, and a picture given
-# to one is refused with this reason (before anything loads).
-IMAGES_UNSUPPORTED: dict[str, str] = {
-    "dimple": "Dimple's vision tower is not implemented (Qwen2.5-VL: Conv3d patches, windowed attention, M-RoPE, patch "
-              "merger): seer-deploy runs Dimple on text prompts only; drop the images",
-}
-
-
-def check_images_supported(raw: dict[str, Any]) -> None:
-    """ConfigError, one line, for a family whose vision tower seer-deploy does not implement (Dimple); None else.
-    The language model still runs text prompts."""
-    reason = IMAGES_UNSUPPORTED.get(detect_family(raw))
-    if reason is not None:
-        raise ConfigError(reason)

@@ -12,6 +12,7 @@ Refused in one line (what Dimple's own processor refuses, and what the resizing 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,8 @@ from PIL import Image
 from seer_deploy.core.checks import int_in, number_in
 from seer_deploy.core.errors import CheckpointError, ConfigError
 from seer_deploy.models.pictures.image import to_rgb
-from seer_deploy.models.pictures.qwen_layout import Grid, tokens_of
+from seer_deploy.models.pictures.mrope import picture_layout
+from seer_deploy.models.pictures.qwen_layout import Grid, TowerGeometry, tokens_of, tower_inputs
 
 CLIP_MEAN: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)  # OPENAI_CLIP_MEAN, Qwen's default
 CLIP_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
@@ -128,3 +130,40 @@ class QwenPictureConfig:
         blocks = blocks.transpose(1, 4, 2, 5, 0, 3, 6)  # (block row, block col, row in block, col in block, C, p, p)
         frames = np.broadcast_to(blocks[:, :, :, :, :, None], (*blocks.shape[:5], self.temporal_patch_size, p, p))
         return np.ascontiguousarray(frames.reshape(rows * cols, -1), dtype=np.float32), (1, rows, cols)
+
+
+@dataclass(frozen=True)
+class QwenPictures:
+    """How a Dimple target takes pictures: the processor's settings, the tower's geometry (for the host-computed
+    tower inputs) and the ids that enclose each picture's tokens (<|vision_start|>, <|vision_end|>)."""
+
+    picture: QwenPictureConfig
+    geometry: TowerGeometry
+    marks: tuple[int, int]
+
+    def encode(self, encode: Callable[[dict[str, np.ndarray]], np.ndarray], pictures: Sequence[Image.Image]
+               ) -> tuple[list[np.ndarray], np.ndarray]:
+        """Each picture's embeddings [tokens, D] from one call of a backend's `encode_patches` (the vision graph's
+        inputs -> [all tokens, D]), and the pictures' M-RoPE layout (models.pictures.mrope.picture_layout)."""
+        made = [self.picture.patches(p, f"picture {i + 1}") for i, p in enumerate(pictures)]
+        grids = [grid for _, grid in made]
+        layout = picture_layout(grids, self.geometry.merge_size)
+        if not made:
+            return [], layout
+        embeds = np.asarray(encode(tower_inputs([patches for patches, _ in made], grids, self.geometry)))
+        counts = [tokens_of(grid, self.geometry.merge_size) for grid in grids]
+        return np.split(embeds, np.cumsum(counts)[:-1]), layout
+
+    def to_dict(self) -> dict[str, Any]:
+        g = self.geometry
+        return {"picture": self.picture.to_dict(), "marks": list(self.marks),
+                "geometry": {"patch_size": g.patch_size, "merge_size": g.merge_size, "window_size": g.window_size,
+                             "head_dim": g.head_dim}}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> QwenPictures:
+        """What `to_dict` wrote (an export manifest's record)."""
+        picture = dict(raw["picture"])
+        picture["mean"], picture["std"] = tuple(picture["mean"]), tuple(picture["std"])
+        start, end = raw["marks"]
+        return cls(QwenPictureConfig(**picture), TowerGeometry(**raw["geometry"]), (int(start), int(end)))
