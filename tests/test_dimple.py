@@ -94,6 +94,7 @@ def test_torch_answers_two_pictures_as_transformers_parts_assembled(
     ((20, 90), "<image> what", "at least 28 px a side"),
     ((28, 3000), "<image> what", "more than max_pixels"),
     ((64, 64), "<image> <image> what", "2 <image> placeholder(s) but 1 image(s)"),
+    ((64, 64), "<image> <video> what", "videos are not run"),
 ])
 def test_bad_pictures_and_prompts_exit_2_in_one_line(
         dimple: tuple[Path, MaskPredictor, DimpleVisionEncoder, list[str]], tmp_path: Path, size: tuple[int, int],

@@ -112,6 +112,7 @@ class Prepared:
     notes: list[str]
     work_dir: Path
     model_facts: dict[str, Any] = field(default_factory=dict)  # added to the result's model section
+    cache: bool = True  # the export has the KV cache graphs (not for shifted-logit models: the fast rows are skipped)
 
     @property
     def requests(self) -> list[Prompt]:
@@ -127,6 +128,8 @@ class Prepared:
                  *(f"ort-{q}-seer{fast}" for q in self.settings.quantize for fast in ("", "-fast")), "torch-seer"]
         if self.settings.tail_context is not None:
             names.insert(names.index("ort-oracle"), "ort-seer-tail")
+        if not self.cache:
+            names = [name for name in names if name not in FAST_ROWS]
         return names + (["trt-full", "trt-seer"] if "trt" in self.services else [])
 
     @property
@@ -193,19 +196,20 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
     say(f"exporting {settings.target} to ONNX (once for this run)")
     start = time.perf_counter()
     export = export_with_pictures if multimodal else export_checkpoint
+    cache = not model.cfg.shift_logits  # the block-wise cache reads no column outside its window (Dream's shift does)
     exported = export(settings.target, work_dir / "export",
-                      ExportOptions(seer=SeerStats.for_config(seer), kv_cache=True))  # the fast rows run the cache
+                      ExportOptions(seer=SeerStats.for_config(seer), kv_cache=cache))  # the fast rows run the cache
     export_seconds = time.perf_counter() - start
     services = {"torch": torch_service,
                 "ort": service(exported.out, io_binding=settings.io_binding, cuda_graph=settings.cuda_graph)}
     for scheme in settings.quantize:
         say(f"exporting {settings.target} quantized to {scheme}")
         quantized = export(settings.target, work_dir / f"export-{scheme}",
-                           ExportOptions(seer=SeerStats.for_config(seer), kv_cache=True,
+                           ExportOptions(seer=SeerStats.for_config(seer), kv_cache=cache,
                                          quantization=Quantization(scheme)))
         services[f"ort-{scheme}"] = service(quantized.out, io_binding=settings.io_binding,
                                             cuda_graph=settings.cuda_graph)
-    skipped: list[dict[str, str]] = []
+    skipped: list[dict[str, str]] = [] if cache else _uncached_rows(settings)
     why = _tensorrt_ready() if settings.tensorrt else "not asked for (--no-tensorrt)"
     if why is None and multimodal:
         why = "the TensorRT profiles do not cover the multimodal step graphs' image-table input (build refuses it)"
@@ -229,7 +233,14 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
                  "image_size": images.image.image_size if images.image is not None else None}
     return Prepared(settings, model, info, torch_service.tokenizer, seer,
                     "calibrated" if calibrated is not None else "defaults", workload, services, export_seconds,
-                    skipped, notes, work_dir, facts)
+                    skipped, notes, work_dir, facts, cache)
+
+
+def _uncached_rows(settings: BenchSettings) -> list[dict[str, str]]:
+    """The fast rows (the KV cache) this run would have had, skipped for a model the cache cannot run."""
+    quantized = {f"ort-{q}-seer-fast" for q in settings.quantize}
+    why = "the block-wise KV cache does not run shifted-logit models (Dream, Dimple)"
+    return [{"row": name, "why": why} for name in FAST_ROWS if not name.startswith("ort-int") or name in quantized]
 
 
 def _runner(p: Prepared, row: str, config: GenerationConfig, timings: dict[str, RowTiming]) -> Runner:

@@ -15,6 +15,7 @@ from seer_deploy.models.families.families import detect_family
 DEMO_VL_NAME = "demo-vl"
 DEMO_VL_DIR = Path(__file__).parents[1] / "demos" / "demo_vl"  # a hyphen is not importable, so 'demo-vl' resolves here
 IMAGE_TOKEN = "<image>"
+VIDEO_TOKEN = "<video>"  # refused in prompts to multimodal targets: no model here runs videos
 
 
 def is_multimodal(raw: dict[str, Any]) -> bool:
