@@ -118,9 +118,30 @@ def bench(prompts: int, gen_lengths: str, batch_sizes: str, threads: int) -> Pat
     return out / "bench.json"
 
 
+def render() -> str:
+    """The vision-cost table(s) from the JSON files (RESULTS/vision-cost.md)."""
+    out: list[str] = []
+    for path in sorted(RESULTS.glob("vision-cost-depth*.json")):
+        data = json.loads(path.read_text())
+        t, m = data["tower"], data["machine"]
+        out += [(f"Command: `{data['command']}` (commit {data['commit'][:7]}, {data['date']}; {m['cpu']}, "
+                f"{m['cores']} cores, load average {m['load_average'][0]:.1f}: other sessions were running; "
+                f"{data['threads']} threads, median of {data['repeats']} calls after a warm-up). Tower: "
+                f"{t['depth']} blocks of width {t['hidden_size']} ({t['num_heads']} heads, MLP {t['intermediate_size']}, "
+                f"full attention in {t['fullatt_block_indexes']}), merger into {t['out_hidden_size']}, projector into "
+                f"{data['lm_width']}: {data['parameters'] / 1e6:.0f}M parameters, random weights; vision.onnx "
+                f"exported in {data['export_s']} s."), "",
+                "| picture (px) | resized to | patches | image tokens | ONNX Runtime s | per block s | torch s |",
+                "|---|---|---|---|---|---|---|"]
+        out += [f"| {r['picture']} | {r['resized'][0]}x{r['resized'][1]} | {r['patches']} | {r['image_tokens']} | "
+                f"{r['ort_s']:.3f} | {r['ort_s_per_block']:.3f} | {r['torch_s']:.3f} |" for r in data["rows"]]
+        out.append("")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("part", choices=["vision", "bench"])
+    ap.add_argument("part", choices=["vision", "bench", "render"])
     ap.add_argument("--depth", type=int, default=4, help="vision: the tower's blocks (Qwen2.5-VL-7B has 32)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -129,6 +150,10 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,4")
     args = ap.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.part == "render":
+        (RESULTS / "vision-cost.md").write_text(render())
+        print((RESULTS / "vision-cost.md").read_text())
+        return
     record = provenance()
     if args.part == "vision":
         path = RESULTS / f"vision-cost-depth{args.depth}.json"

@@ -24,6 +24,7 @@ from seer_deploy.core.backend import StepInput
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.models.networks.qwen_vision import DimpleVisionEncoder
+from seer_deploy.models.pictures.qwen_layout import tower_inputs
 from seer_deploy.service import Prompt, Service, ServiceOptions
 
 IMAGE_PAD = CONFIG["image_token_id"]
@@ -221,3 +222,34 @@ def test_tensorrt_rtx_builds_dimples_vision_graph_with_profiles_over_the_image_t
     assert vision["shapes"]["pixel_patches"]["max"] == [trt.images.image_tokens, 4, 1176]
     (step,) = trt.profiles["step"]
     assert step["shapes"]["position_ids"]["max"] == [3, 2, manifest.max_prompt + 16]
+
+
+def test_the_exports_checks_refuse_a_wrong_picture_order_and_wrong_positions(
+        dimple: tuple[Path, MaskPredictor, DimpleVisionEncoder, list[str]], dimple_export: Path) -> None:
+    """What the export's validation compares can fail: vision.onnx's output with the window order not undone is
+    refused by the vision check, and the step graph fed 1-D positions (no picture layout) answers otherwise."""
+    from seer_deploy.engines.ort_multimodal import DimpleOrtBackend
+    from seer_deploy.export.multimodal import vision_diff
+    from seer_deploy.export.validate import ExportValidationError
+    from seer_deploy.runtime.openers import open_target
+
+    (torch_backend, info), (ort, _) = open_target(str(dimple[0])), open_target(str(dimple_export))
+    assert isinstance(ort, DimpleOrtBackend) and info.images is not None and info.images.qwen is not None
+    qwen = info.images.qwen
+    pictures = [Image.open(f) for f in dimple[3]] + [picture(300, 170, seed=5)]  # the last: 3 x 5 tokens, 2 windows
+    made = [qwen.picture.patches(p) for p in pictures]
+    feed = tower_inputs([m[0] for m in made], [m[1] for m in made], qwen.geometry)
+    want = torch_backend.encode_patches(feed)  # type: ignore[attr-defined]
+    assert vision_diff(ort.encode_patches(feed), want, "fp32") < 1e-4
+    with pytest.raises(ExportValidationError, match="disagrees with torch"):
+        vision_diff(ort.encode_patches({**feed, "restore_order": np.arange(len(feed["restore_order"]))}), want, "fp32")
+
+    service = Service(str(dimple_export), ServiceOptions(generation=GenerationConfig(gen_length=8, steps=8)))
+    (ids,) = service.prompt_ids([Prompt("hello <image> what is <image> the answer", tuple(dimple[3]))])
+    step = StepInput(np.array([ids + [dimple[1].cfg.mask_id] * 8]))
+    placed = service.backend.step0(step).confidence
+    backend = service.backend
+    assert isinstance(backend, DimpleOrtBackend)
+    embeds, _ = qwen.encode(backend.encode_patches, pictures[:2])  # the prompt's two
+    backend.set_image_table(embeds)  # no layout: each image token advances one position, as text
+    assert not np.allclose(backend.step0(step).confidence, placed)

@@ -25,7 +25,7 @@ from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
 from seer_deploy.engines.manifest import EngineManifest
 from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
 from seer_deploy.models.checkpoints.multimodal import load_multimodal
-from seer_deploy.models.checkpoints.multimodal_files import is_multimodal_checkpoint
+from seer_deploy.models.checkpoints.multimodal_files import is_dimple_checkpoint, is_multimodal_checkpoint
 from seer_deploy.models.networks.image_prompts import ImageConditionedModel, image_table
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.models.networks.vision import VisionEncoder
@@ -68,8 +68,13 @@ def prepare_prompts(target: str, prompts: Sequence[Prompt], config: GenerationCo
         return prepare_export_prompts(describe(target), prompts, config, batch_size, threads)
     multimodal = is_multimodal_checkpoint(target)
     check_prompt_images(prompts, target, multimodal)
+    dimple = is_dimple_checkpoint(target)
+    if dimple and any(p.images for p in prompts):
+        raise ConfigError(f"calibrating a Dimple checkpoint on prompts with pictures is not implemented; export it "
+                          f"(seer-deploy export {target} --out DIR) and calibrate the export, which runs the same "
+                          "pictures")
     pictures = load_pictures(prompts)
-    if multimodal:
+    if multimodal and not dimple:  # a Dimple checkpoint without pictures: its language model, as Dream's
         loaded = load_multimodal(target)
         tokenizer = MultimodalTokenizer.for_checkpoint(loaded)
         return prepare_image_prompts(loaded.lm.model, loaded.vision, tokenizer, prompts, config, batch_size, pictures)

@@ -56,7 +56,6 @@ from seer_deploy.models.checkpoints.multimodal_files import is_dimple_checkpoint
 from seer_deploy.models.networks.image_prompts import ImageConditionedModel
 from seer_deploy.models.pictures.mrope import picture_layout
 from seer_deploy.models.pictures.qwen_layout import Grid, tokens_of, tower_inputs
-from seer_deploy.models.pictures.qwen_pictures import QwenPictures
 
 # The pictures the check runs (grids in patches): square, tall, wide; one call each and one call of all three.
 CHECK_GRIDS: tuple[Grid, ...] = ((1, 4, 4), (1, 10, 4), (1, 6, 12))
@@ -73,7 +72,7 @@ def prepare_dimple(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
                           "read from the column before it); export without it")
     path = resolve_checkpoint(checkpoint)
     pictures = dimple_pictures(path, read_config(path))
-    fewest = picture_tokens(pictures)
+    fewest = pictures.picture.fewest_tokens
     why = f"it cannot hold one picture (at least {fewest} tokens) and a response; raise it"
     return ExportRun.check(path, str(path.absolute()), checkpoint_config(path), out, options, _load_dimple,
                            (fewest + 1, why))
@@ -89,12 +88,6 @@ def prepare_with_pictures(checkpoint: str | os.PathLike[str], out: str | os.Path
 def export_with_pictures(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
                          options: ExportOptions | None = None, progress: Progress | None = None) -> ExportResult:
     return prepare_with_pictures(checkpoint, out, options).start(progress)
-
-
-def picture_tokens(pictures: QwenPictures) -> int:
-    """The fewest image tokens a picture becomes (one at min_pixels)."""
-    side = max(pictures.picture.factor, int(pictures.picture.min_pixels**0.5))
-    return pictures.picture.tokens(side, side)
 
 
 def _load_dimple(run: ExportRun, report: Progress) -> Loaded:
@@ -132,7 +125,7 @@ def _load_dimple(run: ExportRun, report: Progress) -> Loaded:
 
     def manifest_section(records: dict[str, GraphRecord]) -> dict[str, Any]:
         vision_config = {"tower": tower.to_dict(), "pictures": pictures.to_dict(),
-                         "tokens_per_image": picture_tokens(pictures), "image_token_index": loaded.image_token_index}
+                         "tokens_per_image": pictures.picture.fewest_tokens, "image_token_index": loaded.image_token_index}
         return {MULTIMODAL_KEY: {VISION.name: records[VISION.name].to_dict(), "vision_config": vision_config,
                                  "image_id_base": cfg.n_embed_rows, "image_table_input": IMAGE_TABLE.name,
                                  "position_ids_input": POSITION_IDS.name}}

@@ -7,7 +7,6 @@ torch or TensorRT.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -124,8 +123,7 @@ def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetO
 
 def dimple_image_support(pictures: QwenPictures, image_token_index: int, id_base: int) -> ImageSupport:
     """How a Dimple target takes pictures: each at its own size, `tokens_per_image` the fewest a picture becomes."""
-    fewest = pictures.picture.tokens(*(math.isqrt(pictures.picture.min_pixels),) * 2)
-    return ImageSupport(None, fewest, image_token_index, id_base, qwen=pictures)
+    return ImageSupport(None, pictures.picture.fewest_tokens, image_token_index, id_base, qwen=pictures)
 
 
 def torch_device(text: str | None) -> torch.device:

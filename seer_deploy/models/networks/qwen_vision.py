@@ -237,3 +237,6 @@ class DimpleVisionEncoder(nn.Module):
         features = self.visual(pixel_patches.to(dtype), rotary_cos, rotary_sin, window_segments, picture_segments,
                                restore_order)
         return self.img_projector(features)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

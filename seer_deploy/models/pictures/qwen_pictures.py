@@ -107,6 +107,12 @@ class QwenPictureConfig:
                               f"{self.max_pixels} allows; crop it to a less elongated picture")
         return h_bar, w_bar
 
+    @property
+    def fewest_tokens(self) -> int:
+        """The image tokens of the smallest picture (a square at min_pixels)."""
+        side = max(self.factor, math.isqrt(self.min_pixels))
+        return self.tokens(side, side)
+
     def grid(self, width: int, height: int, name: str = "the picture") -> Grid:
         """The picture's grid_thw in patches: (1, rows, columns)."""
         h, w = self.resized(width, height, name)
