@@ -31,7 +31,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results-dimple"
-SIZES = [(224, 224), (448, 448), (672, 672), (896, 448)]  # width x height of the pictures timed
+SIZES = "224x224,448x224,448x448,672x672"  # width x height of the pictures timed (--sizes)
 
 
 def provenance() -> dict[str, Any]:
@@ -44,7 +44,7 @@ def provenance() -> dict[str, Any]:
                         "note": "a shared machine: other sessions were running"}}
 
 
-def vision_cost(depth: int, repeats: int, threads: int) -> dict[str, Any]:
+def vision_cost(depth: int, repeats: int, threads: int, sizes: list[tuple[int, int]]) -> dict[str, Any]:
     import onnx_ir as ir
     import onnxruntime as ort
     import torch
@@ -80,7 +80,7 @@ def vision_cost(depth: int, repeats: int, threads: int) -> dict[str, Any]:
     so.intra_op_num_threads = threads
     session = ort.InferenceSession(str(work / "vision.onnx"), so, providers=["CPUExecutionProvider"])
     rows = []
-    for width, height in SIZES:
+    for width, height in sizes:
         inputs = feed(width, height)
         tokens = len(inputs["restore_order"])
         times: dict[str, list[float]] = {"ort": [], "torch": []}
@@ -104,7 +104,7 @@ def vision_cost(depth: int, repeats: int, threads: int) -> dict[str, Any]:
             "export_s": round(export_s, 1), "rows": rows}
 
 
-def bench(prompts: int, gen_lengths: str, batch_sizes: str, threads: int) -> Path:
+def bench(prompts: int, gen_lengths: str, batch_sizes: str, threads: int, repeats: int) -> Path:
     sys.path.insert(0, str(ROOT / "tests"))
     from dimple_checkpoint import write_dimple
 
@@ -113,7 +113,7 @@ def bench(prompts: int, gen_lengths: str, batch_sizes: str, threads: int) -> Pat
     out = RESULTS / "bench"
     command = [sys.executable, "-c", "from seer_deploy.cli import main; main()", "bench", str(path),
                "--gen-lengths", gen_lengths, "--batch-sizes", batch_sizes, "--prompts", str(prompts),
-               "--threads", str(threads), "--quantize", "none", "--no-tensorrt", "--no-scaling", "--out", str(out)]
+               "--threads", str(threads), "--repeats", str(repeats), "--quantize", "none", "--no-tensorrt", "--no-scaling", "--out", str(out)]
     subprocess.run(command, cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return out / "bench.json"
 
@@ -141,9 +141,12 @@ def render() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("part", choices=["vision", "bench", "render"])
+    ap.add_argument("part", choices=["vision", "bench", "render", "stamp"],
+                    help="stamp: add the commit, date and machine to a bench.json run by hand (--bench-json)")
+    ap.add_argument("--bench-json", type=Path, default=RESULTS / "bench" / "bench.json")
     ap.add_argument("--depth", type=int, default=4, help="vision: the tower's blocks (Qwen2.5-VL-7B has 32)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sizes", default=SIZES, help="vision: the pictures' sizes, WxH,...")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--gen-lengths", default="32,64")
@@ -155,11 +158,16 @@ def main() -> None:
         print((RESULTS / "vision-cost.md").read_text())
         return
     record = provenance()
-    if args.part == "vision":
+    if args.part == "stamp":
+        path = args.bench_json
+        path.write_text(json.dumps(json.loads(path.read_text()) | {"provenance": record}, indent=1) + "\n")
+    elif args.part == "vision":
         path = RESULTS / f"vision-cost-depth{args.depth}.json"
-        path.write_text(json.dumps(record | vision_cost(args.depth, args.repeats, args.threads), indent=1) + "\n")
+        sizes = [(int(w), int(h)) for w, h in (size.split("x") for size in args.sizes.split(","))]
+        path.write_text(json.dumps(record | vision_cost(args.depth, args.repeats, args.threads, sizes), indent=1)
+                        + "\n")
     else:
-        path = bench(args.prompts, args.gen_lengths, args.batch_sizes, args.threads)
+        path = bench(args.prompts, args.gen_lengths, args.batch_sizes, args.threads, args.repeats)
         path.write_text(json.dumps(json.loads(path.read_text()) | {"provenance": record}, indent=1) + "\n")
     print(f"wrote {path}")
 
