@@ -22,11 +22,11 @@ from PIL import Image
 
 from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.models.prompts.image_placeholders import expand_placeholders
 from seer_deploy.models.prompts.prompt import Prompt, check_prompt_images, load_pictures
 from seer_deploy.models.text.chat_template import read_template_file
-from seer_deploy.runtime.loop import check_supported, run_generation
+from seer_deploy.runtime.loop import LoopOptions, check_supported, guidance_refusal, run_generation
 from seer_deploy.runtime.openers import open_target
 from seer_deploy.runtime.targets import (
     BackendChoice,
@@ -71,8 +71,8 @@ class ServiceOptions:
         return None
 
     def check(self) -> None:
-        """ConfigError for settings no target can run, before anything loads."""
-        self.generation.validate()
+        """ConfigError for settings no target can run, before anything loads (the generation settings checked
+        themselves when they were made)."""
         if self.raw_prompts and self.chat_template is not None:
             raise ConfigError("--chat-template and --no-chat-template contradict each other; give one")
         if self.chat_template is not None:
@@ -181,21 +181,17 @@ class Service:
         guidance = self.options.generation.cfg_scale
         described = describe(target)  # the target's kind and manifests, read once for the Seer config and the opener
         if guidance > 0 and (self.options.backend not in (None, "torch") or described.kind != "checkpoint"):
-            raise ConfigError(
-                f"cfg_scale {guidance} (classifier-free guidance) mixes two full logit tensors, which only the torch "
-                f"backend has; exported graphs return just the chosen token and its probability: run the "
-                f"checkpoint itself (torch), or set cfg_scale to 0"
-            )
+            raise guidance_refusal(guidance, self.options.backend or described.kind)  # before anything loads
         seer = resolve_seer(target, self.options, warn, described)
         self.backend: Backend
         self.backend, self.info = open_target(
             target, self.options.backend,
             TargetOptions(providers=self.options.providers, threads=self.options.threads, device=self.options.device,
-                          io_binding=self.options.io_binding, cuda_graph=self.options.cuda_graph, seer=seer),
-            described,
+                          io_binding=self.options.io_binding, cuda_graph=self.options.cuda_graph),
+            described, seer,
         )
         check_supported(self.options.generation, self.backend)
-        self.seer = self.info.seer_for_engine(seer)
+        self.seer = self.info.seer_for(seer)
         self.tokenizer = self.info.tokenizer(self.options.template_choice())
         self.load_seconds = time.perf_counter() - opening  # the start of time to first step (`Run`)
 
@@ -225,7 +221,7 @@ class Service:
         else:
             prepared = self.prepare(requests, generation)  # every input error before any model runs
         requests, ids, pictures, generation = prepared.requests, prepared.ids, prepared.pictures, prepared.generation
-        seer = None if full_length else self.info.seer_for_engine(seer) if seer is not None else self.seer
+        seer = None if full_length else self.info.seer_for(seer) if seer is not None else self.seer
         answers: list[Answer] = []
         passes = tokens_processed = 0
         step_zero_seconds = first_step_seconds = 0.0
@@ -234,10 +230,9 @@ class Service:
             batch = slice(lo, lo + self.batch_size)
             prompts = self._with_images(ids[batch], requests[batch], pictures[batch])
             hook = None if on_settled is None else partial(_report_settled, on_settled, lo)
-            out = run_generation(self.backend, prompts, generation, mask_id=self.info.mask_id,
-                                 pad_id=self.info.pad_id, eos_id=self.info.eos_id,
+            out = run_generation(self.backend, prompts, generation, ids=SpecialIds(mask=self.info.mask_id, pad=self.info.pad_id, eos=self.info.eos_id),
                                  seed=(self.options.seed if seed is None else seed) + n,
-                                 seer=seer, on_settled=hook)
+                                 seer=seer, options=LoopOptions(on_settled=hook))
             reports: list[SeerReport | None] = list(out.seer) if out.seer else [None] * len(prompts)
             for request, row, report, passes_made in zip(requests[batch], out.tokens.tolist(), reports, out.row_passes,
                                                    strict=True):
@@ -265,15 +260,14 @@ class Service:
         if not requests:
             raise ConfigError("no prompt given; pass --prompt TEXT or --prompts FILE.jsonl")
         if generation is None:
-            generation = self.options.generation  # validated and checked against the backend when the service opened
-        else:
-            generation.validate()
-            check_supported(generation, self.backend)
+            generation = self.options.generation  # checked against the backend when the service opened
+        elif generation != self.options.generation:
+            check_supported(generation, self.backend)  # its own settings were checked when it was made
         check_prompt_images(requests, self.info.target, self.info.images is not None)
         pictures = load_pictures(requests)
         ids = [self.tokenizer.encode_request(r.prompt, r.messages) for r in requests]
         counts = [len(t) + self._picture_tokens(p) for t, p in zip(ids, pictures, strict=True)]
-        generation.validate(self.backend.max_seq_len, max(counts), image_tokens=self.info.images is not None)
+        generation.check_fits(self.backend.max_seq_len, max(counts), image_tokens=self.info.images is not None)
         return Prepared(tuple(requests), ids, pictures, counts, generation)
 
     def _picture_tokens(self, pictures: list[Image.Image]) -> int:

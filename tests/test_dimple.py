@@ -21,7 +21,7 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTra
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from seer_deploy.core.backend import StepInput
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.models.networks.qwen_vision import DimpleVisionEncoder
 from seer_deploy.models.pictures.qwen_layout import tower_inputs
@@ -196,8 +196,8 @@ def test_forced_cuts_give_the_same_tokens_on_torch_and_onnx_runtime(
         service = Service(target, ServiceOptions(generation=config))
         ids = service.prompt_ids(requests(dimple[3], str(large)))
         info = service.info
-        results.append(run_generation(service.backend, ids, config, mask_id=info.mask_id, pad_id=info.pad_id,
-                                      eos_id=info.eos_id, kept_lengths=[5, 16, 9]))
+        special = SpecialIds(mask=info.mask_id, pad=info.pad_id, eos=info.eos_id)
+        results.append(run_generation(service.backend, ids, config, special, kept_lengths=[5, 16, 9]))
     np.testing.assert_array_equal(results[0].tokens, results[1].tokens)
     assert (results[0].tokens[0, 5:] == dimple[1].cfg.eos_id).all()
 

@@ -35,6 +35,7 @@ class MultimodalOrtBackend(OrtBackend):
     numbers them); it stays set for all steps of a generation, whichever rows a step runs.
     """
 
+    takes_pictures = True
     vision_graph: GraphIO = VISION  # the vision graph's declaration (a SigLIP tower's)
 
     def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None, *,
