@@ -18,6 +18,7 @@
     PYTHONPATH=. python benchmarks/quant_study.py --out benchmarks/results-quant  # Seer on int8 / int4 weights
     seer-deploy bench demo --gen-lengths 64 --batch-sizes 8 --prompts 8 --repeats 3 --no-scaling --no-tensorrt \
         --quantize none --rules dream,lavida-dream,dimple,dimple-confident --out benchmarks/results-rules
+    PYTHONPATH=. python benchmarks/dimple_pictures.py vision|bench|render        # Dimple with pictures (issue 44)
     python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
 
 The first part is the run with the fast rows (parallel decoding, the KV cache: benchmarks/results-fast, with its
@@ -48,6 +49,7 @@ RESULTS_QUANT = ROOT / "benchmarks" / "results-quant"  # benchmarks/quant_study.
 RESULTS_QUANT_BENCH = ROOT / "benchmarks" / "results-quant-bench"  # seer-deploy bench --quantize int8,int4: notes.md
 RESULTS_QUANT_MEMORY = ROOT / "benchmarks" / "results-quant-memory"  # benchmarks/quant_memory.py: table.md; notes.md
 RESULTS_RULES = ROOT / "benchmarks" / "results-rules"  # seer-deploy bench --rules ...: bench.json; notes.md
+RESULTS_DIMPLE = ROOT / "benchmarks" / "results-dimple"  # benchmarks/dimple_pictures.py: vision-cost.md, bench/; notes.md
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
      "python benchmarks/bench_loopcore.py"),
@@ -125,6 +127,11 @@ def main() -> None:
         title, _, body = rendered.partition("\n")
         parts += [f"{title}, with the Dream family's decoding rules (issue 45)",
                   (RESULTS_RULES / "notes.md").read_text().strip(), body, ""]
+    parts += _section("Dimple with pictures (issue 44)", RESULTS_DIMPLE / "notes.md")
+    cost, dimple = RESULTS_DIMPLE / "vision-cost.md", RESULTS_DIMPLE / "bench" / "bench.json"
+    parts += [cost.read_text().strip() if cost.is_file() else f"(not measured: {cost} is missing)", "",
+              render_markdown(json.loads(dimple.read_text()), "benchmarks/results-dimple/bench/bench.png")
+              if dimple.is_file() else f"(not measured: {dimple} is missing)", ""]
     parts += _section("TensorRT-RTX builds", RESULTS_TRT / "notes.md")
     serve = RESULTS_SERVE / "notes.md"
     parts += ["# Serving: seer-deploy serve under load", "",

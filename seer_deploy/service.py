@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from seer_deploy.core.backend import Backend, ImageBackend
+from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, SpecialIds
-from seer_deploy.models.families.families import IMAGES_UNSUPPORTED, authors_rule
-from seer_deploy.models.prompts.image_placeholders import encode_pictures, expand_placeholders
+from seer_deploy.models.families.families import authors_rule
+from seer_deploy.models.prompts.image_placeholders import expand_placeholders
 from seer_deploy.models.prompts.prompt import Prompt, check_prompt_images, load_pictures
 from seer_deploy.models.text.chat_template import read_template_file
 from seer_deploy.runtime.loop import LoopOptions, check_supported, guidance_refusal, run_generation
@@ -270,9 +270,6 @@ class Service:
             generation = self.options.generation  # checked against the backend when the service opened
         elif generation != self.options.generation:
             check_supported(generation, self.backend)  # its own settings were checked when it was made
-        reason = IMAGES_UNSUPPORTED.get(self.info.config.family)
-        if reason is not None and any(r.images for r in requests):
-            raise ConfigError(reason)
         check_prompt_images(requests, self.info.target, self.info.images is not None)
         pictures = load_pictures(requests)
         ids = [self.tokenizer.encode_request(r.prompt, r.messages) for r in requests]
@@ -286,9 +283,7 @@ class Service:
         images = self.info.images
         if images is None:
             return 0
-        if images.anyres is None:
-            return (images.tokens_per_image - 1) * len(pictures)
-        return sum(images.picture_tokens(p) - 1 for p in pictures)
+        return sum(images.picture_tokens(p, f"picture {i + 1}") - 1 for i, p in enumerate(pictures))
 
     def _with_images(self, ids: list[list[int]], requests: Sequence[Prompt], pictures: Sequence[list[Image.Image]]
                      ) -> list[list[int]]:
@@ -297,12 +292,10 @@ class Service:
         images = self.info.images
         if images is None:
             return ids
-        backend: ImageBackend = self.backend  # type: ignore[assignment]  # a multimodal target's backend
         flat = [p for per_request in pictures for p in per_request]  # none for a batch of text-only requests
-        embeds = encode_pictures(backend.encode_images, flat, images.image, images.anyres)  # [tokens_i, D] each
-        backend.set_image_table(embeds)
+        tokens = images.set_pictures(self.backend, flat)
         counts = [len(r.images) for r in requests]
-        return expand_placeholders(ids, counts, [len(e) for e in embeds], images.image_token_index, images.id_base)
+        return expand_placeholders(ids, counts, tokens, images.image_token_index, images.id_base)
 
 
 def with_authors_rule(options: ServiceOptions, family: str, prefix_dlm: bool) -> ServiceOptions:

@@ -107,7 +107,7 @@ def test_feeds_follow_the_declaration() -> None:
     with pytest.raises(ConfigError, match="candidates must be integer columns"):
         StepInput(ids, None, candidates=np.array([[0, 1]])).checked(16)
     table = np.zeros((4, 8), np.float32)
-    feed = graph_feed(MULTIMODAL_STEP, checked, table)
+    feed = graph_feed(MULTIMODAL_STEP, checked, {"image_table": table})
     assert list(feed) == MULTIMODAL_STEP.input_names and feed["image_table"] is table
     with pytest.raises(ConfigError, match="step graph needs image_table"):
         graph_feed(MULTIMODAL_STEP, checked)

@@ -125,6 +125,7 @@ class OpenedBench:
     notes: list[str]
     work_dir: Path
     model_facts: dict[str, Any] = field(default_factory=dict)  # added to the result's model section
+    cache: bool = True  # the export has the KV cache graphs (not for shifted-logit models: the fast rows are skipped)
 
     @property
     def requests(self) -> list[Prompt]:
@@ -141,6 +142,8 @@ class OpenedBench:
         if self.settings.tail_context is not None:
             names.insert(names.index("ort-oracle"), "ort-seer-tail")
         names += [f"ort-{rule}{seer}" for rule in self.settings.rules for seer in ("", "-seer")]
+        if not self.cache:
+            names = [name for name in names if name not in FAST_ROWS]
         return names + (["trt-full", "trt-seer"] if "trt" in self.services else [])
 
     @property
@@ -167,8 +170,8 @@ def _tensorrt_ready() -> str | None:
 
 def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambda _: None) -> OpenedBench:
     """Open the checkpoint, resolve Seer, export once into `work_dir` and open a service on each engine."""
+    from seer_deploy.export.dimple import export_with_pictures
     from seer_deploy.export.exporter import export_checkpoint
-    from seer_deploy.export.multimodal import export_multimodal
     from seer_deploy.export.options import ExportOptions
 
     settings.validate()
@@ -207,20 +210,21 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
                               "measure it without the quantized rows: --quantize none") from exc
     say(f"exporting {settings.target} to ONNX (once for this run)")
     start = time.perf_counter()
-    export = export_multimodal if multimodal else export_checkpoint
+    export = export_with_pictures if multimodal else export_checkpoint
+    cache = not model.cfg.shift_logits  # the block-wise cache reads no column outside its window (Dream's shift does)
     exported = export(settings.target, work_dir / "export",
-                      ExportOptions(seer=seer, kv_cache=True))  # the fast rows run the cache
+                      ExportOptions(seer=seer, kv_cache=cache))  # the fast rows run the cache
     export_seconds = time.perf_counter() - start
     services = {"torch": torch_service,
                 "ort": service(exported.out, io_binding=settings.io_binding, cuda_graph=settings.cuda_graph)}
     for scheme in settings.quantize:
         say(f"exporting {settings.target} quantized to {scheme}")
         quantized = export(settings.target, work_dir / f"export-{scheme}",
-                           ExportOptions(seer=seer, kv_cache=True,
+                           ExportOptions(seer=seer, kv_cache=cache,
                                          quantization=Quantization(scheme)))
         services[f"ort-{scheme}"] = service(quantized.out, io_binding=settings.io_binding,
                                             cuda_graph=settings.cuda_graph)
-    skipped: list[dict[str, str]] = []
+    skipped: list[dict[str, str]] = [] if cache else _uncached_rows(settings)
     why = _tensorrt_ready() if settings.tensorrt else "not asked for (--no-tensorrt)"
     if why is None and multimodal:
         why = "the TensorRT profiles do not cover the multimodal step graphs' image-table input (build refuses it)"
@@ -240,10 +244,18 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
         notes.append("multimodal workload: each row's timings include its own vision tower (torch's, or vision.onnx) "
                      "encoding the batch's pictures, as a user's request runs")
         facts = {"vision_parameters": torch_service.backend.vision.num_parameters(),  # type: ignore[attr-defined]
-                 "tokens_per_image": images.tokens_per_image, "image_size": images.image.image_size}
+                 "tokens_per_image": images.tokens_per_image,
+                 "image_size": images.image.image_size if images.image is not None else None}
     return OpenedBench(settings, model, info, torch_service.tokenizer, seer,
                     "calibrated" if calibrated is not None else "defaults", workload, services, export_seconds,
-                    skipped, notes, work_dir, facts)
+                    skipped, notes, work_dir, facts, cache)
+
+
+def _uncached_rows(settings: BenchSettings) -> list[dict[str, str]]:
+    """The fast rows (the KV cache) this run would have had, skipped for a model the cache cannot run."""
+    quantized = {f"ort-{q}-seer-fast" for q in settings.quantize}
+    why = "the block-wise KV cache does not run shifted-logit models (Dream, Dimple)"
+    return [{"row": name, "why": why} for name in FAST_ROWS if not name.startswith("ort-int") or name in quantized]
 
 
 def _runner(p: OpenedBench, row: str, config: GenerationConfig, timings: dict[str, RowTiming]) -> Runner:

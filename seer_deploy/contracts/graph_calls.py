@@ -13,7 +13,6 @@ from seer_deploy.contracts.graphs import (
     CANDIDATES,
     CONFIDENCE,
     EOS_PROB,
-    IMAGE_TABLE,
     INPUT_IDS,
     KV,
     PROMPT_WIDTH,
@@ -41,12 +40,13 @@ def every_column(batch: int, seq: int) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(np.arange(seq, dtype=np.int64), (batch, seq)))
 
 
-def graph_feed(graph: GraphIO, checked: StepInput, image_table: np.ndarray | None = None, *,
+def graph_feed(graph: GraphIO, checked: StepInput, image_inputs: Mapping[str, np.ndarray] | None = None, *,
                with_stats: bool = False) -> dict[str, np.ndarray]:
     """`graph`'s inputs for one call, named and ordered as declared: the ids and mask of a checked StepInput, the
     step graph's sampling inputs (drawn from its temperature and seed), its candidates (every column unless the input
-    names them) and whether to compute step zero's statistics, for the multimodal graphs the table and for the
-    prefix-DLM graphs the prompt width (StepInput.prompt_width, the same for every row)."""
+    names them) and whether to compute step zero's statistics, for the multimodal graphs `image_inputs` by name (the
+    image table; an M-RoPE model's positions, models.pictures.mrope) and for the prefix-DLM graphs the prompt width
+    (StepInput.prompt_width, the same for every row)."""
     assert checked.attention_mask is not None, "pass StepInput.checked(), which always has a mask"
     values = {INPUT_IDS.name: checked.input_ids, ATTENTION_MASK.name: checked.attention_mask}
     batch, seq = checked.input_ids.shape
@@ -60,8 +60,7 @@ def graph_feed(graph: GraphIO, checked: StepInput, image_table: np.ndarray | Non
         scoring = checked.scoring
         values[SCORE_RULE.name] = np.full(batch, 0 if scoring is None else int(scoring.rule), dtype=np.int64)
         values[SCORE_TEMPERATURE.name] = np.full(batch, 1.0 if scoring is None else scoring.temperature, np.float32)
-    if image_table is not None:
-        values[IMAGE_TABLE.name] = image_table
+    values.update(image_inputs or {})
     if graph.takes(PROMPT_WIDTH):
         values[PROMPT_WIDTH.name] = np.full(checked.input_ids.shape[0], checked.prompt_width, dtype=np.int64)
     missing = [name for name in graph.input_names if name not in values]

@@ -170,6 +170,16 @@ class ImageBackend(Backend, Protocol):
     def set_image_table(self, table: np.ndarray | list[np.ndarray]) -> None: ...
 
 
+class PatchBackend(Backend, Protocol):
+    """A backend of a Dimple target: its Qwen2.5-VL tower takes every picture of a batch in one call, as the host
+    prepared them (models.pictures.qwen_layout.tower_inputs), and returns one embedding per image token."""
+
+    def encode_patches(self, tower_inputs: dict[str, np.ndarray]) -> np.ndarray: ...
+
+    def set_image_table(self, table: np.ndarray | list[np.ndarray], layout: np.ndarray | None = None) -> None:
+        """`layout`: each table row's place in its picture (models.pictures.mrope), which the positions follow."""
+
+
 class CacheBackend(Backend, Protocol):
     """A backend that runs the block-wise KV cache: a step that also returns the keys and values (`refresh`) and a
     step over a window of the sequence against them (`window_step`)."""

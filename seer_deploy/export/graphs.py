@@ -31,11 +31,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.networks.confidence import greedy_head, log_prob_of
 from seer_deploy.models.networks.image_prompts import embed_with_images
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.models.networks.rule_scores import rule_score
+from seer_deploy.models.networks.qwen_vision import DimpleVisionEncoder
 from seer_deploy.models.networks.vision import VisionEncoder
 
 
@@ -102,11 +104,11 @@ class StepGraph(nn.Module):
 
     def outputs(self, input_ids: Tensor, embeds: Tensor | None, attention_mask: Tensor, temperature: Tensor,
                 sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, scoring: tuple[Tensor, Tensor],
-                prompt_width: Tensor | None = None) -> tuple[Tensor, ...]:
+                prompt_width: Tensor | None = None, position_ids: Tensor | None = None) -> tuple[Tensor, ...]:
         model = self.model
         out = model.hidden_states(None if embeds is not None else input_ids, attention_mask, inputs_embeds=embeds,
                                   stats=self.spec, return_kv=self.kv_cache, prompt_width=prompt_width,
-                                  stats_wanted=(with_stats > 0).any())
+                                  stats_wanted=(with_stats > 0).any(), position_ids=position_ids)
         assert out.stats is not None
         B, S, D = out.hidden.shape
         C = candidates.shape[1]
@@ -157,10 +159,26 @@ class MultimodalPrefixStepGraph(StepGraph):
                             (score_rule, score_temperature), prompt_width)
 
 
+class PositionsStepGraph(StepGraph):
+    """MultimodalStepGraph of an M-RoPE model (Dimple): position_ids [3, B, S] after the image table."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
+                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, score_rule: Tensor,
+                score_temperature: Tensor, image_table: Tensor, position_ids: Tensor) -> tuple[Tensor, ...]:
+        embeds = embed_with_images(self.model.embed, input_ids, image_table)
+        return self.outputs(input_ids, embeds, attention_mask, temperature, sample_uniform, candidates, with_stats,
+                            (score_rule, score_temperature), position_ids=position_ids)
+
+
 def step_module(model: MaskPredictor, spec: StatsSpec, *, multimodal: bool = False, kv_cache: bool = False
                 ) -> StepGraph:
-    """The step module an export traces, declared by contracts.graphs.step_graph with the same switches (prefix-DLM from
-    the model's config)."""
+    """The step module an export traces, declared by contracts.graphs.step_graph with the same switches (prefix-DLM and
+    M-RoPE positions from the model's config; positions only with pictures)."""
+    if multimodal and model.cfg.mrope_section is not None:
+        if model.cfg.prefix_dlm:
+            raise ConfigError("an M-RoPE model (Dimple) with prefix-DLM attention is not exported; set "
+                              "\"prefix_lm\": false in config.json")
+        return PositionsStepGraph(model, spec, kv_cache)
     variants = {(False, False): StepGraph, (False, True): PrefixStepGraph,
                 (True, False): MultimodalStepGraph, (True, True): MultimodalPrefixStepGraph}
     return variants[multimodal, model.cfg.prefix_dlm](model, spec, kv_cache)
@@ -180,6 +198,20 @@ class WindowStepGraph(nn.Module):
         logits = self.model.forward_window(window_ids, attention_mask, window_start, kv)
         ids, conf, _, _ = pick_tokens(logits, temperature, sample_uniform)
         return ids, conf
+
+
+class DimpleVisionGraph(nn.Module):
+    """Dimple's tower and projector on host-prepared inputs (contracts.graphs.QWEN_VISION) -> image_embeds
+    [image_tokens, D] (float32)."""
+
+    def __init__(self, vision: DimpleVisionEncoder) -> None:
+        super().__init__()
+        self.vision = vision
+
+    def forward(self, pixel_patches: Tensor, rotary_cos: Tensor, rotary_sin: Tensor, window_segments: Tensor,
+                picture_segments: Tensor, restore_order: Tensor) -> Tensor:
+        return self.vision(pixel_patches, rotary_cos, rotary_sin, window_segments, picture_segments,
+                           restore_order).float()
 
 
 class VisionGraph(nn.Module):

@@ -15,6 +15,7 @@ from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, Step
 from seer_deploy.core.decoding import Scoring
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import SparsityRow, StatsSpec
+from seer_deploy.models.checkpoints.dimple import LoadedDimple
 from seer_deploy.models.checkpoints.multimodal import LoadedMultimodal
 from seer_deploy.models.networks.confidence import greedy_head, token_log_prob
 from seer_deploy.models.networks.image_prompts import ImageConditionedModel
@@ -172,3 +173,27 @@ class MultimodalTorchBackend(TorchBackend):
         """The batch's image embeddings (one row per image token, in id order); an empty list = no images."""
         rows = image_table_np(table if isinstance(table, list) else [table], self.width)
         self.model = ImageConditionedModel(self.language_model, torch.from_numpy(rows).to(self._device)).eval()
+
+
+class DimpleTorchBackend(TorchBackend):
+    """A TorchBackend over a Dimple checkpoint: `encode_patches` runs the Qwen2.5-VL tower and the projector on a
+    batch's pictures, `set_image_table` hands the language model their embeddings and M-RoPE layout."""
+
+    def __init__(self, loaded: LoadedDimple, stats: StatsSpec | None = None) -> None:
+        super().__init__(ImageConditionedModel(loaded.lm.model, torch.zeros(1, loaded.config.d_model)), stats)
+        self.language_model = loaded.lm.model
+        self.vision = loaded.vision.eval()
+        self.width = loaded.config.d_model
+
+    @torch.inference_mode()
+    def encode_patches(self, tower_inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The vision graph's inputs (models.pictures.qwen_layout.tower_inputs) -> float32 [image tokens, D]."""
+        feed = {name: torch.from_numpy(np.ascontiguousarray(value)).to(self._device)
+                for name, value in tower_inputs.items()}
+        return _numpy(self.vision(**feed), np.float32)
+
+    def set_image_table(self, table: np.ndarray | list[np.ndarray], layout: np.ndarray | None = None) -> None:
+        """The batch's image embeddings (one row per image token, in id order) and their places in the pictures."""
+        rows = image_table_np(table if isinstance(table, list) else [table], self.width)
+        self.model = ImageConditionedModel(self.language_model, torch.from_numpy(rows).to(self._device),
+                                           layout).eval()
