@@ -36,8 +36,8 @@ from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.networks.confidence import greedy_head, log_prob_of
 from seer_deploy.models.networks.image_prompts import embed_with_images
 from seer_deploy.models.networks.llada import MaskPredictor
-from seer_deploy.models.networks.rule_scores import rule_score
 from seer_deploy.models.networks.qwen_vision import DimpleVisionEncoder
+from seer_deploy.models.networks.rule_scores import rule_score
 from seer_deploy.models.networks.vision import VisionEncoder
 
 
