@@ -37,7 +37,8 @@ def greedy_head(logits: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     shifted = torch.exp(logits32 - top[..., None])
     ids = torch.arange(logits32.shape[-1], device=logits32.device)
     # Leave the argmax's own exp(0) = 1 out of the sum, so the rest keeps its precision below float32's 1.0.
-    rest = torch.where(ids == token_ids[..., None], torch.zeros_like(shifted), shifted).sum(dim=-1)
+    # (a scalar zero, not zeros_like: the exported graph would hold one more [B, C, V] buffer at its peak)
+    rest = torch.where(ids == token_ids[..., None], 0.0, shifted).sum(dim=-1)
     log_total = precise_log1p(rest)
     return token_ids, -log_total, top, log_total
 

@@ -1,0 +1,95 @@
+"""A run's peak memory stays within a bound derived from its weights file (issue 48), for fp32, int8 and int4 exports.
+
+Measured in a fresh subprocess on a model of about 35 MB (float32; a 32,768-token vocabulary, so the LM head and its
+activations weigh as they do in a real model): the process's high-water mark above what it held before opening the
+export (the interpreter and libraries, which `benchmarks/memory_breakdown.py` reports separately) must stay within
+
+    the weights file (the mapping's file pages; a quantized export's prepacked copy replaces the pages it read)
+    + the head's activations at step zero: HEAD_BUFFERS float32 [B, C, V] tensors
+    + SESSION_OVERHEAD (ONNX Runtime's session state, the layers' activations, the graph and its plans).
+
+A run that holds a second copy of the weights (sessions with their own prepacked copy: `share_weights=False`) must
+exceed it: the bound is shown to refuse what it exists to catch.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import tiny_model
+
+from seer_deploy.contracts.quantization import Quantization
+from seer_deploy.export.exporter import export_checkpoint
+from seer_deploy.export.options import ExportOptions
+from seer_deploy.models.checkpoint import save_checkpoint
+from seer_deploy.models.demo_tasks import write_tokenizer
+
+SIZE = {"d_model": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden": 352, "vocab_size": 32768,
+        "max_seq_len": 128}
+PROMPT, RESPONSE = 16, 96  # every response slot a candidate at step zero: the head's largest call
+HEAD_BUFFERS = 6  # [B, C, V] float32 tensors alive at once in the head at step zero (logits, shifted exp, ...)
+SESSION_OVERHEAD = 48 * 2**20
+MiB = 2**20
+
+# Opens the backend and runs step zero and three steps over the response, then prints the process's memory (bytes).
+PROBE = """
+import json, sys
+import numpy as np
+from seer_deploy.core.backend import StepInput
+from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
+
+def kib(key):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key + ":")) * 1024
+
+before = kib("VmRSS")
+backend = OrtBackend(sys.argv[1], OrtSessionOptions(providers=("CPUExecutionProvider",), intra_op_threads=1,
+                                                   share_weights=sys.argv[2] == "shared"), kv_cache=False)
+prompt, response = int(sys.argv[4]), int(sys.argv[5])
+ids = np.full((1, prompt + response), int(sys.argv[3]), dtype=np.int64)
+ids[0, :prompt] = 5
+columns = np.arange(prompt, prompt + response)[None, :]
+backend.step0(StepInput(ids, candidates=columns))
+for _ in range(3):
+    backend.step(StepInput(ids, candidates=columns))
+print(json.dumps({"before": before, "peak": kib("VmHWM"), "weights": backend.weights.file.stat().st_size}))
+"""
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("footprint")
+    write_tokenizer(root / "tokenizer.json")
+    ckpt = save_checkpoint(tiny_model(0, **SIZE), root / "ckpt", "llada", tokenizer_file=root / "tokenizer.json")
+    made = {}
+    for width in ("fp32", "int8", "int4"):
+        quant = None if width == "fp32" else Quantization(width)
+        made[width] = export_checkpoint(ckpt, root / width, ExportOptions(verify=False, quantization=quant)).out
+    return made
+
+
+def peak_above_start(export: Path, mode: str) -> tuple[int, int]:
+    """(the run's peak RSS above what the process held before opening the export, the weights file's bytes)."""
+    mask_id = json.loads((export / "manifest.json").read_text())["special_ids"]["mask"]
+    done = subprocess.run([sys.executable, "-c", PROBE, str(export), mode, str(mask_id), str(PROMPT), str(RESPONSE)],
+                          capture_output=True, text=True, timeout=600, check=True)
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    return measured["peak"] - measured["before"], measured["weights"]
+
+
+def bound(weights: int) -> int:
+    return weights + HEAD_BUFFERS * RESPONSE * SIZE["vocab_size"] * 4 + SESSION_OVERHEAD
+
+
+@pytest.mark.parametrize("width", ["fp32", "int8", "int4"])
+def test_peak_memory_stays_within_the_weights_bound(exports: dict[str, Path], width: str) -> None:
+    peak, weights = peak_above_start(exports[width], "shared")
+    assert peak <= bound(weights), f"{width}: peak {peak / MiB:.1f} MiB above start > bound {bound(weights) / MiB:.1f}"
+
+
+def test_the_bound_refuses_a_second_copy_of_the_weights(exports: dict[str, Path]) -> None:
+    peak, weights = peak_above_start(exports["fp32"], "own")  # the session prepacks its own copy of the MatMuls
+    assert peak > bound(weights), f"peak {peak / MiB:.1f} MiB above start <= bound {bound(weights) / MiB:.1f}"
