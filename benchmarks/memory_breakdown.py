@@ -79,10 +79,11 @@ def resident_pages(address: int, length: int) -> int:
     return int(((np.frombuffer(raw, dtype=np.uint64) >> np.uint64(63)) & np.uint64(1)).sum())
 
 
-def child(export_dir: Path, spawn: float, threads: int, gen_length: int, steps: int) -> dict[str, Any]:
+def child(export_dir: Path, spawn: float, threads: int, gen_length: int, steps: int,
+          ranges: dict[str, list[tuple[int, int]]]) -> dict[str, Any]:
+    """`ranges`: part of the weights file -> its (offset, length) spans (computed by the parent: no onnx here)."""
     stages: list[dict[str, Any]] = []
     weights_path = ""
-    ranges: dict[str, tuple[int, int]] = {}  # part of the weights file -> (offset, length)
     mapping_address = [0]
 
     def mark(stage: str) -> None:
@@ -97,8 +98,11 @@ def child(export_dir: Path, spawn: float, threads: int, gen_length: int, steps: 
         stages.append(row)
 
     mark("interpreter")
+    import seer_deploy.service as service_module  # the CLI's path
     from seer_deploy.core.generation import GenerationConfig
-    from seer_deploy.service import Request, Service, ServiceOptions  # the CLI's path
+
+    Service, ServiceOptions = service_module.Service, service_module.ServiceOptions
+    prompt_type = getattr(service_module, "Prompt", None) or service_module.Request  # renamed on main (issue 43)
 
     mark("imports")
     options = ServiceOptions(generation=GenerationConfig(gen_length=gen_length, steps=steps, block_length=gen_length),
@@ -110,7 +114,6 @@ def child(export_dir: Path, spawn: float, threads: int, gen_length: int, steps: 
     backend.open_sessions() if not backend.supports_cache else backend._session_of(backend._step_io)
     if backend.weights.mapping is not None:
         mapping_address[0] = backend.weights.mapping.ctypes.data
-        ranges.update(weight_parts(export_dir))
     mark("sessions")
     calls = [0]
     total = steps
@@ -125,8 +128,8 @@ def child(export_dir: Path, spawn: float, threads: int, gen_length: int, steps: 
         return call
 
     backend.step0, backend.step = measured(backend.step0), measured(backend.step)
-    run = service.generate([Request(PROMPT)])
-    return {"stages": stages, "passes": run.steps_run, "tokens": run.answers[0].tokens,
+    run = service.generate([prompt_type(PROMPT)])
+    return {"stages": stages, "passes": getattr(run, "passes", None) or run.steps_run, "tokens": run.answers[0].tokens,
             "service": {"load_s": run.load_seconds, "first_step_s": run.first_step_seconds},
             "modules": sorted(m for m in ("torch", "onnx", "onnx_ir", "ml_dtypes", "transformers", "PIL", "scipy")
                               if m in sys.modules)}
@@ -135,13 +138,15 @@ def child(export_dir: Path, spawn: float, threads: int, gen_length: int, steps: 
 def weight_parts(export_dir: Path) -> dict[str, list[tuple[int, int]]]:
     """Byte spans of the weights file by part: the embedding, the LM head (its weight or its quantized parts), the
     rest; read from the step graph's initializers."""
-    from seer_deploy.engines.onnx_proto import external_initializers
+    import onnx
 
     parts: dict[str, list[tuple[int, int]]] = {"embedding": [], "lm_head": [], "rest": []}
-    for tensor in external_initializers(export_dir / "step.onnx"):
-        name = tensor.name
-        part = "embedding" if ".embed." in name else "lm_head" if ".lm_head." in name else "rest"
-        parts[part].append((tensor.offset, tensor.length))
+    for init in onnx.load(str(export_dir / "step.onnx"), load_external_data=False).graph.initializer:
+        ext = {e.key: e.value for e in init.external_data}
+        if "offset" not in ext:
+            continue
+        part = "embedding" if ".embed." in init.name else "lm_head" if ".lm_head." in init.name else "rest"
+        parts[part].append((int(ext["offset"]), int(ext["length"])))
     return parts
 
 
@@ -150,9 +155,10 @@ def weight_parts(export_dir: Path) -> dict[str, list[tuple[int, int]]]:
 
 
 def measure(export_dir: Path, threads: int, gen_length: int, steps: int) -> dict[str, Any]:
+    ranges = json.dumps(weight_parts(export_dir))
     spawn = time.time()
     p = subprocess.run([sys.executable, __file__, "--child", str(export_dir), "--spawn", repr(spawn), "--threads",
-                        str(threads), "--gen-length", str(gen_length), "--steps", str(steps)],
+                        str(threads), "--gen-length", str(gen_length), "--steps", str(steps), "--ranges", ranges],
                        capture_output=True, text=True, check=False, cwd=REPO)
     if p.returncode != 0:
         raise SystemExit(f"{export_dir}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode}")
@@ -184,16 +190,26 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("exports", nargs="+", type=Path)
+    ap.add_argument("exports", nargs="*", type=Path)
+    ap.add_argument("--render", type=Path, default=None, help="a raw JSON this script wrote: its table.md beside it")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gen-length", type=int, default=256)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--out", type=Path, default=None, help="raw JSON (with the commit and date) to write")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--spawn", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--ranges", default="{}", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.render is not None:
+        record = json.loads(args.render.read_text())
+        head = (f"{record['date']}, {record['cpu']}, commit {record['commit']}; command: `{record['command']}`; "
+                f"1-minute load average after the runs {record['loadavg_1min_after']:.1f}.")
+        (args.render.parent / "table.md").write_text(head + "\n\n" + table(record["results"]) + "\n")
+        print(f"written: {args.render.parent / 'table.md'}")
+        return
     if args.child:
-        print(json.dumps(child(args.exports[0], args.spawn, args.threads, args.gen_length, args.steps)))
+        print(json.dumps(child(args.exports[0], args.spawn, args.threads, args.gen_length, args.steps,
+                               json.loads(args.ranges))))
         return
     results = [measure(e.resolve(), args.threads, args.gen_length, args.steps) for e in args.exports]
     print(table(results))
