@@ -171,8 +171,13 @@ def measure(export_dir: Path, threads: int, gen_length: int, steps: int) -> dict
 
 
 def git_head() -> str:
-    return subprocess.run(["git", "log", "-1", "--format=%h %s"], capture_output=True, text=True, cwd=REPO,
+    """The commit of the seer-deploy code the runs import (PYTHONPATH may point at another tree than this script's)."""
+    import seer_deploy
+
+    tree = Path(seer_deploy.__file__).resolve().parents[1]
+    head = subprocess.run(["git", "log", "-1", "--format=%h %s"], capture_output=True, text=True, cwd=tree,
                           check=False).stdout.strip()
+    return f"{head} ({tree})"
 
 
 def table(results: list[dict[str, Any]]) -> str:
