@@ -466,6 +466,7 @@ def main() -> None:
                     help="quantized widths to compare besides full precision: int8 (llama.cpp q8_0) and int4 (q4_0)")
     ap.add_argument("--reuse-export", action="store_true",
                     help="keep existing exports (default: export again, so the tree's exporter is measured)")
+    ap.add_argument("--no-cache-row", action="store_true", help="skip the dual-KV-cache row (a shorter run)")
     ap.add_argument("--results", type=Path, default=None,
                     help="also write the raw JSON and its table here as compare.json / compare.md (the repository's "
                          "benchmarks/results-llama for a published run)")
@@ -575,9 +576,10 @@ def main() -> None:
                   ggufs[w].stat().st_size, w) for w in ggufs]
     sides += [Side(f"seer-deploy ORT {w}, Seer off", "seer", [*gen(w), "--block-length", str(args.gen_length)],
                    exp[w]["weights_bytes"], w) for w in exports]
-    sides.append(Side(f"seer-deploy ORT fp32, dual KV cache, blocks of {args.kv_block}", "seer",
-                      [*gen("fp32"), "--block-length", str(args.kv_block), "--kv-cache"], exp["fp32"]["weights_bytes"],
-                      "fp32"))
+    if not args.no_cache_row:
+        sides.append(Side(f"seer-deploy ORT fp32, dual KV cache, blocks of {args.kv_block}", "seer",
+                          [*gen("fp32"), "--block-length", str(args.kv_block), "--kv-cache"],
+                          exp["fp32"]["weights_bytes"], "fp32"))
     t = time.perf_counter()
     check1 = one_step_check(cli, {f"llama.cpp {LLAMA_NAMES[w]}": (ggufs[w], exports[w]) for w in ggufs}, text, total,
                             args.gen_length, args.threads, ckpt / "tokenizer.json")
