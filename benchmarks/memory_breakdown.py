@@ -17,6 +17,7 @@ Differences between stages give the breakdown BENCHMARKS.md shows ("Memory and f
 component"). Run:
 
     .venv/bin/python benchmarks/memory_breakdown.py EXPORT_DIR [EXPORT_DIR ...] --out benchmarks/results-footprint/breakdown.json
+    .venv/bin/python benchmarks/memory_breakdown.py --render benchmarks/results-footprint/breakdown*.json   # table.md
 
 (gen_length 256 in one block, 64 steps, 2 threads, Seer off, a 32-id prompt: the llama.cpp comparison's run).
 """
@@ -196,7 +197,8 @@ def table(results: list[dict[str, Any]]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("exports", nargs="*", type=Path)
-    ap.add_argument("--render", type=Path, default=None, help="a raw JSON this script wrote: its table.md beside it")
+    ap.add_argument("--render", type=Path, nargs="+", default=None,
+                    help="raw JSON files this script wrote: their tables, as table.md beside the first")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gen-length", type=int, default=256)
     ap.add_argument("--steps", type=int, default=64)
@@ -205,12 +207,16 @@ def main() -> None:
     ap.add_argument("--spawn", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--ranges", default="{}", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.render is not None:
-        record = json.loads(args.render.read_text())
-        head = (f"{record['date']}, {record['cpu']}, commit {record['commit']}; command: `{record['command']}`; "
-                f"1-minute load average after the runs {record['loadavg_1min_after']:.1f}.")
-        (args.render.parent / "table.md").write_text(head + "\n\n" + table(record["results"]) + "\n")
-        print(f"written: {args.render.parent / 'table.md'}")
+    if args.render:
+        parts = []
+        for source in args.render:
+            record = json.loads(source.read_text())
+            parts += [(f"`{source.name}`: {record['date']}, {record['cpu']}, code at {record['commit']}; command: "
+                      f"`{record['command']}`; 1-minute load average after the runs {record['loadavg_1min_after']:.1f}."),
+                      "", table(record["results"]), ""]
+        out = args.render[0].parent / "table.md"
+        out.write_text("\n".join(parts))
+        print(f"written: {out}")
         return
     if args.child:
         print(json.dumps(child(args.exports[0], args.spawn, args.threads, args.gen_length, args.steps,
