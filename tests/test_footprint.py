@@ -30,8 +30,8 @@ from conftest import tiny_model
 from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models.checkpoint import save_checkpoint
-from seer_deploy.models.demo_tasks import write_tokenizer
+from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
+from seer_deploy.models.demos.demo_tasks import write_tokenizer
 
 SIZE = {"d_model": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden": 352, "vocab_size": 32768,
         "max_seq_len": 128}
