@@ -19,6 +19,8 @@
     seer-deploy bench demo --gen-lengths 64 --batch-sizes 8 --prompts 8 --repeats 3 --no-scaling --no-tensorrt \
         --quantize none --rules dream,lavida-dream,dimple,dimple-confident --out benchmarks/results-rules
     PYTHONPATH=. python benchmarks/dimple_pictures.py vision|bench|render        # Dimple with pictures (issue 44)
+    python benchmarks/llama_cpp/compare.py --rounds 2 --results benchmarks/results-llama   # issue 48
+    python benchmarks/memory_breakdown.py EXPORTS --out benchmarks/results-footprint/breakdown.json; ... --render
     python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
 
 The first part is the run with the fast rows (parallel decoding, the KV cache: benchmarks/results-fast, with its
@@ -42,7 +44,8 @@ RESULTS_FAST = ROOT / "benchmarks" / "results-fast"
 RESULTS_GPU = ROOT / "benchmarks" / "results-gpu"  # scripts/gpu_check.py: gpu_check.md (from a GPU run), notes.md
 RESULTS_SERVE = ROOT / "benchmarks" / "results-serve"  # benchmarks/load_generator.py: notes.md
 RESULTS_TRT = ROOT / "benchmarks" / "results-trt"  # benchmarks/trt_build_cost.py's table and its reading: notes.md
-RESULTS_LLAMA = ROOT / "benchmarks" / "results-llama"  # benchmarks/llama_cpp/compare.py's run: notes.md
+RESULTS_LLAMA = ROOT / "benchmarks" / "results-llama"  # benchmarks/llama_cpp/compare.py's run: notes.md, compare.md
+RESULTS_FOOTPRINT = ROOT / "benchmarks" / "results-footprint"  # benchmarks/memory_breakdown.py: notes.md, table.md
 RESULTS_SCALE = ROOT / "benchmarks" / "results-scale"  # benchmarks/scale_export.py's runs: notes.md and the JSON
 RESULTS_EVAL = ROOT / "benchmarks" / "results-eval"  # eval --json: demo.md, demo-vl.md, demo-vl-lmms.md; notes.md
 RESULTS_QUANT = ROOT / "benchmarks" / "results-quant"  # benchmarks/quant_study.py: quant_study.md, the JSON; notes.md
@@ -145,9 +148,18 @@ def main() -> None:
         path = RESULTS / name
         parts += [path.read_text().strip() if path.is_file() else f"(not measured: {path.name} is missing)", ""]
     parts += _section("Against llama.cpp", RESULTS_LLAMA / "notes.md")
+    parts += _rendered(RESULTS_LLAMA / "compare.md")  # benchmarks/llama_cpp/report.py, from compare.json beside it
+    parts += _section("The quantized edge footprint: memory and first step, component by component (issue 48)",
+                      RESULTS_FOOTPRINT / "notes.md")
+    parts += _rendered(RESULTS_FOOTPRINT / "table.md")  # benchmarks/memory_breakdown.py --render, from its JSON
     text = "\n".join(parts)
     write_atomic(ROOT / "BENCHMARKS.md", lambda p: p.write_text(text))
     print(f"wrote {ROOT / 'BENCHMARKS.md'}")
+
+
+def _rendered(table: Path) -> list[str]:
+    """A table a script rendered from the raw JSON beside it (named as missing, never dropped)."""
+    return [table.read_text().strip() if table.is_file() else f"(not measured: {table} is missing)", ""]
 
 
 def _section(title: str, notes: Path) -> list[str]:

@@ -168,6 +168,8 @@ class OrtBackend:
         elif not prepack:
             so.add_session_config_entry("session.disable_prepacking", "1")
         session = open_session(self.export_dir / graph.file, so, providers, self.disabled_optimizers())
+        if prepack and self.options.shares_weights():
+            self.weights.release_pages()  # what prepacking read is in ONNX Runtime's packed copy now
         got = sorted(i.name for i in session.get_inputs())
         if got != sorted(io.input_names) or got != sorted(graph.inputs):
             raise ArtifactError(
