@@ -16,6 +16,11 @@
     seer-deploy eval demo-vl --harness lmms-eval --tasks demo_vl --modes all --gen-length 32 --tail-context 0 \
         --threads 1 --json benchmarks/results-eval/demo-vl-lmms.json              # the same through lmms-eval
     PYTHONPATH=. python benchmarks/quant_study.py --out benchmarks/results-quant  # Seer on int8 / int4 weights
+    seer-deploy bench demo --gen-lengths 64 --batch-sizes 8 --prompts 8 --repeats 3 --no-scaling --no-tensorrt \
+        --quantize none --rules dream,lavida-dream,dimple,dimple-confident --out benchmarks/results-rules
+    PYTHONPATH=. python benchmarks/dimple_pictures.py vision|bench|render        # Dimple with pictures (issue 44)
+    python benchmarks/llama_cpp/compare.py --rounds 2 --results benchmarks/results-llama   # issue 48
+    python benchmarks/memory_breakdown.py EXPORTS --out benchmarks/results-footprint/breakdown.json; ... --render
     PYTHONPATH=. python benchmarks/bench_prompt_cache.py --prompts 32 --rounds 3   # the prompt cache with pictures
     python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
 
@@ -40,12 +45,15 @@ RESULTS_FAST = ROOT / "benchmarks" / "results-fast"
 RESULTS_GPU = ROOT / "benchmarks" / "results-gpu"  # scripts/gpu_check.py: gpu_check.md (from a GPU run), notes.md
 RESULTS_SERVE = ROOT / "benchmarks" / "results-serve"  # benchmarks/load_generator.py: notes.md
 RESULTS_TRT = ROOT / "benchmarks" / "results-trt"  # benchmarks/trt_build_cost.py's table and its reading: notes.md
-RESULTS_LLAMA = ROOT / "benchmarks" / "results-llama"  # benchmarks/llama_cpp/compare.py's run: notes.md
+RESULTS_LLAMA = ROOT / "benchmarks" / "results-llama"  # benchmarks/llama_cpp/compare.py's run: notes.md, compare.md
+RESULTS_FOOTPRINT = ROOT / "benchmarks" / "results-footprint"  # benchmarks/memory_breakdown.py: notes.md, table.md
 RESULTS_SCALE = ROOT / "benchmarks" / "results-scale"  # benchmarks/scale_export.py's runs: notes.md and the JSON
 RESULTS_EVAL = ROOT / "benchmarks" / "results-eval"  # eval --json: demo.md, demo-vl.md, demo-vl-lmms.md; notes.md
 RESULTS_QUANT = ROOT / "benchmarks" / "results-quant"  # benchmarks/quant_study.py: quant_study.md, the JSON; notes.md
 RESULTS_QUANT_BENCH = ROOT / "benchmarks" / "results-quant-bench"  # seer-deploy bench --quantize int8,int4: notes.md
 RESULTS_QUANT_MEMORY = ROOT / "benchmarks" / "results-quant-memory"  # benchmarks/quant_memory.py: table.md; notes.md
+RESULTS_RULES = ROOT / "benchmarks" / "results-rules"  # seer-deploy bench --rules ...: bench.json; notes.md
+RESULTS_DIMPLE = ROOT / "benchmarks" / "results-dimple"  # benchmarks/dimple_pictures.py: vision-cost.md, bench/; notes.md
 RESULTS_PROMPT_CACHE = ROOT / "benchmarks" / "results-prompt-cache"  # bench_prompt_cache.py: prompt_cache.md; notes.md
 SCRIPTS = (
     ("loopcore.md", "Runtime loop host time per step: C core against the numpy twin",
@@ -118,6 +126,17 @@ def main() -> None:
         title, _, body = rendered.partition("\n")
         parts += [f"{title}, with the quantized rows (issue 31)", (RESULTS_QUANT_BENCH / "notes.md").read_text().strip(),
                   body, ""]
+    rules = RESULTS_RULES / "bench.json"  # the bench with the Dream family's rules (issue 45), and its reading
+    if rules.is_file():
+        rendered = render_markdown(json.loads(rules.read_text()), "benchmarks/results-rules/bench.png")
+        title, _, body = rendered.partition("\n")
+        parts += [f"{title}, with the Dream family's decoding rules (issue 45)",
+                  (RESULTS_RULES / "notes.md").read_text().strip(), body, ""]
+    parts += _section("Dimple with pictures (issue 44)", RESULTS_DIMPLE / "notes.md")
+    cost, dimple = RESULTS_DIMPLE / "vision-cost.md", RESULTS_DIMPLE / "bench" / "bench.json"
+    parts += [cost.read_text().strip() if cost.is_file() else f"(not measured: {cost} is missing)", "",
+              render_markdown(json.loads(dimple.read_text()), "benchmarks/results-dimple/bench/bench.png")
+              if dimple.is_file() else f"(not measured: {dimple} is missing)", ""]
     parts += _section("The prompt cache with pictures (issue 45)", RESULTS_PROMPT_CACHE / "notes.md")
     table = RESULTS_PROMPT_CACHE / "prompt_cache.md"  # benchmarks/bench_prompt_cache.py, beside its JSON
     parts += [table.read_text().strip() if table.is_file() else f"(not measured: {table} is missing)", ""]
@@ -134,9 +153,18 @@ def main() -> None:
         path = RESULTS / name
         parts += [path.read_text().strip() if path.is_file() else f"(not measured: {path.name} is missing)", ""]
     parts += _section("Against llama.cpp", RESULTS_LLAMA / "notes.md")
+    parts += _rendered(RESULTS_LLAMA / "compare.md")  # benchmarks/llama_cpp/report.py, from compare.json beside it
+    parts += _section("The quantized edge footprint: memory and first step, component by component (issue 48)",
+                      RESULTS_FOOTPRINT / "notes.md")
+    parts += _rendered(RESULTS_FOOTPRINT / "table.md")  # benchmarks/memory_breakdown.py --render, from its JSON
     text = "\n".join(parts)
     write_atomic(ROOT / "BENCHMARKS.md", lambda p: p.write_text(text))
     print(f"wrote {ROOT / 'BENCHMARKS.md'}")
+
+
+def _rendered(table: Path) -> list[str]:
+    """A table a script rendered from the raw JSON beside it (named as missing, never dropped)."""
+    return [table.read_text().strip() if table.is_file() else f"(not measured: {table} is missing)", ""]
 
 
 def _section(title: str, notes: Path) -> list[str]:

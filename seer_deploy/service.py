@@ -10,6 +10,7 @@ capability of the target: a batch's images are encoded by the target's backend a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -20,11 +21,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from seer_deploy.core.backend import Backend, ImageBackend
+from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, SpecialIds
-from seer_deploy.models.families.families import IMAGES_UNSUPPORTED
-from seer_deploy.models.prompts.image_placeholders import encode_pictures, expand_placeholders
+from seer_deploy.models.families.families import authors_rule
+from seer_deploy.models.prompts.image_placeholders import expand_placeholders
 from seer_deploy.models.prompts.prompt import Prompt, check_prompt_images, load_pictures
 from seer_deploy.models.text.chat_template import read_template_file
 from seer_deploy.runtime.loop import LoopOptions, check_prompts, check_supported, guidance_refusal, run_generation
@@ -62,6 +63,9 @@ class ServiceOptions:
     seed: int = 0
     chat_template: Path | None = None  # a Jinja chat template file instead of the target's own
     raw_prompts: bool = False  # prompts as raw text, no chat template (base models)
+    # The family's own decoding rule (models.families.families.authors_rule) replaces generation's decode and
+    # remasking once the target is open: what the CLI asks for when no rule was named.
+    authors_rule: bool = False
 
     def template_choice(self) -> TemplateChoice | None:
         """The chat template chosen instead of the target's own; None keeps the target's."""
@@ -191,6 +195,8 @@ class Service:
                           io_binding=self.options.io_binding, cuda_graph=self.options.cuda_graph),
             described, seer,
         )
+        if self.options.authors_rule:
+            self.options = with_authors_rule(self.options, self.info.config.family, self.info.config.prefix_dlm)
         check_supported(self.options.generation, self.backend)
         self.seer = self.info.seer_for(seer)
         self.tokenizer = self.info.tokenizer(self.options.template_choice())
@@ -264,9 +270,6 @@ class Service:
             generation = self.options.generation  # checked against the backend when the service opened
         elif generation != self.options.generation:
             check_supported(generation, self.backend)  # its own settings were checked when it was made
-        reason = IMAGES_UNSUPPORTED.get(self.info.config.family)
-        if reason is not None and any(r.images for r in requests):
-            raise ConfigError(reason)
         check_prompt_images(requests, self.info.target, self.info.images is not None)
         pictures = load_pictures(requests)
         ids = [self.tokenizer.encode_request(r.prompt, r.messages) for r in requests]
@@ -274,7 +277,7 @@ class Service:
         generation.check_fits(self.backend.max_seq_len, max(counts), image_tokens=self.info.images is not None)
         images = self.info.images
         check_prompts(ids, generation, self.backend, self.info.mask_id,
-                      None if images is None else images.image_token_index)
+                      None if images is None else images.image_token_index, self.info.config.mrope_section is not None)
         return Prepared(tuple(requests), ids, pictures, counts, generation)
 
     def _picture_tokens(self, pictures: list[Image.Image]) -> int:
@@ -283,9 +286,7 @@ class Service:
         images = self.info.images
         if images is None:
             return 0
-        if images.anyres is None:
-            return (images.tokens_per_image - 1) * len(pictures)
-        return sum(images.picture_tokens(p) - 1 for p in pictures)
+        return sum(images.picture_tokens(p, f"picture {i + 1}") - 1 for i, p in enumerate(pictures))
 
     def _with_images(self, ids: list[list[int]], requests: Sequence[Prompt], pictures: Sequence[list[Image.Image]]
                      ) -> list[list[int]]:
@@ -294,12 +295,16 @@ class Service:
         images = self.info.images
         if images is None:
             return ids
-        backend: ImageBackend = self.backend  # type: ignore[assignment]  # a multimodal target's backend
         flat = [p for per_request in pictures for p in per_request]  # none for a batch of text-only requests
-        embeds = encode_pictures(backend.encode_images, flat, images.image, images.anyres)  # [tokens_i, D] each
-        backend.set_image_table(embeds)
+        tokens = images.set_pictures(self.backend, flat)
         counts = [len(r.images) for r in requests]
-        return expand_placeholders(ids, counts, [len(e) for e in embeds], images.image_token_index, images.id_base)
+        return expand_placeholders(ids, counts, tokens, images.image_token_index, images.id_base)
+
+
+def with_authors_rule(options: ServiceOptions, family: str, prefix_dlm: bool) -> ServiceOptions:
+    """`options` with the family's own decoding rule (checked: ConfigError names what does not fit it)."""
+    generation = dataclasses.replace(options.generation, **authors_rule(family, prefix_dlm))  # type: ignore[arg-type]
+    return dataclasses.replace(options, generation=generation, authors_rule=False)
 
 
 def _report_settled(on_settled: Callable[[int, list[int]], None], first: int, row: int, ids: np.ndarray) -> None:

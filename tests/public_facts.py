@@ -7,6 +7,12 @@ Sources (read with `git show`, not copied):
   tokenizer is written here from tokenizer_config.json's added_tokens_decoder (ids 126080-126348).
 - MMaDA: github.com/Gen-Verse/MMaDA, inference_mmu.py (image codes + len(uni_prompting.text_tokenizer); the marks
   from sptids_dict) and training/prompting_utils.py (reserved_token_mapping, use_reserved_token=True).
+- Dimple: github.com/yu-rp/Dimple (commit 848f132), training-code/models/configuration_dimple.py (DimpleConfig and
+  DimpleVisionConfig keys and defaults: Qwen2.5-VL-7B's tower, the picture ids, mrope_section) and modeling_dimple.py
+  (module names: `visual` = the tower with transformers' Qwen2.5-VL names, `img_projector.linear_1/2`, `model.*` and
+  `lm_head` = Dream's); its tokenizer is Dream's Qwen2 files (added tokens 151643-151666). Not confirmed against a
+  real Dimple-7B config.json: `architectures`, the EOS id (Dream's 151643 here) and whether it ships
+  `preprocessor_config.json` (Qwen2.5-VL's keys here).
 - LLaDA-MoE: github.com/ZHZisZZ/dllm-trainer, dllm/pipelines/llada/models/modeling_lladamoe.py
   (LLaDAMoESparseMoeBlock: self.norm_topk_prob = False; softmax router whatever moe_router_score_function says).
 """
@@ -95,6 +101,28 @@ DREAM_LAYER = {"input_layernorm.weight", "mlp.down_proj.weight", "mlp.gate_proj.
                "post_attention_layernorm.weight", "self_attn.k_proj.bias", "self_attn.k_proj.weight",
                "self_attn.o_proj.weight", "self_attn.q_proj.bias", "self_attn.q_proj.weight", "self_attn.v_proj.bias",
                "self_attn.v_proj.weight"}
+
+# Dimple: DimpleConfig's keys over Dream's language model sizes, its vision_config (DimpleVisionConfig), the ids.
+DIMPLE_VISION = {"depth": 32, "hidden_size": 1280, "hidden_act": "silu", "intermediate_size": 3420, "num_heads": 16,
+                 "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                 "tokens_per_second": 2, "window_size": 112, "out_hidden_size": 3584,
+                 "fullatt_block_indexes": [7, 15, 23, 31], "model_type": "dimple"}
+DIMPLE_CONFIG: dict[str, Any] = {
+    **{k: v for k, v in DREAM_CONFIG.items() if k not in ("auto_map", "_name_or_path", "use_mrope")},
+    "architectures": ["DimpleModel"], "model_type": "dimple", "image_token_id": 151655, "video_token_id": 151656,
+    "vision_start_token_id": 151652, "vision_end_token_id": 151653, "vision_token_id": 151654,
+    "mrope_section": [16, 24, 24], "full_attn_mask": True, "use_cache": False, "vision_config": DIMPLE_VISION,
+}
+# Shrunk: a head of 8 dims (4 rotary frequencies split 1 / 1 / 2), a 4-block tower with windowed and full blocks.
+DIMPLE_SHRUNK = {**DREAM_SHRUNK, "hidden_size": 32, "intermediate_size": 48, "mrope_section": [1, 1, 2],
+                 "max_position_embeddings": 256,
+                 "vision_config": {**DIMPLE_VISION, "depth": 4, "hidden_size": 32, "intermediate_size": 48,
+                                   "num_heads": 2, "out_hidden_size": 24, "fullatt_block_indexes": [1, 3]}}
+# Qwen2.5-VL's preprocessor_config.json keys (max_pixels shrunk so that a picture is at most 16 image tokens).
+DIMPLE_PREPROCESSOR = {"min_pixels": 3136, "max_pixels": 28 * 28 * 16, "patch_size": 14, "temporal_patch_size": 2,
+                       "merge_size": 2, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                       "image_std": [0.26862954, 0.26130258, 0.27577711],
+                       "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor"}
 
 # models/LLaDA-8B-Instruct/config.json: every key, values as published.
 LLADA_CONFIG: dict[str, Any] = {

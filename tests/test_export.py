@@ -102,6 +102,8 @@ def test_export_writes_graphs_weights_and_a_complete_manifest(exports: dict[str,
         "sample_uniform": ("float32", ["batch", "seq"]),
         "candidates": ("int64", ["batch", "candidates"]),
         "with_stats": ("int64", ["batch"]),
+        "score_rule": ("int64", ["batch"]),
+        "score_temperature": ("float32", ["batch"]),
     }
     K = cfg.n_layers * len(STAT_NAMES)
     assert {k: (v.dtype, v.shape) for k, v in step.outputs.items()} == {
@@ -109,6 +111,7 @@ def test_export_writes_graphs_weights_and_a_complete_manifest(exports: dict[str,
         "confidence": ("float32", ["batch", "seq"]),
         "eos_prob": ("float32", ["batch", "seq"]),
         "sparsity": ("float32", ["batch", K, "seq"]),
+        "score": ("float32", ["batch", "seq"]),
     }
     for spec in (step,):
         assert sha256(out / spec.file) == spec.sha256
@@ -189,7 +192,7 @@ def test_weights_are_external_and_shared_by_every_graph(exports: dict[str, Any],
             else:  # what stays inline is small: shape constants and scalars
                 assert len(init.raw_data) < 1024
         locations[name] = refs
-        assert (out / f"{name}.onnx").stat().st_size < param_bytes / 2
+        assert (out / f"{name}.onnx").stat().st_size < param_bytes  # no weight inside: the graph alone
     # Every weight the window graph reads is one the step graph reads too: the file holds the model once, not twice.
     assert locations["window_step"] <= locations["step"]
     for export in (result.out, cached):
@@ -216,15 +219,16 @@ def test_onnx_runtime_matches_torch_through_polygraphy(exports: dict[str, Any]) 
         feeds.append({"input_ids": rng.integers(0, cfg.vocab_size, (B, S)), "attention_mask": mask,
                       "temperature": np.zeros(B, np.float32), "sample_uniform": np.ones((B, S), np.float32),
                       "candidates": np.broadcast_to(np.arange(S), (B, S)).copy(),
-                      "with_stats": np.ones(B, np.int64)})
+                      "with_stats": np.ones(B, np.int64), "score_rule": np.arange(B, dtype=np.int64) % 3,
+                      "score_temperature": np.ones(B, np.float32)})
     ort_runner = OnnxrtRunner(SessionFromOnnx(str(result.out / "step.onnx"), providers=["CPUExecutionProvider"]))
     results = Comparator.run([ort_runner], data_loader=feeds)
     # polygraphy's PytRunner moves inputs to CUDA, so the torch side is added as precomputed results.
-    names = ["token_ids", "confidence", "eos_prob", "sparsity"]
+    names = ["token_ids", "confidence", "eos_prob", "sparsity", "score"]
     with torch.no_grad():
         torch_out = [torch_graph(*(torch.from_numpy(f[name]) for name in STEP.input_names)) for f in feeds]
     results.add([dict(zip(names, (t.numpy() for t in out), strict=True)) for out in torch_out], runner_name="torch")
-    atol = {"token_ids": 0.0, "confidence": 1e-5, "eos_prob": 1e-5, "sparsity": 1e-5}
+    atol = {"token_ids": 0.0, "confidence": 1e-5, "eos_prob": 1e-5, "sparsity": 1e-5, "score": 1e-5}
     accuracy = Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=atol, rtol=1e-5))
     assert bool(accuracy)
     # The comparison is real: the same comparator fails on a corrupted output.

@@ -13,10 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from public_facts import LLADA_CONFIG
 from safetensors import safe_open
-from test_cli import run
 
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import CheckpointError, ConfigError
@@ -28,7 +26,6 @@ from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.checkpoints.checkpoint import load_checkpoint, save_checkpoint
 from seer_deploy.models.families import families
 from seer_deploy.models.families.config import ModelConfig, config_from_dict
-from seer_deploy.models.families.families import check_images_supported
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.runtime.loop import run_generation
@@ -82,6 +79,8 @@ def family_checkpoint(root: Path, family: str, seed: int = 0, layout: str = "lla
     if family in ("dream", "dimple"):
         fields.update(n_kv_heads=1, rope_theta=1e6, rms_eps=1e-6, qkv_bias=True, shift_logits=True,
                       bos_id=ids["<|endoftext|>"])
+    if family == "dimple":
+        fields.update(mrope_section=(1, 1, 2))  # M-RoPE over the head's 4 rotary frequencies
     if family == "llada_moe":
         fields.update(n_kv_heads=4, mlp_hidden=16, num_experts=4, experts_per_token=2, qk_norm=True, rotary_dim=4,
                       rope_theta=50000.0)
@@ -418,7 +417,7 @@ def test_llada_moe_export_runs_on_onnx_runtime_as_torch(moe: tuple[MaskPredictor
     np.testing.assert_array_equal(got.token_ids, want.token_ids)
 
 
-# ---------------------------------------------------------------- Dimple (text only)
+# ---------------------------------------------------------------- Dimple's language model (pictures: test_dimple.py)
 
 
 def test_dimple_loads_its_language_model_and_generates_text(tmp_path: Path) -> None:
@@ -432,22 +431,5 @@ def test_dimple_loads_its_language_model_and_generates_text(tmp_path: Path) -> N
     run = run_generation(TorchBackend(loaded.model), PROMPTS, PLAIN, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.eos_id, eos=cfg.eos_id), seer=SeerConfig(detector="eos", eos_floor=0.0))
     ref = run_generation(TorchBackend(model), PROMPTS, PLAIN, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.eos_id, eos=cfg.eos_id), seer=SeerConfig(detector="eos", eos_floor=0.0))
     np.testing.assert_array_equal(run.tokens, ref.tokens)
-    with pytest.raises(ConfigError, match="Qwen2.5-VL"):
-        check_images_supported(raw)
     with pytest.raises(CheckpointError, match="use_sliding_window"):
         config_from_dict({**raw, "use_sliding_window": True})
-    assert check_images_supported(LLADA_8B_CONFIG) is None
-
-
-def test_dimple_answers_text_through_the_cli_and_refuses_pictures(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    """`seer-deploy generate` on a Dimple checkpoint: a text model (its config's vision tower is not run), text
-    prompts answered, a picture refused in one line naming the missing tower."""
-    _, ckpt = family_checkpoint(tmp_path, "dimple", seed=3)
-    code, out, err = run(["generate", str(ckpt), "-p", "reverse 12", "--gen-length", "16", "--no-seer"], capsys)
-    assert code == 0 and out.startswith("reverse 12 -> "), err
-    picture = tmp_path / "p.png"
-    Image.new("RGB", (8, 8)).save(picture)
-    code, out, err = run(["generate", str(ckpt), "-p", "<image> colors", "--image", str(picture),
-                          "--gen-length", "16"], capsys)
-    assert code == 2 and out == "" and "Qwen2.5-VL" in err and len(err.strip().splitlines()) == 1

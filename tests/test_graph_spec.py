@@ -57,9 +57,10 @@ def test_the_declarations() -> None:
     assert MULTIMODAL_STEP.input_names == [*STEP.input_names, "image_table"]
     assert step_graph(True, True).input_names == [*STEP.input_names, "image_table", "prompt_width"]
     assert step_graph(kv_cache=True).output_names == [*STEP.output_names, "kv"]
-    # The step graph's outputs are step zero's output record, field for field; a later step reads the first two.
-    # Step0Output's kv: what a prefill (step zero of the prompt cache) also returns, the step graph's kv output
-    assert [*STEP.output_names, "kv"] == list(Step0Output._fields) and STEP.output_names[:2] == list(StepOutput._fields)
+    # The step graph's outputs are step zero's output record, field for field (Step0Output's kv: what a prefill, step
+    # zero of the prompt cache, also returns: the step graph's kv output); a later step reads the first two and the score.
+    assert [*STEP.output_names, "kv"] == list(Step0Output._fields)
+    assert [*STEP.output_names[:2], STEP.output_names[-1]] == list(StepOutput._fields)
     for graph in ALL_GRAPHS:
         assert len(set(graph.input_names)) == len(graph.inputs) and graph.host_outputs == graph.output_names
         for tensor in (*graph.inputs, *graph.outputs):
@@ -71,6 +72,8 @@ def test_the_declarations() -> None:
         "sample_uniform": {0: Axis.BATCH, 1: Axis.SEQ},
         "candidates": {0: Axis.BATCH, 1: Axis.CANDIDATES},
         "with_stats": {0: Axis.BATCH},
+        "score_rule": {0: Axis.BATCH},
+        "score_temperature": {0: Axis.BATCH},
     }
     assert MULTIMODAL_STEP.dynamic_axes()["image_table"] == {0: Axis.IMAGE_TOKENS}
 
@@ -104,7 +107,7 @@ def test_feeds_follow_the_declaration() -> None:
     with pytest.raises(ConfigError, match="candidates must be integer columns"):
         StepInput(ids, None, candidates=np.array([[0, 1]])).checked(16)
     table = np.zeros((4, 8), np.float32)
-    feed = graph_feed(MULTIMODAL_STEP, checked, table)
+    feed = graph_feed(MULTIMODAL_STEP, checked, {"image_table": table})
     assert list(feed) == MULTIMODAL_STEP.input_names and feed["image_table"] is table
     with pytest.raises(ConfigError, match="step graph needs image_table"):
         graph_feed(MULTIMODAL_STEP, checked)

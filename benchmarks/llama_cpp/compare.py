@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -48,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # benchmarks/llada_checkpoint.py
 from llada_checkpoint import BOS, EOS, SPECIALS, Shape, is_current, write_checkpoint
 from measured import run_measured
+from report import cpu_model, fmt, git_state, render
 
 PY = sys.executable
 # The seer-deploy CLI of the interpreter running this script (the repo's venv, installed -e: this working tree).
@@ -57,6 +57,8 @@ GiB = 2**30
 
 PROMPT_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "seven", "wizards", "quietly", "judge", "boxing", "matches", "near", "the", "old", "river", "bank", "and", "count", "every", "step", "of", "the", "long", "way", "home", "before", "the", "night", "falls", "again", "over", "the", "silent", "hills"]
 AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+QUANT_TYPES = {"int8": "q8_0", "int4": "q4_0"}  # seer-deploy's --quantize -> llama-quantize's type at that width
+LLAMA_NAMES = {"fp32": "f32", **QUANT_TYPES}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -236,9 +238,11 @@ def llama_ids(tokenize: Path, gguf: Path, text: str) -> list[int] | None:
 GLOG = re.compile(r"^[EWI]\d{4} \d")  # torch's C++ log lines (e.g. torch.export notes), not the CLI's
 
 
-def export(ckpt: Path, out: Path, max_seq_len: int) -> dict[str, Any]:
-    """`seer-deploy export CKPT --out DIR --kv-cache --max-seq-len N`; on failure the line, then --no-verify."""
-    base = [*SEER_CLI, "export", str(ckpt), "--out", str(out), "--kv-cache", "--max-seq-len", str(max_seq_len)]
+def export(ckpt: Path, out: Path, max_seq_len: int, quantize: list[str]) -> dict[str, Any]:
+    """`seer-deploy export CKPT --out DIR --kv-cache --max-seq-len N [--quantize W]`; on failure the line, then
+    --no-verify."""
+    base = [*SEER_CLI, "export", str(ckpt), "--out", str(out), "--kv-cache", "--max-seq-len", str(max_seq_len),
+            *quantize]
     rec: dict[str, Any] = {"command": " ".join(base)}
     shutil.rmtree(out, ignore_errors=True)
     p = run_measured(base, cwd=REPO)
@@ -281,6 +285,7 @@ class Side:
     kind: str  # "llama" | "seer"
     cmd: list[str]
     weights_bytes: int
+    width: str  # "fp32", "int8", "int4": the rows compared with each other
     runs: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -364,8 +369,8 @@ def run_seer(side: Side, trace: Path) -> dict[str, Any]:
 
 def summarize(side: Side) -> dict[str, Any]:
     ok = [r for r in side.runs if "step_s" in r]
-    s: dict[str, Any] = {"name": side.name, "kind": side.kind, "runs_ok": len(ok), "runs": len(side.runs),
-                         "weights_bytes": side.weights_bytes}
+    s: dict[str, Any] = {"name": side.name, "kind": side.kind, "width": side.width, "runs_ok": len(ok),
+                         "runs": len(side.runs), "weights_bytes": side.weights_bytes}
     if ok:
         firsts = [r["first_done_s"] for r in ok if r.get("first_done_s") is not None]
         s.update(step_s=median([r["step_s"] for r in ok]), avg_step_s=median([r["avg_step_s"] for r in ok]),
@@ -403,88 +408,30 @@ def compare_answers(a: str | None, b: str | None) -> dict[str, Any]:
     return out
 
 
-def one_step_check(cli: Path, ggufs: dict[str, Path], export_dir: Path, text: str, total: int, gen: int,
-                   threads: int, tokfile: Path) -> dict[str, Any]:
+def one_step_check(cli: Path, pairs: dict[str, tuple[Path, Path]], text: str, total: int, gen: int, threads: int,
+                   tokfile: Path) -> dict[str, Any]:
     """Same weights, same model? One step over the whole response commits every position's argmax on both sides, with
-    no order to differ in: the 256 tokens must be the same (llama.cpp f32 against seer-deploy ORT fp32)."""
+    no order to differ in: the 256 tokens must be the same. `pairs`: llama.cpp's side name -> (its GGUF, seer-deploy's
+    export at the same width)."""
     from tokenizers import Tokenizer
 
-    p = run_measured([PY, str(HERE / "_seer_child.py"), str(export_dir.parent / "one-step-trace.json"), "generate",
-                      str(export_dir), "--prompt", text, "--gen-length", str(gen), "--steps", "1", "--threads",
-                      str(threads), "--no-seer", "--json"], cwd=REPO)
-    record: dict[str, Any] = next((json.loads(line) for line in p.out.splitlines() if line.startswith("{")), {})
-    (export_dir.parent / "one-step-trace.json").unlink(missing_ok=True)
-    if p.rc != 0 or not record.get("tokens"):
-        return {"error": f"seer-deploy: {last_line(p.err or p.out)}"}
-    seer = Tokenizer.from_file(str(tokfile)).decode(record["tokens"], skip_special_tokens=True)
     out: dict[str, Any] = {}
-    for name, gguf in ggufs.items():
+    for name, (gguf, export_dir) in pairs.items():
+        trace = export_dir.parent / "one-step-trace.json"
+        p = run_measured([PY, str(HERE / "_seer_child.py"), str(trace), "generate", str(export_dir), "--prompt", text,
+                          "--gen-length", str(gen), "--steps", "1", "--threads", str(threads), "--no-seer", "--json"],
+                         cwd=REPO)
+        record: dict[str, Any] = next((json.loads(line) for line in p.out.splitlines() if line.startswith("{")), {})
+        trace.unlink(missing_ok=True)
+        if p.rc != 0 or not record.get("tokens"):
+            out[name] = {"error": f"seer-deploy: {last_line(p.err or p.out)}"}
+            continue
+        seer = Tokenizer.from_file(str(tokfile)).decode(record["tokens"], skip_special_tokens=True)
         q = run_measured(llama_cmd(cli, gguf, text, total, 1, gen, threads))
         m = LLAMA_TIMES.search(q.err + q.out)
         answer = LOG_PREFIX.sub("", (q.err + q.out).split(m.group(0), 1)[1]).rstrip("\n") if m else None
-        out[name] = compare_answers(seer, answer)
+        out[name] = {**compare_answers(seer, answer), "against": export_dir.name}
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# 5. report
-
-
-def git_state() -> str:
-    head = subprocess.run(["git", "log", "-1", "--oneline"], capture_output=True, text=True, cwd=REPO,
-                          check=False).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=REPO, check=False).stdout.strip()
-    return head + (f" with uncommitted changes ({len(dirty.splitlines())} tracked files modified)" if dirty else "")
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        m = re.search(r"Model name:\s*(.+)", out)
-        return m.group(1).strip() if m else platform.processor()
-    except OSError:
-        return platform.processor()
-
-
-def fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def table(summaries: list[dict[str, Any]], ref: str) -> str:
-    base = next((s for s in summaries if s["name"] == ref and "step_s" in s), None)
-    rows = [("| side | s/step | / llama.cpp f32 | all-steps s/step | load s (to step 1) | first step done s | "
-             "peak RSS GiB | weights file GiB | peak RSS / (1.25 x weights + 1 GiB) | passes |"),
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for s in summaries:
-        if "step_s" not in s:
-            rows.append(f"| {s['name']} | failed: {'; '.join(s.get('errors', []))[:120]} | | | | | | | | |")
-            continue
-        ratio = f"{s['step_s'] / base['step_s']:.2f}x" if base else "-"
-        w = s["weights_bytes"]
-        rows.append(f"| {s['name']} | {s['step_s']:.3f} | {ratio} | {s['avg_step_s']:.3f} | {s['load_s']:.2f} | "
-                    f"{fmt(s['first_done_s'], '.2f')} | {s['peak_rss'] / GiB:.2f} | {w / GiB:.2f} | "
-                    f"{s['peak_rss'] / (1.25 * w + GiB):.2f} | "
-                    f"{s['passes'] if s['passes'] is not None else '-'} |")
-    return "\n".join(rows)
-
-
-def targets(summaries: list[dict[str, Any]], ref: str) -> list[str]:
-    base = next((s for s in summaries if s["name"] == ref and "step_s" in s), None)
-    lines = []
-    for s in summaries:
-        if s["kind"] != "seer" or "step_s" not in s:
-            continue
-        budget = 1.25 * s["weights_bytes"] + GiB
-        first = s["first_done_s"] if s["first_done_s"] is not None else s["load_s"]
-        parts = [(f"peak RSS {s['peak_rss'] / GiB:.2f} GiB vs {budget / GiB:.2f} "
-                  f"({'met' if s['peak_rss'] <= budget else 'not met'})"),
-                 f"first step done after {first:.2f} s vs 2 s ({'met' if first <= 2 else 'not met'})"]
-        if base:
-            r = s["step_s"] / base["step_s"]
-            parts.insert(0, f"s/step {r:.2f}x llama.cpp f32's vs 0.8x ({'met' if r <= 0.8 else 'not met'})")
-        lines.append(f"- {s['name']}: " + "; ".join(parts))
-    return lines
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -515,9 +462,14 @@ def main() -> None:
                          "else built under WORK/build]")
     ap.add_argument("--llama-src", type=Path, default=None,
                     help="a llama.cpp source tree [default: the llama-cpp-python sdist's vendor/llama.cpp]")
-    ap.add_argument("--no-q8", action="store_true", help="skip the llama.cpp q8_0 row")
+    ap.add_argument("--widths", default="int8,int4",
+                    help="quantized widths to compare besides full precision: int8 (llama.cpp q8_0) and int4 (q4_0)")
     ap.add_argument("--reuse-export", action="store_true",
-                    help="keep an existing export (default: export again, so the tree's exporter is measured)")
+                    help="keep existing exports (default: export again, so the tree's exporter is measured)")
+    ap.add_argument("--no-cache-row", action="store_true", help="skip the dual-KV-cache row (a shorter run)")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="also write the raw JSON and its table here as compare.json / compare.md (the repository's "
+                         "benchmarks/results-llama for a published run)")
     args = ap.parse_args()
     if args.vocab <= max(SPECIALS.values()):
         ap.error(f"--vocab must exceed {max(SPECIALS.values())} (LLaDA's EoT id)")
@@ -566,21 +518,24 @@ def main() -> None:
         log("converting with convert_hf_to_gguf.py --outtype f32")
         convert(src, ckpt, f32, "f32")
     stages["convert f32"] = time.perf_counter() - t
-    q8 = run_dir / "model-q8_0.gguf"
-    t = time.perf_counter()
-    q8_how = None
-    if not args.no_q8:
-        if q8.is_file():
-            q8_how = "existing"
-        elif quantize is not None:
-            log("quantizing with llama-quantize q8_0")
-            check([str(quantize), str(f32), str(q8), "q8_0", str(args.threads)], "llama-quantize")
-            q8_how = "llama-quantize f32 -> q8_0"
+    widths = [w for w in args.widths.split(",") if w]
+    if any(w not in QUANT_TYPES for w in widths):
+        ap.error(f"--widths takes {', '.join(QUANT_TYPES)}")
+    ggufs: dict[str, Path] = {"fp32": f32}
+    quantized_how: dict[str, str] = {}
+    for width in widths:
+        qtype = QUANT_TYPES[width]
+        ggufs[width] = run_dir / f"model-{qtype}.gguf"
+        t = time.perf_counter()
+        if ggufs[width].is_file():
+            quantized_how[qtype] = "existing"
+        elif quantize is not None:  # llama.cpp's own quantizer, its defaults (q4_0 keeps the output layer at Q6_K)
+            log(f"quantizing with llama-quantize {qtype}")
+            check([str(quantize), str(f32), str(ggufs[width]), qtype, str(args.threads)], "llama-quantize")
+            quantized_how[qtype] = f"llama-quantize f32 -> {qtype}"
         else:
-            log("no llama-quantize: convert_hf_to_gguf.py --outtype q8_0")
-            convert(src, ckpt, q8, "q8_0")
-            q8_how = "convert_hf_to_gguf.py --outtype q8_0"
-    stages["quantize q8_0"] = time.perf_counter() - t
+            raise SystemExit("llama-quantize was not built: the quantized rows need llama.cpp's own quantizer")
+        stages[f"quantize {qtype}"] = time.perf_counter() - t
 
     # same prompt ids on both sides
     ids_llama = llama_ids(tokenize, f32, text) if tokenize else None
@@ -591,75 +546,69 @@ def main() -> None:
     if ids_llama is not None and ids_llama != ids:
         raise SystemExit("llama.cpp tokenizes the prompt differently; the comparison would not be on the same ids")
 
-    # 3. export
-    out = run_dir / "export"
-    t = time.perf_counter()
-    if args.reuse_export and (out / "manifest.json").is_file():
-        exp: dict[str, Any] = {"reused": True}
-        log("export reused")
-    else:
-        log(f"seer-deploy export --kv-cache --max-seq-len {args.max_seq_len}")
-        exp = export(ckpt, out, args.max_seq_len)
-        log(f"export: rc {exp['rc']}, {exp['seconds']} s, peak RSS {exp['peak_rss_gib']} GiB; "
-            + " | ".join(exp["lines"][-3:]))
-    stages["export"] = time.perf_counter() - t
-    wfile, wbytes = export_weights_bytes(out)
+    # 3. exports, one per width
+    exports: dict[str, Path] = {}
+    exp: dict[str, Any] = {}
+    for width in ["fp32", *widths]:
+        out = exports[width] = run_dir / ("export" if width == "fp32" else f"export-{width}")
+        quant = [] if width == "fp32" else ["--quantize", width]
+        t = time.perf_counter()
+        if args.reuse_export and (out / "manifest.json").is_file():
+            exp[width] = {"reused": True}
+            log(f"export {width} reused")
+        else:
+            log(f"seer-deploy export --kv-cache --max-seq-len {args.max_seq_len} {' '.join(quant)}")
+            exp[width] = export(ckpt, out, args.max_seq_len, quant)
+            log(f"export {width}: rc {exp[width]['rc']}, {exp[width]['seconds']} s, peak RSS "
+                f"{exp[width]['peak_rss_gib']} GiB; " + " | ".join(exp[width]["lines"][-3:]))
+        stages[f"export {width}"] = time.perf_counter() - t
+        exp[width]["weights_file"], exp[width]["weights_bytes"] = export_weights_bytes(out)
 
     # 4. runs
     total = args.prompt_tokens + args.gen_length
-    gen = ["generate", str(out), "--prompt", text, "--gen-length", str(args.gen_length), "--steps", str(args.steps),
-           "--threads", str(args.threads), "--no-seer", "--json"]
-    sides = [Side("llama.cpp f32", "llama", llama_cmd(cli, f32, text, total, args.steps, args.gen_length,
-                                                      args.threads), f32.stat().st_size)]
-    if q8_how:
-        sides.append(Side("llama.cpp q8_0", "llama", llama_cmd(cli, q8, text, total, args.steps, args.gen_length,
-                                                               args.threads), q8.stat().st_size))
-    sides += [Side("seer-deploy ORT fp32, Seer off", "seer", [*gen, "--block-length", str(args.gen_length)], wbytes),
-              Side(f"seer-deploy ORT fp32, dual KV cache, blocks of {args.kv_block}", "seer",
-                   [*gen, "--block-length", str(args.kv_block), "--kv-cache"], wbytes)]
+
+    def gen(width: str) -> list[str]:
+        return ["generate", str(exports[width]), "--prompt", text, "--gen-length", str(args.gen_length), "--steps",
+                str(args.steps), "--threads", str(args.threads), "--no-seer", "--json"]
+
+    sides = [Side(f"llama.cpp {LLAMA_NAMES[w]}", "llama", llama_cmd(cli, ggufs[w], text, total, args.steps,
+                                                                    args.gen_length, args.threads),
+                  ggufs[w].stat().st_size, w) for w in ggufs]
+    sides += [Side(f"seer-deploy ORT {w}, Seer off", "seer", [*gen(w), "--block-length", str(args.gen_length)],
+                   exp[w]["weights_bytes"], w) for w in exports]
+    if not args.no_cache_row:
+        sides.append(Side(f"seer-deploy ORT fp32, dual KV cache, blocks of {args.kv_block}", "seer",
+                          [*gen("fp32"), "--block-length", str(args.kv_block), "--kv-cache"],
+                          exp["fp32"]["weights_bytes"], "fp32"))
     t = time.perf_counter()
-    ggufs = {"llama.cpp f32": f32, **({"llama.cpp q8_0": q8} if q8_how else {})}
-    check1 = one_step_check(cli, ggufs, out, text, total, args.gen_length, args.threads, ckpt / "tokenizer.json")
+    check1 = one_step_check(cli, {f"llama.cpp {LLAMA_NAMES[w]}": (ggufs[w], exports[w]) for w in ggufs}, text, total,
+                            args.gen_length, args.threads, ckpt / "tokenizer.json")
     log(f"one-step check: {json.dumps(check1)}")
     stages["one-step check"] = time.perf_counter() - t
     stem = work / f"compare-{shape.tag}"
-    state = git_state()  # when the runs start: the tree may change under a long run
+    state = git_state(REPO)  # when the runs start: the tree may change under a long run
 
     def report(rounds_done: int) -> str:
-        """Write WORK/compare-<shape>.json and .md from the rounds done so far (after every round, so a run stopped
-        early still leaves its figures); returns the markdown."""
-        summaries = [summarize(s) for s in sides]
-        ref = "llama.cpp f32"
+        """Write WORK/compare-<shape>.json and .md (and --results' compare.json / .md) from the rounds done so far
+        (after every round, so a run stopped early still leaves its figures); returns the markdown."""
         result = {
             "date": started.strftime("%Y-%m-%d %H:%M UTC"), "machine": cpu_model(), "cores": os.cpu_count(),
-            "seer_deploy": state, "llama_cpp": src_name, "build": build_cmds, "q8_0": q8_how,
+            "seer_deploy": state, "llama_cpp": src_name, "build": build_cmds, "quantized": quantized_how,
             "command": " ".join([os.path.relpath(PY, REPO), os.path.relpath(Path(sys.argv[0]).resolve(), REPO),
                                  *sys.argv[1:]]),
             "shape": shape.__dict__, "params": shape.params, "prompt": text, "prompt_ids": ids,
             "prompt_ids_llama": ids_llama, "prompt_ids_seer": ids_seer, "same_prompt_ids": same_ids,
             "gen_length": args.gen_length, "steps": args.steps, "threads": args.threads, "rounds": args.rounds,
-            "rounds_done": rounds_done, "export": exp, "export_weights_file": wfile,
-            "stages_s": {k: round(v, 1) for k, v in stages.items()}, "summaries": summaries,
+            "rounds_done": rounds_done, "export": exp,
+            "stages_s": {k: round(v, 1) for k, v in stages.items()}, "summaries": [summarize(s) for s in sides],
             "one_step_check": check1, "commands": {s.name: s.cmd for s in sides},
             "raw": {s.name: s.runs for s in sides},
         }
-        md = "\n".join([
-            (f"{result['date']}, {result['machine']} ({result['cores']} cores), {args.threads} threads; seer-deploy "
-             f"{state}; llama.cpp from {src_name}."),
-            (f"Model: random LLaDA layout {shape.tag} ({shape.params / 1e6:.0f}M parameters), prompt {len(ids)} ids "
-             f"(same on both sides: {same_ids}), gen_length {args.gen_length} in one block, {args.steps} steps, "
-             f"medians of {rounds_done} of {args.rounds} alternating rounds."),
-            "",
-            table(summaries, ref),
-            "",
-            *targets(summaries, ref),
-            "",
-            "Same model on both sides (one step, every position its argmax, tokens equal to seer-deploy ORT fp32's): "
-            + (", ".join(f"{name} {a.get('same_pieces', '?')}/{a['pieces'][0]}" for name, a in check1.items()
-                         if isinstance(a, dict) and a.get("compared")) or json.dumps(check1)),
-        ])
-        stem.with_suffix(".json").write_text(json.dumps(result, indent=2))
-        stem.with_suffix(".md").write_text(md + "\n")
+        md = render(result)
+        for target in [stem] + ([args.results.resolve() / "compare"] if args.results else []):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+            target.with_suffix(".md").write_text(md + "\n")
         return md
 
     md = report(0)

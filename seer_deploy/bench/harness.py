@@ -24,7 +24,16 @@ import torch
 from seer_deploy.bench.machine import describe_machine
 from seer_deploy.bench.measure import RowTiming, measure_row
 from seer_deploy.bench.results import BenchResult, RowResult
-from seer_deploy.bench.rows import FAST_ROWS, ROW_DESCRIPTIONS, Runner, oracle_row, reference_row, service_row
+from seer_deploy.bench.rows import (
+    FAST_ROWS,
+    ROW_DESCRIPTIONS,
+    RULES,
+    Runner,
+    oracle_row,
+    reference_row,
+    rule_of,
+    service_row,
+)
 from seer_deploy.bench.scaling import SCALING_BACKENDS, ScalingSettings, run_scaling
 from seer_deploy.bench.workloads import Workload, picture_workload, text_workload
 from seer_deploy.contracts.quantization import SCHEMES, Quantization
@@ -62,6 +71,7 @@ class BenchSettings:
     io_binding: bool = False  # ONNX Runtime rows through IO binding
     cuda_graph: bool = False  # ONNX Runtime rows with CUDA graphs (CUDA only)
     quantize: tuple[str, ...] = ("int8", "int4")  # also export these quantizations: the ort-int8-seer ... rows
+    rules: tuple[str, ...] = ()  # bench.rows.RULES to add as ort-<rule> and ort-<rule>-seer rows
 
     def fast_config(self, gen_length: int) -> GenerationConfig:
         """The fast rows' settings at `gen_length`: the threshold rule over blocks of fast_block_length, with the
@@ -90,13 +100,16 @@ class BenchSettings:
         if self.fast_block_length < 1:
             raise ConfigError(f"--fast-block-length must be >= 1, got {self.fast_block_length}")
         self.fast_config(self.fast_block_length).validate()  # --threshold in (0, 1]
+        unknown_rules = [r for r in self.rules if r not in RULES]
+        if unknown_rules:
+            raise ConfigError(f"--rules {','.join(unknown_rules)}: choose from {', '.join(RULES)}")
         unknown = [q for q in self.quantize if q not in SCHEMES]
         if unknown:
             raise ConfigError(f"--quantize {','.join(unknown)}: use int8, int4 or both (int8,int4), or none")
 
 
 @dataclass
-class Prepared:
+class OpenedBench:
     """Everything the measurements need, opened once: a generation service per engine."""
 
     settings: BenchSettings
@@ -112,6 +125,7 @@ class Prepared:
     notes: list[str]
     work_dir: Path
     model_facts: dict[str, Any] = field(default_factory=dict)  # added to the result's model section
+    cache: bool = True  # the export has the KV cache graphs (not for shifted-logit models: the fast rows are skipped)
 
     @property
     def requests(self) -> list[Prompt]:
@@ -127,6 +141,9 @@ class Prepared:
                  *(f"ort-{q}-seer{fast}" for q in self.settings.quantize for fast in ("", "-fast")), "torch-seer"]
         if self.settings.tail_context is not None:
             names.insert(names.index("ort-oracle"), "ort-seer-tail")
+        names += [f"ort-{rule}{seer}" for rule in self.settings.rules for seer in ("", "-seer")]
+        if not self.cache:
+            names = [name for name in names if name not in FAST_ROWS]
         return names + (["trt-full", "trt-seer"] if "trt" in self.services else [])
 
     @property
@@ -151,10 +168,10 @@ def _tensorrt_ready() -> str | None:
     return None
 
 
-def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambda _: None) -> Prepared:
+def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambda _: None) -> OpenedBench:
     """Open the checkpoint, resolve Seer, export once into `work_dir` and open a service on each engine."""
+    from seer_deploy.export.dimple import export_with_pictures
     from seer_deploy.export.exporter import export_checkpoint
-    from seer_deploy.export.multimodal import export_multimodal
     from seer_deploy.export.options import ExportOptions
 
     settings.validate()
@@ -193,20 +210,21 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
                               "measure it without the quantized rows: --quantize none") from exc
     say(f"exporting {settings.target} to ONNX (once for this run)")
     start = time.perf_counter()
-    export = export_multimodal if multimodal else export_checkpoint
+    export = export_with_pictures if multimodal else export_checkpoint
+    cache = not model.cfg.shift_logits  # the block-wise cache reads no column outside its window (Dream's shift does)
     exported = export(settings.target, work_dir / "export",
-                      ExportOptions(seer=seer, kv_cache=True))  # the fast rows run the cache
+                      ExportOptions(seer=seer, kv_cache=cache))  # the fast rows run the cache
     export_seconds = time.perf_counter() - start
     services = {"torch": torch_service,
                 "ort": service(exported.out, io_binding=settings.io_binding, cuda_graph=settings.cuda_graph)}
     for scheme in settings.quantize:
         say(f"exporting {settings.target} quantized to {scheme}")
         quantized = export(settings.target, work_dir / f"export-{scheme}",
-                           ExportOptions(seer=seer, kv_cache=True,
+                           ExportOptions(seer=seer, kv_cache=cache,
                                          quantization=Quantization(scheme)))
         services[f"ort-{scheme}"] = service(quantized.out, io_binding=settings.io_binding,
                                             cuda_graph=settings.cuda_graph)
-    skipped: list[dict[str, str]] = []
+    skipped: list[dict[str, str]] = [] if cache else _uncached_rows(settings)
     why = _tensorrt_ready() if settings.tensorrt else "not asked for (--no-tensorrt)"
     if why is None and multimodal:
         why = "the TensorRT profiles do not cover the multimodal step graphs' image-table input (build refuses it)"
@@ -226,18 +244,30 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
         notes.append("multimodal workload: each row's timings include its own vision tower (torch's, or vision.onnx) "
                      "encoding the batch's pictures, as a user's request runs")
         facts = {"vision_parameters": torch_service.backend.vision.num_parameters(),  # type: ignore[attr-defined]
-                 "tokens_per_image": images.tokens_per_image, "image_size": images.image.image_size}
-    return Prepared(settings, model, info, torch_service.tokenizer, seer,
+                 "tokens_per_image": images.tokens_per_image,
+                 "image_size": images.image.image_size if images.image is not None else None}
+    return OpenedBench(settings, model, info, torch_service.tokenizer, seer,
                     "calibrated" if calibrated is not None else "defaults", workload, services, export_seconds,
-                    skipped, notes, work_dir, facts)
+                    skipped, notes, work_dir, facts, cache)
 
 
-def _runner(p: Prepared, row: str, config: GenerationConfig, timings: dict[str, RowTiming]) -> Runner:
+def _uncached_rows(settings: BenchSettings) -> list[dict[str, str]]:
+    """The fast rows (the KV cache) this run would have had, skipped for a model the cache cannot run."""
+    quantized = {f"ort-{q}-seer-fast" for q in settings.quantize}
+    why = "the block-wise KV cache does not run shifted-logit models (Dream, Dimple)"
+    return [{"row": name, "why": why} for name in FAST_ROWS if not name.startswith("ort-int") or name in quantized]
+
+
+def _runner(p: OpenedBench, row: str, config: GenerationConfig, timings: dict[str, RowTiming]) -> Runner:
     """The runner of `row` at `config`; the oracle reads its true lengths from this setting's ort-full tokens."""
     if row == "reference":
         return reference_row(p.services["torch"], config)
     if row == "torch-seer":
         return service_row(p.services["torch"], config, p.seer)
+    rule = rule_of(row)
+    if rule is not None:
+        return service_row(p.services["ort"], replace(config, **RULES[rule]),  # type: ignore[arg-type]
+                           p.seer if row.endswith("-seer") else None)
     fast = p.settings.fast_config(config.gen_length)
     quantized = re.fullmatch(r"ort-(int\d)-seer(-fast)?", row)
     if quantized:
@@ -268,7 +298,7 @@ def _stops(info: TargetInfo) -> set[int]:
     return {info.eos_id} | ({info.eot_id} if info.eot_id is not None else set())
 
 
-def run_bench(p: Prepared, command: str, progress: Progress = lambda _: None) -> BenchResult:
+def run_bench(p: OpenedBench, command: str, progress: Progress = lambda _: None) -> BenchResult:
     """Measure every row at every (gen_length, batch size), then the cost-scaling workload."""
     s = p.settings
     started = datetime.now(UTC)
@@ -323,7 +353,7 @@ def _sig(seconds: float) -> float:
     return float(f"{seconds:.6g}")
 
 
-def score_setting(p: Prepared, gen_length: int, batch_size: int, timings: dict[str, RowTiming]) -> list[RowResult]:
+def score_setting(p: OpenedBench, gen_length: int, batch_size: int, timings: dict[str, RowTiming]) -> list[RowResult]:
     """The table rows of one (gen_length, batch size): speed against the reference, accuracy, Seer vs oracle."""
     stops = _stops(p.info)
     reference = timings["reference"]
@@ -332,6 +362,9 @@ def score_setting(p: Prepared, gen_length: int, batch_size: int, timings: dict[s
     results = []
     for name, t in timings.items():
         answers = [p.tokenizer.decode_answer(row.tolist()) for row in t.tokens]
+        rule = rule_of(name)
+        full = ref_answers if rule is None else [p.tokenizer.decode_answer(row.tolist())
+                                                 for row in timings[f"ort-{rule}"].tokens]
         answer_tokens = int(true_lengths(t.tokens, stops).sum())
         engine = "trt" if name.startswith("trt") else "ort"
         oracle = timings.get(f"{engine}-oracle") if name in ("ort-seer", "ort-seer-tail", "trt-seer") else None
@@ -350,7 +383,7 @@ def score_setting(p: Prepared, gen_length: int, batch_size: int, timings: dict[s
             speedup=round(reference.seconds / t.seconds, 3),
             seer_over_oracle=round(oracle.seconds / t.seconds, 3) if oracle is not None else None,
             exact_match=round(float(np.mean([a == e.answer for a, e in zip(answers, p.examples, strict=True)])), 4),
-            identical_to_full=round(float(np.mean([a == r for a, r in zip(answers, ref_answers, strict=True)])), 4),
+            identical_to_full=round(float(np.mean([a == r for a, r in zip(answers, full, strict=True)])), 4),
             mean_kept=round(float(np.mean(t.kept)), 2) if t.kept is not None else None,
             safe=round(float(np.mean(np.asarray(t.kept) >= full_lengths)), 4) if t.kept is not None else None,
             tokens_per_answer_token=round(t.tokens_processed / answer_tokens, 2) if answer_tokens else None,

@@ -178,8 +178,9 @@ def _vision(model: dict[str, Any]) -> str:
     """' + a 0.18M-parameter vision tower (16 image tokens per picture)' for multimodal models, else ''."""
     if "vision_parameters" not in model:
         return ""
-    return (f" + a {model['vision_parameters'] / 1e6:.2f}M-parameter vision tower ({model['tokens_per_image']} image "
-            f"tokens per {model['image_size']} px picture)")
+    per = (f"{model['tokens_per_image']} image tokens per {model['image_size']} px picture" if model["image_size"]
+           else f"at least {model['tokens_per_image']} image tokens per picture, each at its own size")
+    return f" + a {model['vision_parameters'] / 1e6:.2f}M-parameter vision tower ({per})"
 
 
 def _tail_contexts(seer: dict[str, Any], settings: dict[str, Any]) -> str:

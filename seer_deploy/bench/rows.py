@@ -19,6 +19,9 @@ loop itself, and the oracle a study the service does not offer:
   ort-int8-seer / ort-int4-seer (and -fast)  ort-seer (and ort-seer-fast) on an export quantized to 8 / 4 bits
   torch-seer  the runtime loop on torch eager with Seer
   trt-full / trt-seer  the same on a TensorRT engine, when a GPU and TensorRT are present
+  ort-<rule> / ort-<rule>-seer  (bench --rules) a Dream-family rule (RULES: Dream's, LaViDa-Dream's, Dimple's
+              evaluation rule, Dimple's confident decoding) on ONNX Runtime at full length and with Seer; their
+              identical-to-full column compares with the rule's own full-length answers
 """
 
 from __future__ import annotations
@@ -36,6 +39,13 @@ from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import BlockPlan, TruncationPlan, block_plan
 from seer_deploy.service import Prompt, Service
 
+# The Dream family's rules the bench can add (--rules): name -> the settings that replace the bench's decoding.
+RULES: dict[str, dict[str, object]] = {
+    "dream": {"decode": "timesteps", "remasking": "entropy"},  # Dream's evaluation
+    "lavida-dream": {"decode": "timesteps", "remasking": "topk_margin"},  # LaViDa-Dream's
+    "dimple": {"decode": "timesteps", "remasking": "maskgit_plus"},  # Dimple's lmms-eval script
+    "dimple-confident": {"decode": "confident", "remasking": "maskgit_plus", "threshold": 0.9},  # its `dim` rule
+}
 ROW_NAMES: tuple[str, ...] = (
     "reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast", "ort-seer-tail", "ort-oracle",
     "ort-int8-seer", "ort-int8-seer-fast", "ort-int4-seer", "ort-int4-seer-fast", "torch-seer", "trt-full", "trt-seer",
@@ -69,7 +79,17 @@ ROW_DESCRIPTIONS: dict[str, str] = {
     "torch-seer": "the same runtime loop with Seer on torch eager (`TorchBackend`): Seer without the exported graphs",
     "trt-full": "the runtime loop on a TensorRT engine at full gen_length",
     "trt-seer": "the runtime loop on a TensorRT engine with Seer (kept lengths rounded up to the engine's buckets)",
+    **{f"ort-{rule}": f"ONNX Runtime at full gen_length with the rule {rule} ({settings})"
+       for rule, settings in RULES.items()},
+    **{f"ort-{rule}-seer": f"ort-{rule} with Seer (step zero at full length under the rule, then the rule's loop on "
+       f"the kept length); identical to full: against ort-{rule}" for rule in RULES},
 }
+
+
+def rule_of(row: str) -> str | None:
+    """The RULES name of an ort-<rule> / ort-<rule>-seer row, else None."""
+    name = row.removeprefix("ort-").removesuffix("-seer")
+    return name if row.startswith("ort-") and name in RULES else None
 
 
 @dataclass

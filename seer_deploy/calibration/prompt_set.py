@@ -13,26 +13,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import torch
 from PIL import Image
 
 from seer_deploy.calibration.sources import AnswerSource, BackendSource, TorchSource
 from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
-from seer_deploy.core.backend import ImageBackend
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
 from seer_deploy.engines.manifest import EngineManifest
 from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
 from seer_deploy.models.checkpoints.multimodal import load_multimodal
-from seer_deploy.models.checkpoints.multimodal_files import is_multimodal_checkpoint
+from seer_deploy.models.checkpoints.multimodal_files import is_dimple_checkpoint, is_multimodal_checkpoint
 from seer_deploy.models.networks.image_prompts import ImageConditionedModel, image_table
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.models.networks.vision import VisionEncoder
 from seer_deploy.models.pictures.image import pixel_batch
-from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, encode_pictures, expand_placeholders
+from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, expand_placeholders
 from seer_deploy.models.prompts.prompt import Prompt, check_prompt_images, load_pictures
 from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.runtime.openers import open_target
@@ -70,8 +68,13 @@ def prepare_prompts(target: str, prompts: Sequence[Prompt], config: GenerationCo
         return prepare_export_prompts(describe(target), prompts, config, batch_size, threads)
     multimodal = is_multimodal_checkpoint(target)
     check_prompt_images(prompts, target, multimodal)
+    dimple = is_dimple_checkpoint(target)
+    if dimple and any(p.images for p in prompts):
+        raise ConfigError(f"calibrating a Dimple checkpoint on prompts with pictures is not implemented; export it "
+                          f"(seer-deploy export {target} --out DIR) and calibrate the export, which runs the same "
+                          "pictures")
     pictures = load_pictures(prompts)
-    if multimodal:
+    if multimodal and not dimple:  # a Dimple checkpoint without pictures: its language model, as Dream's
         loaded = load_multimodal(target)
         tokenizer = MultimodalTokenizer.for_checkpoint(loaded)
         return prepare_image_prompts(loaded.lm.model, loaded.vision, tokenizer, prompts, config, batch_size, pictures)
@@ -97,12 +100,8 @@ def prepare_export_prompts(described: Description, prompts: Sequence[Prompt], co
     config.check_fits(backend.max_seq_len, max((len(p) + n for p, n in zip(ids, extra, strict=True)), default=0))
     flat = [p for per_prompt in pictures for p in per_prompt]
     if images is not None:
-        image_backend = cast(ImageBackend, backend)  # a multimodal export's backend
-        embeds = [e for lo in range(0, len(flat), batch_size) for e in
-                  encode_pictures(image_backend.encode_images, flat[lo : lo + batch_size], images.image, images.anyres)]
-        ids = expand_placeholders(ids, [len(p) for p in pictures], [len(e) for e in embeds],
-                                  images.image_token_index, images.id_base)
-        image_backend.set_image_table(embeds)
+        tokens = images.set_pictures(backend, flat, per_call=batch_size)
+        ids = expand_placeholders(ids, [len(p) for p in pictures], tokens, images.image_token_index, images.id_base)
     seer = described.export.seer
     return PreparedPrompts(BackendSource(backend, info.config, (seer.abs_threshold, seer.rel_threshold), info.mask_id,
                                          info.pad_id, info.eos_id), ids, len(flat))

@@ -57,6 +57,8 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
         parts += ["--device", settings.device]
     parts += ["--io-binding"] * settings.io_binding + ["--cuda-graph"] * settings.cuda_graph
     parts += ["--quantize", ",".join(settings.quantize) or "none"]
+    if settings.rules:
+        parts += ["--rules", ",".join(settings.rules)]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -98,10 +100,13 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
 @click.option("--quantize", "quantize", default="int8,int4", show_default=True, metavar="int8,int4|none",
               help="Also export the target quantized (weight-only, `export --quantize`) and measure ort-seer and "
                    "ort-seer-fast on each: the ort-int8-seer ... rows; none: no such rows.")
+@click.option("--rules", default="none", show_default=True, metavar="dream,lavida-dream,dimple,dimple-confident|none",
+              help="Also measure these Dream-family decoding rules on ONNX Runtime at full length and with Seer "
+                   "(ort-<rule>, ort-<rule>-seer rows; their answers compared with the rule's own full length).")
 def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int, repeats: int, threads: int, out: Path,
             scaling: bool, scaling_lengths: str, scaling_shape: str, tensorrt: bool, tail_context: str | None,
             fast_block_length: int, threshold: float, first_canvas: int, device: str | None, io_binding: bool,
-            cuda_graph: bool, quantize: str) -> None:
+            cuda_graph: bool, quantize: str, rules: str) -> None:
     """Benchmark TARGET (a checkpoint directory, 'demo' (the default) or 'demo-vl'): reference, ONNX Runtime full /
     Seer / oracle, the peers' recipes (Fast-dLLM's parallel decoding and dual KV cache) with and without Seer, torch
     with Seer, and step time against length on a large random model.
@@ -134,7 +139,8 @@ def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int
                              tail_context=None if tail_context is None else parse_tail_context(tail_context),
                              fast_block_length=fast_block_length, threshold=threshold, first_canvas=first_canvas,
                              device=device, io_binding=io_binding, cuda_graph=cuda_graph,
-                             quantize=() if quantize == "none" else tuple(dict.fromkeys(quantize.split(","))))
+                             quantize=() if quantize == "none" else tuple(dict.fromkeys(quantize.split(","))),
+                             rules=() if rules == "none" else tuple(dict.fromkeys(rules.split(","))))
     settings.validate()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a directory for bench.json, bench.md and bench.png")

@@ -5,6 +5,7 @@ or not) on its own step zero and runtime-loop answers (calibration.sources)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -81,6 +82,7 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
     from seer_deploy.calibration.detector_fit import CalibrationOptions, calibrate_model, split_indices
     from seer_deploy.calibration.identity_fit import check_target_identical, fit_identity_on_split
     from seer_deploy.calibration.prompt_set import prepare_prompts
+    from seer_deploy.models.families.families import authors_rule
     from seer_deploy.models.prompts.prompt import read_prompts_file
 
     options = CalibrationOptions(target_safe=target_safe, holdout=holdout, seed=seed, detector=detector,
@@ -101,10 +103,12 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
     split_indices(len(prompts), holdout, seed)  # enough prompts to split
     prepared = prepare_prompts(target, prompts, config, batch_size, threads)  # input errors before any model runs
     source, ids = prepared.source, prepared.ids
+    if block_length is None:  # the family's own rule, as generate runs it (Dream's sampler for the Dream family)
+        config = dataclasses.replace(config, **authors_rule(source.cfg.family, source.cfg.prefix_dlm))  # type: ignore[arg-type]
     full, _ = source.answers(ids, config, batch_size=batch_size,
                              progress=lambda done, total: click.echo(f"full-length generation: {done}/{total}", err=True))
     result = calibrate_model(source, ids, config, options, full_tokens=full, batch_size=batch_size)
-    report = result.report | {"n_images": prepared.n_images}
+    report = result.report | {"n_images": prepared.n_images, "decode": config.decode, "remasking": config.remasking}
     seer = result.config.with_(tail_context=context, calibration=report)
     if target_identical is not None:
         fit, validation = fit_identity_on_split(

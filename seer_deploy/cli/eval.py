@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from seer_deploy.cli.options import generation_config, generation_options, template_options
+from seer_deploy.cli.options import authors_rule, generation_config, generation_options, template_options
 from seer_deploy.cli.verbs import summary
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.evaluation.tasks import HARNESSES  # light: no harness, no torch until a run
@@ -68,7 +68,8 @@ def split_names(text: str, option: str) -> tuple[str, ...]:
 @template_options
 def command(target: str, tasks: str, harness: str, modes: str, limit: int | None, num_fewshot: int | None,
             include_paths: tuple[Path, ...], gen_length: int, steps: int | None, block_length: int | None,
-            temperature: float, remasking: str, cfg_scale: float, seed: int, threshold: float, fast_block_length: int,
+            temperature: float, remasking: str | None, cfg_scale: float, seed: int, threshold: float,
+            fast_block_length: int,
             tail_context: str, first_canvas: int, backend_name: BackendChoice | None, batch_size: int,
             seer_config: Path | None, providers: tuple[str, ...], threads: int | None, device: str | None,
             confidence: float, json_file: Path | None, chat_template: Path | None, raw_prompts: bool) -> None:
@@ -93,7 +94,8 @@ def command(target: str, tasks: str, harness: str, modes: str, limit: int | None
         target=target, tasks=split_names(tasks, "--tasks"), modes=parse_modes(modes), harness=harness,
         service=ServiceOptions(generation=generation, backend=backend_name, batch_size=batch_size,
                                providers=providers or None, threads=threads, device=device, seer_config=seer_config,
-                               seed=seed, chat_template=chat_template, raw_prompts=raw_prompts),
+                               seed=seed, chat_template=chat_template, raw_prompts=raw_prompts,
+                               authors_rule=authors_rule(None, remasking, block_length, False)),
         mode_settings=ModeSettings(threshold=threshold, fast_block_length=fast_block_length,
                                    tail_context=parse_tail_context(tail_context), first_canvas=first_canvas),
         limit=limit, num_fewshot=num_fewshot, include_paths=include_paths, confidence=confidence)

@@ -127,8 +127,8 @@ def command(
     from seer_deploy.contracts.quantization import QDQ_MIN_OPSET
     from seer_deploy.core.errors import ConfigError
     from seer_deploy.engines.build import BuildOptions, build_engines
+    from seer_deploy.export.dimple import prepare_with_pictures
     from seer_deploy.export.exporter import prepare_export
-    from seer_deploy.export.multimodal import prepare_multimodal
     from seer_deploy.export.options import DEFAULT_OPSET, ExportOptions
     from seer_deploy.models.checkpoints.multimodal_files import is_multimodal_checkpoint
     from seer_deploy.seer.config import SeerConfig
@@ -155,7 +155,7 @@ def command(
     build_options = BuildOptions(backend="tensorrt" if build == "tensorrt" else "ort")
     if build is not None:
         build_options.check()  # TensorRT installed, before the export: the user learns at once
-    run = (prepare_multimodal if multimodal else prepare_export)(checkpoint, out, options)
+    run = (prepare_with_pictures if multimodal else prepare_export)(checkpoint, out, options)
     if build is not None:
         build_options.layout(run.max_seq_len)  # the default profiles fit the export's length
     progress = StageProgress(as_json)

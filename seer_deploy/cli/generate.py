@@ -12,7 +12,13 @@ from pathlib import Path
 
 import click
 
-from seer_deploy.cli.options import decoding_options, generation_config, generation_options, template_options
+from seer_deploy.cli.options import (
+    authors_rule,
+    decoding_options,
+    generation_config,
+    generation_options,
+    template_options,
+)
 from seer_deploy.cli.verbs import summary
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
@@ -37,7 +43,12 @@ def decode_record(generation: GenerationConfig) -> dict[str, object]:
     """How the steps were decoded, as --json reports it: the rule and its setting, and the KV cache."""
     record: dict[str, object] = {"rule": generation.decode, "kv_cache": generation.kv_cache,
                                  "prompt_cache": generation.prompt_cache}
-    if generation.decode == "threshold":
+    if generation.dream_sampler:
+        record.update(remasking=generation.remasking, steps=generation.steps, eps=generation.eps,
+                      alg_temp=generation.alg_temp, top_p=generation.top_p, top_k=generation.top_k)
+        if generation.decode == "confident":
+            record["threshold"] = generation.threshold
+    elif generation.decode == "threshold":
         record["threshold"] = generation.threshold
     elif generation.decode == "factor":
         record["factor"] = generation.factor
@@ -127,13 +138,14 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
 @click.option("--image", "images", multiple=True, help="An image for the prompts' <image> placeholders, in order "
               "(repeat); TARGET is then a multimodal checkpoint, 'demo-vl', or an export or engine made from one.")
 @click.option("--json", "as_json", is_flag=True,
-              help="One JSON object per prompt (with Seer: boundary, kept length, steps, tokens processed vs full), "
+              help="One JSON object per prompt (with Seer: boundary, kept length, passes, tokens processed vs full), "
                    "with the run's time to first step on each: load_s (seconds to open the target) and first_step_s "
                    "(seconds from opening it to the end of the first batch's step zero, load_s included).")
 @template_options
 def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen_length: int, steps: int | None,
-            block_length: int | None, temperature: float, remasking: str, cfg_scale: float, seed: int,
-            decode: str, threshold: float, factor: float, kv_cache: bool, prompt_cache: bool, backend_name: BackendChoice | None,
+            block_length: int | None, temperature: float, remasking: str | None, cfg_scale: float, seed: int,
+            decode: str | None, threshold: float, eps: float, alg_temp: float, top_p: float | None,
+            top_k: int | None, factor: float, kv_cache: bool, prompt_cache: bool, backend_name: BackendChoice | None,
             batch_size: int, use_seer: bool | None, seer_config: Path | None,
             tail_context: str | None, first_canvas: int | None, providers: tuple[str, ...], threads: int | None,
             device: str | None, io_binding: bool, cuda_graph: bool, images: tuple[str, ...], as_json: bool,
@@ -143,8 +155,9 @@ def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen
     requests = read_requests(prompt, images, prompts_file)
     options = ServiceOptions(
         generation=generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale,
-                                     decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache,
-                                     prompt_cache=prompt_cache),
+                                     decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache, eps=eps,
+                                     alg_temp=alg_temp, top_p=top_p, top_k=top_k, prompt_cache=prompt_cache),
+        authors_rule=authors_rule(decode, remasking, block_length, kv_cache, prompt_cache),
         backend=backend_name, batch_size=batch_size, providers=providers or None, threads=threads, device=device,
         io_binding=io_binding, cuda_graph=cuda_graph, seer=use_seer,
         seer_config=seer_config, tail_context=None if tail_context is None else parse_tail_context(tail_context),

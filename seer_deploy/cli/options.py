@@ -12,7 +12,8 @@ from typing import Any
 
 import click
 
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.decoding import DREAM_DECODES, DREAM_REMASKING
+from seer_deploy.core.generation import DECODE_CHOICES, REMASKING_CHOICES, GenerationConfig
 
 
 def generation_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -24,10 +25,12 @@ def generation_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy (deterministic)."),
         click.option(
             "--remasking",
-            type=click.Choice(["low_confidence", "random"]),
-            default="low_confidence",
-            show_default=True,
-            help="How each step picks the tokens it commits.",
+            type=click.Choice(REMASKING_CHOICES),
+            default=None,
+            help="How each step picks the tokens it commits: LLaDA's low_confidence / random, or with the Dream "
+                 "family's --decode timesteps / confident Dream's alg: origin, maskgit_plus, topk_margin, entropy "
+                 "[default: the family's own, as its authors' evaluation runs it: LLaDA low_confidence, Dream "
+                 "entropy, Dimple maskgit_plus, LaViDa-Dream topk_margin].",
         ),
         click.option("--cfg-scale", type=float, default=0.0, show_default=True, help="Classifier-free guidance."),
         click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
@@ -39,15 +42,31 @@ def generation_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def decoding_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """--decode, --threshold, --factor, --kv-cache, --prompt-cache: the speed settings on top of Seer."""
+    """--decode, --threshold, --factor, --eps, --alg-temp, --top-p, --top-k, --kv-cache, --prompt-cache: the decoding
+    rule and the caches."""
     options = [
-        click.option("--decode", type=click.Choice(["fixed", "threshold", "factor"]), default="fixed",
-                     show_default=True,
+        click.option("--decode", type=click.Choice(DECODE_CHOICES), default=None,
                      help="fixed: LLaDA's even split of --steps per block. threshold / factor: Fast-dLLM's parallel "
                           "decoding, each step commits every candidate the rule accepts (at least one) and a block "
-                          "ends when it has no masks, so the steps follow the model's confidence (--steps unused)."),
+                          "ends when it has no masks, so the steps follow the model's confidence (--steps unused). "
+                          "timesteps: Dream's sampler (no blocks; step i of --steps commits int(masks * (1 - t[i+1] "
+                          "/ t[i])), t = linspace(1, --eps, steps + 1)). confident: Dimple's confident decoding "
+                          "(every mask scoring above --threshold, else the schedule re-anchored at the masks left; "
+                          "it stops when none is left) [default: the family's own: LLaDA fixed, the Dream family "
+                          "timesteps]."),
         click.option("--threshold", type=float, default=0.9, show_default=True,
-                     help="--decode threshold: commit the candidates whose probability is at least this."),
+                     help="--decode threshold: commit the candidates whose probability is at least this; --decode "
+                          "confident: those whose score is above it (Dimple's alg_p_threshold)."),
+        click.option("--eps", type=float, default=1e-3, show_default=True,
+                     help="--decode timesteps / confident: the last timestep, in (0, 1)."),
+        click.option("--alg-temp", type=float, default=0.0, show_default=True,
+                     help="--decode timesteps / confident: > 0 draws the committed positions from "
+                          "softmax(score / alg-temp) instead of taking the top scores."),
+        click.option("--top-p", type=float, default=None,
+                     help="--decode timesteps / confident: nucleus filter before the softmax, in (0, 1] (the torch "
+                          "backend only: the graphs return no vocabulary)."),
+        click.option("--top-k", type=int, default=None,
+                     help="--decode timesteps / confident: top-k filter before the softmax (torch backend only)."),
         click.option("--factor", type=float, default=1.0, show_default=True,
                      help="--decode factor: commit the top n while the n-th probability is >= 1 - factor / (n + 1)."),
         click.option("--kv-cache", is_flag=True,
@@ -71,17 +90,26 @@ def generation_config(
     steps: int | None,
     block_length: int | None,
     temperature: float,
-    remasking: str,
+    remasking: str | None,
     cfg_scale: float,
     *,
-    decode: str = "fixed",
+    decode: str | None = None,
     threshold: float = 0.9,
     factor: float = 1.0,
     kv_cache: bool = False,
     prompt_cache: bool = False,
+    eps: float = 1e-3,
+    alg_temp: float = 0.0,
+    top_p: float | None = None,
+    top_k: int | None = None,
 ) -> GenerationConfig:
     """The GenerationConfig of the flags, validated (ConfigError naming the flag); an unset --steps means
-    gen-length, an unset --block-length one block."""
+    gen-length, an unset --block-length one block. An unset --decode / --remasking is LLaDA's here, the family's own
+    once the target is open (`ServiceOptions.authors_rule`); a Dream rule named alone brings Dream's sampler."""
+    if decode is None:
+        decode = "timesteps" if remasking in DREAM_REMASKING else "fixed"
+    if remasking is None:
+        remasking = "maskgit_plus" if decode in DREAM_DECODES else "low_confidence"
     config = GenerationConfig(
         gen_length=gen_length,
         steps=gen_length if steps is None else steps,
@@ -94,6 +122,10 @@ def generation_config(
         factor=factor,
         kv_cache=kv_cache,
         prompt_cache=prompt_cache,
+        eps=eps,
+        alg_temp=alg_temp,
+        top_p=top_p,
+        top_k=top_k,
     )
     return config
 
@@ -110,3 +142,10 @@ def template_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def authors_rule(decode: str | None, remasking: str | None, block_length: int | None, kv_cache: bool,
+                 prompt_cache: bool = False) -> bool:
+    """Whether the family's own rule applies (ServiceOptions.authors_rule): no rule named, no blocks, no cache (the
+    caches run LLaDA's loop)."""
+    return decode is None and remasking is None and block_length is None and not kv_cache and not prompt_cache

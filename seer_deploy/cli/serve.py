@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from seer_deploy.cli.options import decoding_options, generation_config, generation_options, template_options
+from seer_deploy.cli.options import (
+    authors_rule,
+    decoding_options,
+    generation_config,
+    generation_options,
+    template_options,
+)
 from seer_deploy.cli.verbs import summary
 from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import ConfigError
@@ -84,7 +90,8 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
 @click.option("--max-replicas", type=int, default=None, help="--ray: autoscale from --replicas up to this.")
 @template_options
 def command(target: str, host: str, port: int, gen_length: int, steps: int | None, block_length: int | None,
-            temperature: float, remasking: str, cfg_scale: float, seed: int, decode: str, threshold: float,
+            temperature: float, remasking: str | None, cfg_scale: float, seed: int, decode: str | None,
+            threshold: float, eps: float, alg_temp: float, top_p: float | None, top_k: int | None,
             factor: float, kv_cache: bool, prompt_cache: bool, gen_lengths: str | None, backend_name: BackendChoice | None,
             use_seer: bool | None, seer_config: Path | None, tail_context: str | None, providers: tuple[str, ...],
             threads: int | None, max_batch: int, max_wait_ms: float, max_queue: int, timeout_s: float,
@@ -106,8 +113,9 @@ def command(target: str, host: str, port: int, gen_length: int, steps: int | Non
     serve_options.check()
     service_options = ServiceOptions(
         generation=generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale,
-                                     decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache,
-                                     prompt_cache=prompt_cache),
+                                     decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache, eps=eps,
+                                     alg_temp=alg_temp, top_p=top_p, top_k=top_k, prompt_cache=prompt_cache),
+        authors_rule=authors_rule(decode, remasking, block_length, kv_cache, prompt_cache),
         backend=backend_name, batch_size=max_batch, providers=providers or None, threads=threads, seer=use_seer,
         seer_config=seer_config, tail_context=None if tail_context is None else parse_tail_context(tail_context),
         seed=seed, chat_template=chat_template, raw_prompts=raw_prompts,

@@ -13,12 +13,14 @@ from seer_deploy.contracts.graphs import (
     CANDIDATES,
     CONFIDENCE,
     EOS_PROB,
-    IMAGE_TABLE,
     INPUT_IDS,
     KV,
     PROMPT_KV,
     PROMPT_WIDTH,
     RUN_IDS,
+    SCORE,
+    SCORE_RULE,
+    SCORE_TEMPERATURE,
     SPARSITY,
     TEMPERATURE,
     TOKEN_IDS,
@@ -40,12 +42,13 @@ def every_column(batch: int, seq: int) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(np.arange(seq, dtype=np.int64), (batch, seq)))
 
 
-def graph_feed(graph: GraphIO, checked: StepInput, image_table: np.ndarray | None = None, *,
+def graph_feed(graph: GraphIO, checked: StepInput, image_inputs: Mapping[str, np.ndarray] | None = None, *,
                with_stats: bool = False) -> dict[str, np.ndarray]:
     """`graph`'s inputs for one call, named and ordered as declared: the ids and mask of a checked StepInput, the
     step graph's sampling inputs (drawn from its temperature and seed), its candidates (every column unless the input
-    names them) and whether to compute step zero's statistics, for the multimodal graphs the table and for the
-    prefix-DLM graphs the prompt width (StepInput.prompt_width, the same for every row)."""
+    names them) and whether to compute step zero's statistics, for the multimodal graphs `image_inputs` by name (the
+    image table; an M-RoPE model's positions, models.pictures.mrope) and for the prefix-DLM graphs the prompt width
+    (StepInput.prompt_width, the same for every row)."""
     assert checked.attention_mask is not None, "pass StepInput.checked(), which always has a mask"
     values = {INPUT_IDS.name: checked.input_ids, ATTENTION_MASK.name: checked.attention_mask}
     batch, seq = checked.input_ids.shape
@@ -55,8 +58,11 @@ def graph_feed(graph: GraphIO, checked: StepInput, image_table: np.ndarray | Non
         values[CANDIDATES.name] = every_column(batch, seq) if checked.candidates is None else checked.candidates
     if graph.takes(WITH_STATS):
         values[WITH_STATS.name] = np.full(batch, int(with_stats), dtype=np.int64)
-    if image_table is not None:
-        values[IMAGE_TABLE.name] = image_table
+    if graph.takes(SCORE_RULE):
+        scoring = checked.scoring
+        values[SCORE_RULE.name] = np.full(batch, 0 if scoring is None else int(scoring.rule), dtype=np.int64)
+        values[SCORE_TEMPERATURE.name] = np.full(batch, 1.0 if scoring is None else scoring.temperature, np.float32)
+    values.update(image_inputs or {})
     if graph.takes(PROMPT_WIDTH):
         values[PROMPT_WIDTH.name] = np.full(checked.input_ids.shape[0], checked.prompt_width, dtype=np.int64)
     missing = [name for name in graph.input_names if name not in values]
@@ -91,17 +97,24 @@ def _output(tensor: TensorIO, values: Mapping[str, np.ndarray]) -> np.ndarray:
     return np.asarray(values[tensor.name]).astype(tensor.dtype, copy=False)
 
 
+def _score(values: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """The score output where the graph returned it (a step graph's; not the cache graphs')."""
+    return _output(SCORE, values) if SCORE.name in values else None
+
+
 def step0_output(values: Mapping[str, np.ndarray]) -> Step0Output:
     return Step0Output(
         token_ids=_output(TOKEN_IDS, values),
         confidence=_output(CONFIDENCE, values),
         eos_prob=_output(EOS_PROB, values),
         sparsity=_output(SPARSITY, values),
+        score=_score(values),
     )
 
 
 def step_output(values: Mapping[str, np.ndarray]) -> StepOutput:
-    return StepOutput(token_ids=_output(TOKEN_IDS, values), confidence=_output(CONFIDENCE, values))
+    return StepOutput(token_ids=_output(TOKEN_IDS, values), confidence=_output(CONFIDENCE, values),
+                      score=_score(values))
 
 
 def prefill_output(values: Mapping[str, np.ndarray]) -> Step0Output:

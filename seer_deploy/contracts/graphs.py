@@ -38,6 +38,9 @@ class Size(StrEnum):
     LAYERS = "layers"
     KV_HEADS = "kv_heads"
     HEAD_DIM = "head_dim"
+    MERGE_UNIT = "merge_unit"  # a Qwen2.5-VL tower's patches per image token (2 x 2)
+    PATCH_DIM = "patch_dim"  # numbers per patch: 3 x temporal_patch_size x patch_size**2 (1176)
+    VISION_HEAD_DIM = "vision_head_dim"  # the tower's head size (its rotary tables' width)
 
 
 Dim = Axis | Size | int
@@ -134,15 +137,33 @@ SAMPLE_UNIFORM = TensorIO("sample_uniform", "float32", _BS)  # contracts.samplin
 CANDIDATES = TensorIO("candidates", "int64", (Axis.BATCH, Axis.CANDIDATES))
 # 1 = compute Seer's step-zero sparsity statistics (step zero); 0 in every row = skip them (sparsity is zeros).
 WITH_STATS = TensorIO("with_stats", "int64", (Axis.BATCH,))
+# The Dream family's rules (core.decoding.ScoreRule): what each row's candidates are scored by, and the temperature
+# of the softmax the score reads (1 = untempered). Rule 0 at temperature 1 is the confidence output itself.
+SCORE_RULE = TensorIO("score_rule", "int64", (Axis.BATCH,))
+SCORE_TEMPERATURE = TensorIO("score_temperature", "float32", (Axis.BATCH,))
 IMAGE_TABLE = TensorIO("image_table", "float32", (Axis.IMAGE_TOKENS, Size.D_MODEL))  # ids >= image_id_base pick a row
 PROMPT_WIDTH = TensorIO("prompt_width", "int64", (Axis.BATCH,))  # prefix-DLM graphs: where each row's response starts
 PIXEL_VALUES = TensorIO("pixel_values", "float32", (Axis.IMAGES, 3, Size.IMAGE_SIZE, Size.IMAGE_SIZE))
+# M-RoPE models (Dimple): each position's (temporal, height, width) rotary position, computed on the host from the
+# ids and the pictures' layout (models.pictures.mrope.mrope_positions), after the image table.
+POSITION_IDS = TensorIO("position_ids", "int64", (3, Axis.BATCH, Axis.SEQ))
+# A Qwen2.5-VL tower's call (Dimple): every picture of a batch, each image token's 2 x 2 patches, in window order;
+# the host computes what the tower's loops would (models.pictures.qwen_layout.tower_inputs).
+_TOKEN_PATCHES = (Axis.IMAGE_TOKENS, Size.MERGE_UNIT)
+PIXEL_PATCHES = TensorIO("pixel_patches", "float32", (*_TOKEN_PATCHES, Size.PATCH_DIM))
+ROTARY_COS = TensorIO("rotary_cos", "float32", (*_TOKEN_PATCHES, Size.VISION_HEAD_DIM))
+ROTARY_SIN = TensorIO("rotary_sin", "float32", (*_TOKEN_PATCHES, Size.VISION_HEAD_DIM))
+WINDOW_SEGMENTS = TensorIO("window_segments", "int64", (Axis.IMAGE_TOKENS,))  # windowed blocks attend where equal
+PICTURE_SEGMENTS = TensorIO("picture_segments", "int64", (Axis.IMAGE_TOKENS,))  # full blocks attend where equal
+RESTORE_ORDER = TensorIO("restore_order", "int64", (Axis.IMAGE_TOKENS,))  # window order -> picture order
 
 TOKEN_IDS = TensorIO("token_ids", "int64", _BS)  # x0: the argmax (or a sample) per candidate, the input id elsewhere
 CONFIDENCE = TensorIO("confidence", "float32", _BS)  # log softmax probability of x0 (models.networks.confidence); -inf elsewhere
 EOS_PROB = TensorIO("eos_prob", "float32", _BS)  # softmax probability of EOS per candidate; 0 elsewhere
 SPARSITY = TensorIO("sparsity", "float32", (Axis.BATCH, Size.STAT_ROWS, Axis.SEQ))  # manifest seer.sparsity_rows
+SCORE = TensorIO("score", "float32", _BS)  # the row's score_rule per candidate (B x S, never vocabulary-sized); -inf elsewhere
 IMAGE_EMBEDS = TensorIO("image_embeds", "float32", (Axis.IMAGES, Size.TOKENS_PER_IMAGE, Size.D_MODEL))
+TOKEN_EMBEDS = TensorIO(IMAGE_EMBEDS.name, "float32", (Axis.IMAGE_TOKENS, Size.D_MODEL))  # one row per image token
 
 # The block-wise KV cache: every layer's keys and values (float32 whatever the export dtype).
 KV = TensorIO("kv", "float32", (Size.LAYERS, 2, Axis.BATCH, Size.KV_HEADS, Axis.SEQ, Size.HEAD_DIM))
@@ -157,9 +178,13 @@ WINDOW_CONFIDENCE = TensorIO(CONFIDENCE.name, "float32", _BW)
 # sparsity rows and EOS probabilities Seer reads), every later step, and in a --kv-cache export the cache refresh
 # (the kv output). Skipped work costs nothing: the statistics and the sampling branch sit behind conditionals, the
 # LM head runs on the candidate columns only.
-STEP = GraphIO("step", (INPUT_IDS, ATTENTION_MASK, TEMPERATURE, SAMPLE_UNIFORM, CANDIDATES, WITH_STATS),
-               (TOKEN_IDS, CONFIDENCE, EOS_PROB, SPARSITY))
+STEP = GraphIO("step", (INPUT_IDS, ATTENTION_MASK, TEMPERATURE, SAMPLE_UNIFORM, CANDIDATES, WITH_STATS, SCORE_RULE,
+                        SCORE_TEMPERATURE),
+               (TOKEN_IDS, CONFIDENCE, EOS_PROB, SPARSITY, SCORE))
 VISION = GraphIO("vision", (PIXEL_VALUES,), (IMAGE_EMBEDS,))
+# Dimple's vision graph: a Qwen2.5-VL tower and Dimple's projector, one dynamic axis (the call's image tokens).
+QWEN_VISION = GraphIO("vision", (PIXEL_PATCHES, ROTARY_COS, ROTARY_SIN, WINDOW_SEGMENTS, PICTURE_SEGMENTS,
+                                 RESTORE_ORDER), (TOKEN_EMBEDS,))
 STEP_GRAPH_NAMES: tuple[str, ...] = (STEP.name,)  # what every export has, text or multimodal
 # The window graph (export --kv-cache): a step over a window only (its keys and values fresh, the rest of the
 # sequence's from `kv`, which the step graph returned). A window's ids are text (the response, and for a shifted model
@@ -187,10 +212,14 @@ PROMPT_STEP = GraphIO(
 PROMPT_CACHE_GRAPH_NAMES: tuple[str, ...] = (PROMPT_STEP.name,)
 
 
-def step_graph(multimodal: bool = False, prefix_dlm: bool = False, kv_cache: bool = False) -> GraphIO:
-    """The step graph of an export: a multimodal one also takes the image table, a prefix-DLM model's
-    (ModelConfig.prefix_dlm, LaViDa) `prompt_width` last; a --kv-cache export's also returns the keys and values."""
+def step_graph(multimodal: bool = False, prefix_dlm: bool = False, kv_cache: bool = False,
+               positions: bool = False) -> GraphIO:
+    """The step graph of an export: a multimodal one also takes the image table, then an M-RoPE model's (Dimple:
+    ModelConfig.mrope_section, with `multimodal`) `position_ids`, a prefix-DLM model's (ModelConfig.prefix_dlm,
+    LaViDa) `prompt_width` last; a --kv-cache export's also returns the keys and values."""
     graph = STEP.with_inputs(IMAGE_TABLE) if multimodal else STEP
+    if positions:
+        graph = graph.with_inputs(POSITION_IDS)
     if prefix_dlm:
         graph = graph.with_inputs(PROMPT_WIDTH)
     return replace(graph, outputs=(*graph.outputs, KV)) if kv_cache else graph

@@ -16,6 +16,7 @@ from seer_deploy.core.fields import FieldReader
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.models.families.config import ModelConfig
 from seer_deploy.models.pictures.image import ImageConfig
+from seer_deploy.models.pictures.qwen_pictures import QwenPictures
 
 SPECIAL_ID_NAMES: tuple[str, ...] = ("mask", "eos", "pad", "bos", "eot")
 MAX_DIM = 1 << 40  # a recorded dimension or byte count past this is not a real export's
@@ -124,6 +125,16 @@ class SectionReader(FieldReader):
         vision = self.obj(section, "vision_config", f"{label}.vision_config")
         self.integer(vision, "tokens_per_image", f"{label}.vision_config.tokens_per_image", lo=1,
                      hi=cfg.max_seq_len - 1)
+        if "pictures" in vision:  # Dimple: a Qwen2.5-VL tower; the placeholder is <|image_pad|>, a vocabulary id
+            self.integer(vision, "image_token_index", f"{label}.vision_config.image_token_index", lo=0,
+                         hi=cfg.vocab_size - 1)
+            self.obj(vision, "tower", f"{label}.vision_config.tower")
+            try:
+                QwenPictures.from_dict(self.obj(vision, "pictures", f"{label}.vision_config.pictures"))
+            except (SeerDeployError, KeyError, TypeError, ValueError) as exc:
+                raise ArtifactError(f"{self.where}: {label}.vision_config.pictures is malformed ({exc}); re-export "
+                                    "the model") from exc
+            return
         self.integer(vision, "image_token_index", f"{label}.vision_config.image_token_index", lo=-(1 << 31), hi=-1)
         image = self.obj(vision, "image", f"{label}.vision_config.image")
         try:

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from seer_deploy.core.decoding import Scoring
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import SparsityRow
 
@@ -43,6 +44,9 @@ class StepInput(NamedTuple):
     # one of its columns), or None for every column. An exported step graph computes these only: at the others it
     # returns the input id with confidence -inf. The torch backend computes every column whatever this says.
     candidates: np.ndarray | None = None
+    # The Dream family's sampler: what the pass scores its candidates by (returned as `score` beside the token);
+    # None: LLaDA's rules, whose score is the confidence (no `score` returned).
+    scoring: Scoring | None = None
 
     def checked(self, max_seq_len: int) -> StepInput:
         """The input as every engine wants it (int64, C-contiguous, a mask array), or ConfigError naming what is
@@ -92,6 +96,7 @@ class StepInput(NamedTuple):
 class StepOutput(NamedTuple):
     token_ids: np.ndarray  # int64 [B, S]: x0, the argmax (or sample) per position
     confidence: np.ndarray  # float32 [B, S]: log softmax probability of x0 (temperature-free logits)
+    score: np.ndarray | None = None  # float32 [B, S]: StepInput.scoring's score per candidate (-inf elsewhere)
 
 
 class Step0Output(NamedTuple):
@@ -99,6 +104,7 @@ class Step0Output(NamedTuple):
     confidence: np.ndarray  # float32 [B, S]
     eos_prob: np.ndarray  # float32 [B, S]: softmax probability of EOS
     sparsity: np.ndarray  # float32 [B, K, S]: rows described by `Backend.sparsity_rows`
+    score: np.ndarray | None = None  # as StepOutput.score
     kv: KVCache | None = None  # every layer's keys and values, when the pass was a prefill (the prompt cache)
 
 
@@ -205,6 +211,16 @@ class ImageBackend(Backend, Protocol):
     def encode_images(self, pixel_values: np.ndarray) -> np.ndarray: ...
 
     def set_image_table(self, table: np.ndarray | list[np.ndarray]) -> None: ...
+
+
+class PatchBackend(Backend, Protocol):
+    """A backend of a Dimple target: its Qwen2.5-VL tower takes every picture of a batch in one call, as the host
+    prepared them (models.pictures.qwen_layout.tower_inputs), and returns one embedding per image token."""
+
+    def encode_patches(self, tower_inputs: dict[str, np.ndarray]) -> np.ndarray: ...
+
+    def set_image_table(self, table: np.ndarray | list[np.ndarray], layout: np.ndarray | None = None) -> None:
+        """`layout`: each table row's place in its picture (models.pictures.mrope), which the positions follow."""
 
 
 class CacheBackend(Backend, Protocol):

@@ -21,12 +21,21 @@ from typing import Literal
 import numpy as np
 
 from seer_deploy.core.checks import int_in, number_in
+from seer_deploy.core.decoding import (
+    DREAM_DECODES,
+    DREAM_REMASKING,
+    LLADA_DECODES,
+    LLADA_REMASKING,
+    SCORE_RULES,
+    Scoring,
+    check_rule,
+)
 from seer_deploy.core.errors import ConfigError
 
-Remasking = Literal["low_confidence", "random"]
-REMASKING_CHOICES: tuple[Remasking, ...] = ("low_confidence", "random")
-Decode = Literal["fixed", "threshold", "factor"]
-DECODE_CHOICES: tuple[Decode, ...] = ("fixed", "threshold", "factor")
+Remasking = Literal["low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"]
+REMASKING_CHOICES: tuple[Remasking, ...] = (*LLADA_REMASKING, *DREAM_REMASKING)  # type: ignore[assignment]
+Decode = Literal["fixed", "threshold", "factor", "timesteps", "confident"]
+DECODE_CHOICES: tuple[Decode, ...] = (*LLADA_DECODES, *DREAM_DECODES)  # type: ignore[assignment]
 MAX_FACTOR = 1e6
 MAX_GEN_LENGTH = 1 << 20  # response slots, steps and block length: far above any model's positions
 MAX_SCALE = 1e6  # temperature and cfg_scale: finite, and far beyond where either still changes an answer
@@ -73,21 +82,55 @@ class GenerationConfig:
     temperature: float = 0.0
     remasking: Remasking = "low_confidence"
     cfg_scale: float = 0.0  # classifier-free guidance (torch backends only: it needs the full logits)
-    decode: Decode = "fixed"  # fixed: LLaDA's even split; threshold / factor: Fast-dLLM's parallel decoding
-    threshold: float = 0.9  # decode="threshold": commit every candidate whose probability is >= threshold
+    # fixed: LLaDA's even split; threshold / factor: Fast-dLLM's parallel decoding; timesteps / confident: the Dream
+    # family's sampler (Dream's diffusion_generate, Dimple's confident decoding; core.decoding)
+    decode: Decode = "fixed"
+    # decode="threshold": commit every candidate whose probability is >= threshold; decode="confident": every mask
+    # whose score is > threshold (Dimple's alg_p_threshold)
+    threshold: float = 0.9
     factor: float = 1.0  # decode="factor": commit the top n while the n-th probability is >= 1 - factor / (n + 1)
     kv_cache: bool = False  # block-wise dual KV cache: refresh at each block's first step, then run the block only
     # the prompt cache: step zero's keys and values of the columns before the last prompt token, kept; every later
     # pass runs the last prompt token and the response only (exact under prefix-DLM attention: LaViDa)
     prompt_cache: bool = False
+    eps: float = 1e-3  # the Dream family's sampler: timesteps linspace(1, eps, steps + 1)
+    alg_temp: float = 0.0  # > 0: draw the committed positions from softmax(score / alg_temp) (Dream's alg_temp)
+    top_p: float | None = None  # the Dream family's sampler: nucleus filter before the softmax (torch only)
+    top_k: int | None = None  # the Dream family's sampler: top-k filter before the softmax (torch only)
+    # LaViDa-Dream: step zero is the prompt pass, which commits the first answer token greedily (and nothing else);
+    # the sampler's `steps` passes follow over the other masks
+    first_from_prompt: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
 
     @property
     def parallel(self) -> bool:
-        """Whether steps commit by a confidence rule (their number then follows the model) instead of a schedule."""
-        return self.decode != "fixed"
+        """Whether steps commit by Fast-dLLM's confidence rule (their number then follows the model) instead of a
+        schedule."""
+        return self.decode in ("threshold", "factor")
+
+    @property
+    def dream_sampler(self) -> bool:
+        """Whether the Dream family's sampler runs (core.decoding): one block, the counts from its timesteps."""
+        return self.decode in DREAM_DECODES
+
+    @property
+    def passes_follow_model(self) -> bool:
+        """Whether a row's passes are known only when it is done (parallel decoding, the Dream family's sampler,
+        which skips passes that commit nothing and stops when no mask is left, the KV cache)."""
+        return self.parallel or self.dream_sampler or self.kv_cache
+
+    def scoring(self) -> Scoring | None:
+        """What the head scores candidates by under the Dream family's sampler (None: LLaDA's rules, whose score is
+        the confidence). Dimple's confident decoding reads the untouched softmax (`use_original_confidence`), Dream's
+        the one it samples from."""
+        if not self.dream_sampler:
+            return None
+        rule = SCORE_RULES[self.remasking]
+        if self.decode == "confident":
+            return Scoring(rule, 1.0, self.top_p, self.top_k, original=True)
+        return Scoring(rule, self.temperature if self.temperature > 0 else 1.0, self.top_p, self.top_k)
 
     @property
     def block(self) -> int:
@@ -117,7 +160,8 @@ class GenerationConfig:
             )
         steps_per_block(self.gen_length, self.steps, self.block_length)
         if self.remasking not in REMASKING_CHOICES:
-            raise ConfigError(f"remasking {self.remasking!r} is unknown; use 'low_confidence' or 'random'")
+            raise ConfigError(f"remasking {self.remasking!r} is unknown; use one of {', '.join(REMASKING_CHOICES)} "
+                              "(--remasking)")
         for name in ("temperature", "cfg_scale"):
             value = getattr(self, name)
             if not number_in(value, 0.0, MAX_SCALE):
@@ -130,6 +174,14 @@ class GenerationConfig:
             raise ConfigError(f"threshold is {self.threshold!r}; it must be a probability in (0, 1] (--threshold)")
         if not number_in(self.factor, 0.0, MAX_FACTOR) or self.factor == 0:
             raise ConfigError(f"factor is {self.factor!r}; it must be a number in (0, {MAX_FACTOR:g}] (--factor)")
+        check_rule(self.decode, self.remasking, self.eps, self.alg_temp, self.top_p, self.top_k, self.block_length,
+                   self.gen_length)
+        if self.first_from_prompt is not False and not (self.first_from_prompt is True and self.dream_sampler):
+            raise ConfigError("first_from_prompt (LaViDa-Dream's greedy first token) is true or false, and only with "
+                              "--decode timesteps or confident")
+        if self.dream_sampler and (self.kv_cache or self.prompt_cache or self.cfg_scale > 0):
+            raise ConfigError(f"--decode {self.decode} (the Dream family's sampler) runs without --kv-cache, "
+                              "--prompt-cache and --cfg-scale; drop them")
         if self.parallel and self.remasking != "low_confidence":
             raise ConfigError(
                 f"--decode {self.decode} ranks candidates by the model's confidence; it cannot use --remasking "

@@ -10,16 +10,16 @@ from typing import Any
 
 from seer_deploy.core.errors import ArtifactError
 from seer_deploy.core.files import confined, os_error_fix
+from seer_deploy.engines.onnx_proto import EXTERNAL, load_structure
 
 
 def check_external_data(graph_file: Path) -> None:
     """ArtifactError unless every external-data location the graph names lies inside the graph's directory
     (symlinks resolved); checked on the graph structure alone, before ONNX Runtime or TensorRT opens anything."""
-    import onnx
     from google.protobuf.message import DecodeError
 
     try:
-        model = onnx.load(str(graph_file), load_external_data=False)
+        model = load_structure(graph_file)
     except OSError as exc:
         raise ArtifactError(f"{graph_file} cannot be read ({exc.strerror}); {os_error_fix(exc)}") from exc
     except (DecodeError, ValueError, RecursionError) as exc:
@@ -27,7 +27,7 @@ def check_external_data(graph_file: Path) -> None:
     locations = set()
     functions = (_node_tensors(function.node) for function in model.functions)
     for tensor in itertools.chain(_graph_tensors(model.graph), *functions):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        if tensor.data_location == EXTERNAL:
             entries = {entry.key: entry.value for entry in tensor.external_data}
             locations.add(entries.get("location", ""))
     for location in sorted(locations):

@@ -1,4 +1,5 @@
-"""How large a multimodal engine's image axes must be: image-table rows and pictures per vision call.
+"""How large a multimodal engine's image axes must be: image-table rows and pictures per vision call (for Dimple's
+Qwen2.5-VL tower, whose call takes a batch's pictures at their own sizes, the image tokens of that call).
 
 A batch's image table holds every image token of its prompts (image_prompts.expand_placeholders numbers them), so its
 rows are at most the batch's pictures times the most tokens one picture becomes: `tokens_per_image` for one view per
@@ -32,6 +33,10 @@ class PictureTokens:
 def picture_tokens(vision_config: Mapping[str, Any]) -> PictureTokens:
     """From a multimodal export's manifest (extra.multimodal.vision_config)."""
     per_view = int(vision_config["tokens_per_image"])
+    if "pictures" in vision_config:  # Dimple: every picture of a batch at its own size in one call, up to max_pixels
+        picture = vision_config["pictures"]["picture"]
+        return PictureTokens(per_view, int(picture["max_pixels"]) // (picture["patch_size"] * picture["merge_size"])**2,
+                             1)
     try:
         anyres = AnyresConfig.from_dict(vision_config.get("anyres"))
     except CheckpointError as exc:

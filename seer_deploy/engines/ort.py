@@ -33,6 +33,7 @@ from seer_deploy.contracts.graphs import (
     EOS_PROB,
     KV,
     PROMPT_STEP,
+    SCORE,
     SPARSITY,
     STEP,
     TOKEN_IDS,
@@ -61,7 +62,7 @@ FP16_WEIGHT_FUSION = "FuseFp16InitializerToFp32NodeTransformer"  # ONNX Runtime'
 # The graphs a denoising step runs (the others run once a batch or a block): the ones CUDA graphs pay off for.
 EVERY_STEP: frozenset[str] = frozenset({STEP.name, WINDOW_STEP.name, PROMPT_STEP.name})
 # What each kind of call asks the step graph for (ONNX Runtime computes the graph either way, but copies only these).
-STEP_OUTPUTS: tuple[str, ...] = (TOKEN_IDS.name, CONFIDENCE.name)
+STEP_OUTPUTS: tuple[str, ...] = (TOKEN_IDS.name, CONFIDENCE.name, SCORE.name)
 STEP0_OUTPUTS: tuple[str, ...] = (*STEP_OUTPUTS, EOS_PROB.name, SPARSITY.name)
 REFRESH_OUTPUTS: tuple[str, ...] = (*STEP_OUTPUTS, KV.name)
 PREFILL_OUTPUTS: tuple[str, ...] = (*STEP0_OUTPUTS, KV.name)
@@ -156,8 +157,10 @@ class OrtBackend:
     def _declared_step_graph(self) -> GraphIO:
         """The declaration of the export's step graph: a multimodal export's also takes the image table, a prefix-DLM
         model's the prompt width, a --kv-cache export's returns the keys and values."""
-        return step_graph(multimodal=self.takes_pictures,
-                          prefix_dlm=self.manifest.model_config().prefix_dlm, kv_cache=self.manifest.has_cache)
+        cfg = self.manifest.model_config()
+        return step_graph(multimodal=self.takes_pictures, prefix_dlm=cfg.prefix_dlm,
+                          kv_cache=self.manifest.has_cache,
+                          positions=self.takes_pictures and cfg.mrope_section is not None)
 
     def _session(self, io: GraphIO) -> ort.InferenceSession:
         graph = self.manifest.graphs[io.name]
@@ -175,6 +178,8 @@ class OrtBackend:
         elif not prepack:
             so.add_session_config_entry("session.disable_prepacking", "1")
         session = open_session(self.export_dir / graph.file, so, providers, self.disabled_optimizers())
+        if prepack and self.options.shares_weights():
+            self.weights.release_pages()  # what prepacking read is in ONNX Runtime's packed copy now
         got = sorted(i.name for i in session.get_inputs())
         if got != sorted(io.input_names) or got != sorted(graph.inputs):
             raise ArtifactError(
@@ -218,7 +223,7 @@ class OrtBackend:
     def _run(self, io: GraphIO, inputs: StepInput, outputs: Sequence[str], with_stats: bool = False
              ) -> dict[str, np.ndarray]:
         checked = inputs.checked(self.max_seq_len)
-        return self._call(io, graph_feed(io, checked, self._image_table(checked), with_stats=with_stats), outputs)
+        return self._call(io, graph_feed(io, checked, self._image_inputs(checked), with_stats=with_stats), outputs)
 
     def _call(self, io: GraphIO, feed: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         """One call of a graph: through its IO-bound runner when there is one (every output), else `session.run`
@@ -235,9 +240,10 @@ class OrtBackend:
         binding."""
         return {name: bound.shapes for name, bound in self._bound.items() if bound is not None}
 
-    def _image_table(self, checked: StepInput) -> np.ndarray | None:
-        """The multimodal graphs' image table for this call; a text export has none."""
-        return None
+    def _image_inputs(self, checked: StepInput) -> dict[str, np.ndarray]:
+        """The multimodal graphs' image table (and an M-RoPE model's positions) for this call, as graph_feed's
+        keywords; a text export has none."""
+        return {}
 
     def step0(self, inputs: StepInput) -> Step0Output:
         """The step graph with step zero's statistics."""
@@ -264,7 +270,7 @@ class OrtBackend:
                          device=torch.device(kind, index))
         io = self._step_io
         values = run_with_device_tensors(self._session_of(io), io,
-                                         graph_feed(io, checked, self._image_table(checked)),
+                                         graph_feed(io, checked, self._image_inputs(checked)),
                                          device=kind, device_id=index, device_outputs={KV.name: kv})
         picked = step_output(values)
         return RefreshOutput(picked.token_ids, picked.confidence, kv)

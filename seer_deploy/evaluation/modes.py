@@ -66,7 +66,8 @@ def mode_generation(mode: Mode, base: GenerationConfig, settings: ModeSettings) 
     config = base
     if mode.threshold:
         block = settings.fast_block_length if base.gen_length % settings.fast_block_length == 0 else None
-        config = replace(config, decode="threshold", threshold=settings.threshold, block_length=block)
+        config = replace(config, decode="threshold", remasking="low_confidence", threshold=settings.threshold,
+                         block_length=block)
     if mode.kv_cache:
         config = replace(config, kv_cache=True)
     return config  # checked when made

@@ -94,7 +94,7 @@ def run_eval(settings: EvalSettings, say: Say = lambda _: None) -> list[Cell]:
     tasks = generation_tasks(harness, manager, settings.tasks)
     service = open_service(settings, say)
     for mode in settings.modes:  # a mode the target cannot run (--kv-cache on an export without it) fails first
-        check_supported(mode_generation(mode, settings.service.generation, settings.mode_settings), service.backend)
+        check_supported(mode_generation(mode, service.options.generation, settings.mode_settings), service.backend)
     cells = []
     for task in tasks:
         for mode in settings.modes:
@@ -105,7 +105,8 @@ def run_eval(settings: EvalSettings, say: Say = lambda _: None) -> list[Cell]:
 
 def run_cell(service: Service, harness: Harness, manager: Any, task: str, mode: Mode, settings: EvalSettings) -> Cell:
     """One task under one mode, scored by the harness, with the service's runs' costs."""
-    generation = mode_generation(mode, settings.service.generation, settings.mode_settings)
+    # The service's settings: with the family's own rule where none was named (ServiceOptions.authors_rule).
+    generation = mode_generation(mode, service.options.generation, settings.mode_settings)
     seer = mode_seer(mode, service.seer, generation.gen_length, settings.mode_settings)
     answers = ServiceAnswers(service, generation, seer)
     results = harness.simple_evaluate()(

@@ -37,10 +37,13 @@ import torch
 from torch import Tensor, nn
 
 from seer_deploy.contracts.graphs import GraphIO, export_graphs
+from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.networks.confidence import greedy_head, log_prob_of
 from seer_deploy.models.networks.image_prompts import embed_with_images
 from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.networks.qwen_vision import DimpleVisionEncoder
+from seer_deploy.models.networks.rule_scores import rule_score
 from seer_deploy.models.networks.vision import VisionEncoder
 
 
@@ -73,9 +76,25 @@ def pick_tokens(logits: Tensor, temperature: Tensor, sample_uniform: Tensor) -> 
     return ids, conf, top, log_total
 
 
+def _confidence_score(logits: Tensor, ids: Tensor, conf: Tensor, rule: Tensor, temperature: Tensor) -> Tensor:
+    return conf.clone()  # every row ranks by log p(token) at temperature 1: the confidence itself
+
+
+def _rule_score(logits: Tensor, ids: Tensor, conf: Tensor, rule: Tensor, temperature: Tensor) -> Tensor:
+    return rule_score(logits, ids, rule, temperature)
+
+
+def score_head(logits: Tensor, ids: Tensor, conf: Tensor, rule: Tensor, temperature: Tensor) -> Tensor:
+    """[B, C]: each row's score_rule over softmax(logits / score_temperature) (models.networks.rule_scores); the
+    margin and entropy (a top-2 and a softmax over the vocabulary) run only when some row asks for them."""
+    return torch.cond(((rule != 0) | (temperature != 1)).any(), _rule_score, _confidence_score,
+                      (logits, ids, conf, rule, temperature))
+
+
 class StepGraph(nn.Module):
-    """Every full pass: (input_ids, attention_mask, temperature, sample_uniform, candidates, with_stats) ->
-    token_ids, confidence, eos_prob, sparsity [B, K, S] (layer-major) and, with `kv_cache`, kv."""
+    """Every full pass: (input_ids, attention_mask, temperature, sample_uniform, candidates, with_stats, score_rule,
+    score_temperature) -> token_ids, confidence, eos_prob, sparsity [B, K, S] (layer-major), score and, with
+    `kv_cache`, kv."""
 
     def __init__(self, model: MaskPredictor, spec: StatsSpec, kv_cache: bool = False) -> None:
         super().__init__()
@@ -84,22 +103,26 @@ class StepGraph(nn.Module):
         self.kv_cache = kv_cache
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor,
-                candidates: Tensor, with_stats: Tensor) -> tuple[Tensor, ...]:
-        return self.outputs(input_ids, None, attention_mask, temperature, sample_uniform, candidates, with_stats)
+                candidates: Tensor, with_stats: Tensor, score_rule: Tensor, score_temperature: Tensor
+                ) -> tuple[Tensor, ...]:
+        return self.outputs(input_ids, None, attention_mask, temperature, sample_uniform, candidates, with_stats,
+                            (score_rule, score_temperature))
 
     def outputs(self, input_ids: Tensor, embeds: Tensor | None, attention_mask: Tensor, temperature: Tensor,
-                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor,
-                prompt_width: Tensor | None = None) -> tuple[Tensor, ...]:
+                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, scoring: tuple[Tensor, Tensor],
+                prompt_width: Tensor | None = None, position_ids: Tensor | None = None) -> tuple[Tensor, ...]:
         model = self.model
         out = model.hidden_states(None if embeds is not None else input_ids, attention_mask, inputs_embeds=embeds,
                                   stats=self.spec, return_kv=self.kv_cache, prompt_width=prompt_width,
-                                  stats_wanted=(with_stats > 0).any())
+                                  stats_wanted=(with_stats > 0).any(), position_ids=position_ids)
         assert out.stats is not None
         B, S, _ = out.hidden.shape
         head = candidate_head(model, out.hidden, input_ids, candidates, temperature, sample_uniform)
         eos_prob = torch.zeros((B, S), device=head.eos.device).scatter(1, candidates, head.eos)
+        score = torch.full((B, S), float("-inf"), device=head.eos.device).scatter(
+            1, candidates, score_head(head.logits, head.picked, head.picked_confidence, *scoring))
         _, L, F, _ = out.stats.shape
-        result = (head.token_ids, head.confidence, eos_prob, out.stats.reshape(B, L * F, S))
+        result = (head.token_ids, head.confidence, eos_prob, out.stats.reshape(B, L * F, S), score)
         return (*result, out.kv) if out.kv is not None else result
 
 
@@ -107,6 +130,9 @@ class CandidateHead(NamedTuple):
     token_ids: Tensor  # [B, S]: the pick at the candidate columns, the input id elsewhere
     confidence: Tensor  # [B, S]: its log-probability at the candidate columns, -inf elsewhere
     eos: Tensor  # [B, C]: the softmax probability of EOS at each candidate column
+    logits: Tensor  # [B, C, V]: the candidates' logits (float32), what a decoding rule's score reads
+    picked: Tensor  # [B, C]: the pick at each candidate column
+    picked_confidence: Tensor  # [B, C]: its log-probability
 
 
 def candidate_head(model: MaskPredictor, hidden: Tensor, input_ids: Tensor, candidates: Tensor, temperature: Tensor,
@@ -122,44 +148,61 @@ def candidate_head(model: MaskPredictor, hidden: Tensor, input_ids: Tensor, cand
     eos = torch.exp(logits[..., model.cfg.eos_id] - top - log_total)
     token_ids = input_ids.scatter(1, candidates, ids)
     confidence = torch.full((B, S), float("-inf"), device=conf.device).scatter(1, candidates, conf)
-    return CandidateHead(token_ids, confidence, eos)
+    return CandidateHead(token_ids, confidence, eos, logits, ids, conf)
 
 
 class PrefixStepGraph(StepGraph):
     """StepGraph of a prefix-DLM model (ModelConfig.prefix_dlm): prompt_width [B] last (contracts.graphs.PROMPT_WIDTH)."""
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
-                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, prompt_width: Tensor
-                ) -> tuple[Tensor, ...]:
+                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, score_rule: Tensor,
+                score_temperature: Tensor, prompt_width: Tensor) -> tuple[Tensor, ...]:
         return self.outputs(input_ids, None, attention_mask, temperature, sample_uniform, candidates, with_stats,
-                            prompt_width)
+                            (score_rule, score_temperature), prompt_width)
 
 
 class MultimodalStepGraph(StepGraph):
     """StepGraph with image ids: the image table after with_stats."""
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
-                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, image_table: Tensor
-                ) -> tuple[Tensor, ...]:
+                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, score_rule: Tensor,
+                score_temperature: Tensor, image_table: Tensor) -> tuple[Tensor, ...]:
         embeds = embed_with_images(self.model.embed, input_ids, image_table)
-        return self.outputs(input_ids, embeds, attention_mask, temperature, sample_uniform, candidates, with_stats)
+        return self.outputs(input_ids, embeds, attention_mask, temperature, sample_uniform, candidates, with_stats,
+                            (score_rule, score_temperature))
 
 
 class MultimodalPrefixStepGraph(StepGraph):
     """MultimodalStepGraph of a prefix-DLM model (LaViDa): prompt_width [B] after the image table."""
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
-                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, image_table: Tensor,
-                prompt_width: Tensor) -> tuple[Tensor, ...]:
+                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, score_rule: Tensor,
+                score_temperature: Tensor, image_table: Tensor, prompt_width: Tensor) -> tuple[Tensor, ...]:
         embeds = embed_with_images(self.model.embed, input_ids, image_table)
         return self.outputs(input_ids, embeds, attention_mask, temperature, sample_uniform, candidates, with_stats,
-                            prompt_width)
+                            (score_rule, score_temperature), prompt_width)
+
+
+class PositionsStepGraph(StepGraph):
+    """MultimodalStepGraph of an M-RoPE model (Dimple): position_ids [3, B, S] after the image table."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
+                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, score_rule: Tensor,
+                score_temperature: Tensor, image_table: Tensor, position_ids: Tensor) -> tuple[Tensor, ...]:
+        embeds = embed_with_images(self.model.embed, input_ids, image_table)
+        return self.outputs(input_ids, embeds, attention_mask, temperature, sample_uniform, candidates, with_stats,
+                            (score_rule, score_temperature), position_ids=position_ids)
 
 
 def step_module(model: MaskPredictor, spec: StatsSpec, *, multimodal: bool = False, kv_cache: bool = False
                 ) -> StepGraph:
-    """The step module an export traces, declared by contracts.graphs.step_graph with the same switches (prefix-DLM from
-    the model's config)."""
+    """The step module an export traces, declared by contracts.graphs.step_graph with the same switches (prefix-DLM and
+    M-RoPE positions from the model's config; positions only with pictures)."""
+    if multimodal and model.cfg.mrope_section is not None:
+        if model.cfg.prefix_dlm:
+            raise ConfigError("an M-RoPE model (Dimple) with prefix-DLM attention is not exported; set "
+                              "\"prefix_lm\": false in config.json")
+        return PositionsStepGraph(model, spec, kv_cache)
     variants = {(False, False): StepGraph, (False, True): PrefixStepGraph,
                 (True, False): MultimodalStepGraph, (True, True): MultimodalPrefixStepGraph}
     return variants[multimodal, model.cfg.prefix_dlm](model, spec, kv_cache)
@@ -219,6 +262,20 @@ class PromptStepGraph(nn.Module):
         hidden = self.model.cached_hidden(run_ids, attention_mask, run_start, prompt_kv, width)
         head = candidate_head(self.model, hidden, run_ids, candidates, temperature, sample_uniform)
         return head.token_ids, head.confidence
+
+
+class DimpleVisionGraph(nn.Module):
+    """Dimple's tower and projector on host-prepared inputs (contracts.graphs.QWEN_VISION) -> image_embeds
+    [image_tokens, D] (float32)."""
+
+    def __init__(self, vision: DimpleVisionEncoder) -> None:
+        super().__init__()
+        self.vision = vision
+
+    def forward(self, pixel_patches: Tensor, rotary_cos: Tensor, rotary_sin: Tensor, window_segments: Tensor,
+                picture_segments: Tensor, restore_order: Tensor) -> Tensor:
+        return self.vision(pixel_patches, rotary_cos, rotary_sin, window_segments, picture_segments,
+                           restore_order).float()
 
 
 class VisionGraph(nn.Module):

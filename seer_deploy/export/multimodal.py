@@ -197,7 +197,12 @@ def _examples(cfg: ModelConfig, vcfg: VisionConfig, max_seq_len: int) -> dict[st
 
 
 def _check_vision(backend: MultimodalOrtBackend, pixels: np.ndarray, want: np.ndarray, dtype: str) -> float:
-    got = backend.encode_images(pixels)
+    return vision_diff(backend.encode_images(pixels), want, dtype)
+
+
+def vision_diff(got: np.ndarray, want: np.ndarray, dtype: str) -> float:
+    """max |diff| of a vision graph's embeddings relative to the largest torch value; ExportValidationError above the
+    dtype's tolerance."""
     if got.shape != want.shape:
         raise ExportValidationError(f"vision.onnx returned {got.shape}, torch {want.shape}")
     scale = float(np.abs(want).max(initial=1e-12))

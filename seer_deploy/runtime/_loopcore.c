@@ -1,7 +1,7 @@
 /*
  * seer_deploy.runtime._loopcore: the host logic of one denoising step in C.
  *
- * The same five functions as the numpy twin in loopcore.py, with the same results bit for bit and the same errors:
+ * The same functions as the numpy twin in loopcore.py, with the same results bit for bit and the same errors:
  * the transfer schedule, the top-k commit among masked positions of a block, parallel decoding's commit of the
  * ranked candidates that clear per-rank thresholds, the masks-left stop test and the bucket choice. Arrays arrive
  * through the buffer protocol (no numpy C headers at build time; numpy.ndarray is checked by isinstance, as the
@@ -149,6 +149,18 @@ static int int64_arg(PyObject *obj, long long *out) {
     return overflow || (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
+/* x0 and the scores (v[1], v[2]) have x's (v[0]) shape; else ValueError naming the first that differs. */
+static int check_same_shape(const Py_buffer *v, const char *const *names) {
+    for (int i = 1; i < 3; i++) {
+        if (v[i].shape[0] != v[0].shape[0] || v[i].shape[1] != v[0].shape[1]) {
+            PyErr_Format(PyExc_ValueError, "%s has shape [%zd, %zd] but x has [%zd, %zd]; they must match", names[i],
+                         v[i].shape[0], v[i].shape[1], v[0].shape[0], v[0].shape[1]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int check_block(const int64_t *lo, const int64_t *hi, Py_ssize_t batch, Py_ssize_t seq) {
     for (Py_ssize_t b = 0; b < batch; b++) {
         if (lo[b] < 0 || lo[b] > hi[b] || hi[b] > (int64_t)seq) {
@@ -270,7 +282,7 @@ static PyObject *commit_step(PyObject *module, PyObject *args, PyObject *kwargs)
                                      &objs[3], &objs[4], &objs[5], &mask_obj))
         return NULL;
     if (int64_arg(mask_obj, &mask_id) < 0) return NULL;
-    static const char *names[6] = {"x", "x0", "confidence", "block_lo", "block_hi", "k"};
+    static const char *const names[6] = {"x", "x0", "confidence", "block_lo", "block_hi", "k"};
     static const elem_kind kinds[6] = {KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_INT64, KIND_INT64, KIND_INT64};
     static const int ndims[6] = {2, 2, 2, 1, 1, 1};
     Py_buffer v[6];
@@ -283,13 +295,7 @@ static PyObject *commit_step(PyObject *module, PyObject *args, PyObject *kwargs)
         if (get_array(get_state(module), objs[got], names[got], kinds[got], ndims[got], got == 0, &v[got]) < 0)
             goto done;
     Py_ssize_t batch = v[0].shape[0], seq = v[0].shape[1];
-    for (int i = 1; i < 3; i++) {
-        if (v[i].shape[0] != batch || v[i].shape[1] != seq) {
-            PyErr_Format(PyExc_ValueError, "%s has shape [%zd, %zd] but x has [%zd, %zd]; they must match", names[i],
-                         v[i].shape[0], v[i].shape[1], batch, seq);
-            goto done;
-        }
-    }
+    if (check_same_shape(v, names) < 0) goto done;
     for (int i = 3; i < 6; i++)
         if (check_rows(&v[i], names[i], batch) < 0) goto done;
     if ((uint64_t)seq > (uint64_t)UINT32_MAX) {
@@ -364,7 +370,7 @@ static PyObject *commit_confident(PyObject *module, PyObject *args, PyObject *kw
                                      &objs[4], &objs[5], &objs[3], &mask_obj))
         return NULL;
     if (int64_arg(mask_obj, &mask_id) < 0) return NULL;
-    static const char *names[6] = {"x", "x0", "confidence", "thresholds", "block_lo", "block_hi"};
+    static const char *const names[6] = {"x", "x0", "confidence", "thresholds", "block_lo", "block_hi"};
     static const elem_kind kinds[6] = {KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_FLOAT32, KIND_INT64, KIND_INT64};
     static const int ndims[6] = {2, 2, 2, 1, 1, 1};
     Py_buffer v[6];
@@ -377,13 +383,7 @@ static PyObject *commit_confident(PyObject *module, PyObject *args, PyObject *kw
         if (get_array(get_state(module), objs[got], names[got], kinds[got], ndims[got], got == 0, &v[got]) < 0)
             goto done;
     Py_ssize_t batch = v[0].shape[0], seq = v[0].shape[1];
-    for (int i = 1; i < 3; i++) {
-        if (v[i].shape[0] != batch || v[i].shape[1] != seq) {
-            PyErr_Format(PyExc_ValueError, "%s has shape [%zd, %zd] but x has [%zd, %zd]; they must match", names[i],
-                         v[i].shape[0], v[i].shape[1], batch, seq);
-            goto done;
-        }
-    }
+    if (check_same_shape(v, names) < 0) goto done;
     for (int i = 4; i < 6; i++)
         if (check_rows(&v[i], names[i], batch) < 0) goto done;
     if ((uint64_t)seq > (uint64_t)UINT32_MAX) {
@@ -518,6 +518,160 @@ static PyObject *choose_bucket(PyObject *module, PyObject *args, PyObject *kwarg
     return PyLong_FromSsize_t(best);
 }
 
+/* ---------------------------------------------------------------- the Dream family's sampler */
+
+/* Release the first `n` buffers of `v`. */
+static void release_all(Py_buffer *v, int n) {
+    for (int i = 0; i < n; i++) PyBuffer_Release(&v[i]);
+}
+
+/* Get `n` arrays by name/kind/rank (the first writable when `first_writable`), the twin's order; -1 on error. */
+static int get_arrays(PyObject *module, PyObject **objs, const char *const *names, const elem_kind *kinds,
+                      const int *ndims, int n, int first_writable, Py_buffer *v) {
+    for (int i = 0; i < n; i++) {
+        if (get_array(get_state(module), objs[i], names[i], kinds[i], ndims[i], first_writable && i == 0, &v[i]) < 0) {
+            release_all(v, i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *timestep_transfer(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"n_masked", "ratio", NULL};
+    PyObject *objs[2];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:timestep_transfer", kwlist, &objs[0], &objs[1])) return NULL;
+    static const char *const names[2] = {"n_masked", "ratio"};
+    static const elem_kind kinds[2] = {KIND_INT64, KIND_FLOAT32};
+    static const int ndims[2] = {1, 1};
+    Py_buffer v[2];
+    if (get_arrays(module, objs, names, kinds, ndims, 2, 0, v) < 0) return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t batch = v[0].shape[0];
+    const int64_t *n = (const int64_t *)v[0].buf;
+    const float *r = (const float *)v[1].buf;
+    if (check_rows(&v[1], names[1], batch) < 0) goto done;
+    for (Py_ssize_t b = 0; b < batch; b++) {
+        if (n[b] < 0 || !(r[b] >= 0.0f && r[b] <= 1.0f)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "n_masked must be >= 0 and ratio in [0, 1] (1 - s / t of two timesteps)");
+            goto done;
+        }
+    }
+    Py_ssize_t shape[1] = {batch};
+    Py_buffer out_view;
+    out = new_int64_array(get_state(module), 1, shape, &out_view);
+    if (out == NULL) goto done;
+    int64_t *k = (int64_t *)out_view.buf;
+    for (Py_ssize_t b = 0; b < batch; b++) {
+        float product = (float)n[b] * r[b]; /* float32, as torch multiplies a float32 count by 1 - s / t */
+        int64_t count = (int64_t)product;
+        k[b] = count < n[b] ? count : n[b];
+    }
+    PyBuffer_Release(&out_view);
+done:
+    release_all(v, 2);
+    return out;
+}
+
+/* Dimple's fallback count for one row (see reanchored_transfer). */
+static int64_t reanchored_row(int64_t n, int64_t total, int64_t step, const float *ts, int64_t steps) {
+    float t = (float)n / (float)total, last = ts[steps];
+    if (n == 0 || !(t > last)) return n;
+    int64_t start = 0;
+    while (!(ts[start] < t)) start++;
+    if (start < step + 1) start = step + 1;
+    for (int64_t j = start; j < steps; j++) {
+        float s = ts[j];
+        int64_t k = s > last ? (int64_t)((float)n * (1.0f - s / t)) : n;
+        if (k >= 1) return k;
+    }
+    return n;
+}
+
+static PyObject *reanchored_transfer(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"n_current", "n_total", "step", "timesteps", "steps", NULL};
+    PyObject *objs[5];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO:reanchored_transfer", kwlist, &objs[0], &objs[1], &objs[2],
+                                     &objs[3], &objs[4]))
+        return NULL;
+    static const char *const names[5] = {"n_current", "n_total", "step", "timesteps", "steps"};
+    static const elem_kind kinds[5] = {KIND_INT64, KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_INT64};
+    static const int ndims[5] = {1, 1, 1, 2, 1};
+    Py_buffer v[5];
+    if (get_arrays(module, objs, names, kinds, ndims, 5, 0, v) < 0) return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t batch = v[0].shape[0], width = v[3].shape[1];
+    const int64_t *n = (const int64_t *)v[0].buf, *total = (const int64_t *)v[1].buf, *step = (const int64_t *)v[2].buf;
+    const int64_t *steps = (const int64_t *)v[4].buf;
+    const float *ts = (const float *)v[3].buf;
+    for (int i = 1; i < 5; i++)
+        if (check_rows(&v[i], names[i], batch) < 0) goto done;
+    for (Py_ssize_t b = 0; b < batch; b++) {
+        if (!(steps[b] >= 1 && steps[b] < width && step[b] >= 0 && step[b] < steps[b] && n[b] >= 0 &&
+              total[b] >= n[b] && total[b] >= 1)) {
+            PyErr_SetString(PyExc_ValueError, "need 0 <= step < steps < timesteps' width and 0 <= n_current <= "
+                                              "n_total, n_total >= 1");
+            goto done;
+        }
+    }
+    Py_ssize_t shape[1] = {batch};
+    Py_buffer out_view;
+    out = new_int64_array(get_state(module), 1, shape, &out_view);
+    if (out == NULL) goto done;
+    int64_t *k = (int64_t *)out_view.buf;
+    for (Py_ssize_t b = 0; b < batch; b++) k[b] = reanchored_row(n[b], total[b], step[b], ts + b * width, steps[b]);
+    PyBuffer_Release(&out_view);
+done:
+    release_all(v, 5);
+    return out;
+}
+
+static PyObject *commit_above(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"x", "x0", "score", "block_lo", "block_hi", "threshold", "mask_id", NULL};
+    /* Checked in the twin's order: x, x0, score, threshold, then the block bounds. */
+    PyObject *objs[6], *mask_obj;
+    long long mask_id;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO:commit_above", kwlist, &objs[0], &objs[1], &objs[2],
+                                     &objs[4], &objs[5], &objs[3], &mask_obj))
+        return NULL;
+    if (int64_arg(mask_obj, &mask_id) < 0) return NULL;
+    static const char *const names[6] = {"x", "x0", "score", "threshold", "block_lo", "block_hi"};
+    static const elem_kind kinds[6] = {KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_FLOAT32, KIND_INT64, KIND_INT64};
+    static const int ndims[6] = {2, 2, 2, 1, 1, 1};
+    Py_buffer v[6];
+    if (get_arrays(module, objs, names, kinds, ndims, 6, 1, v) < 0) return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t batch = v[0].shape[0], seq = v[0].shape[1];
+    if (check_same_shape(v, names) < 0) goto done;
+    for (int i = 3; i < 6; i++)
+        if (check_rows(&v[i], names[i], batch) < 0) goto done;
+    const int64_t *lo = (const int64_t *)v[4].buf, *hi = (const int64_t *)v[5].buf;
+    if (check_block(lo, hi, batch, seq) < 0) goto done;
+    Py_ssize_t shape[1] = {batch};
+    Py_buffer out_view;
+    out = new_int64_array(get_state(module), 1, shape, &out_view);
+    if (out == NULL) goto done;
+    int64_t *x = (int64_t *)v[0].buf, *counts = (int64_t *)out_view.buf;
+    const int64_t *x0 = (const int64_t *)v[1].buf;
+    const float *score = (const float *)v[2].buf, *threshold = (const float *)v[3].buf;
+    for (Py_ssize_t b = 0; b < batch; b++) {
+        int64_t committed = 0;
+        for (int64_t p = lo[b]; p < hi[b]; p++) {
+            Py_ssize_t at = b * seq + (Py_ssize_t)p;
+            if (x[at] == (int64_t)mask_id && score[at] > threshold[b]) {
+                x[at] = x0[at];
+                committed++;
+            }
+        }
+        counts[b] = committed;
+    }
+    PyBuffer_Release(&out_view);
+done:
+    release_all(v, 6);
+    return out;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef core_methods[] = {
@@ -536,6 +690,15 @@ static PyMethodDef core_methods[] = {
      "masks_left(x, block_lo, block_hi, mask_id) -> int64[B]: masked positions left in each row's block."},
     {"choose_bucket", (PyCFunction)(void (*)(void))choose_bucket, METH_VARARGS | METH_KEYWORDS,
      "choose_bucket(length, buckets) -> int: index of the smallest bucket >= length (ConfigError if none)."},
+    {"timestep_transfer", (PyCFunction)(void (*)(void))timestep_transfer, METH_VARARGS | METH_KEYWORDS,
+     "timestep_transfer(n_masked: int64[B], ratio: float32[B]) -> int64[B]: Dream's count int(float32(n) * ratio), "
+     "at most n."},
+    {"reanchored_transfer", (PyCFunction)(void (*)(void))reanchored_transfer, METH_VARARGS | METH_KEYWORDS,
+     "reanchored_transfer(n_current, n_total, step, timesteps: float32[B, W], steps) -> int64[B]: Dimple's fallback "
+     "count, the schedule re-anchored at the current mask ratio (at least one)."},
+    {"commit_above", (PyCFunction)(void (*)(void))commit_above, METH_VARARGS | METH_KEYWORDS,
+     "commit_above(x, x0, score, block_lo, block_hi, threshold: float32[B], mask_id) -> int64[B]: commit, in place, "
+     "every masked position of [block_lo[b], block_hi[b]) whose score is > threshold[b]."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -44,6 +44,7 @@ from seer_deploy.core.backend import (
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, left_pad
 from seer_deploy.runtime.loopcore import LoopCore
+from seer_deploy.runtime.rules import StepCount, commit_rule
 from seer_deploy.runtime.settled import SettledHook, SettledPrefixes
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import BlockPlan, TruncationPlan
@@ -93,23 +94,28 @@ class LoopContext:
         """The backend's input for one step over x that commits before column hi[b] (None: anywhere): its candidates
         are the masks it may commit, so an exported graph computes tokens for those columns only."""
         return StepInput(x, mask, *self.sampling(), prompt_width, self.config.cfg_scale,
-                         mask_columns(x, hi, self.mask_id))
+                         mask_columns(x, hi, self.mask_id), self.config.scoring())
 
     def commit(self, x: np.ndarray, out: StepOutput | Step0Output | RefreshOutput, lo: np.ndarray, hi: np.ndarray,
-               k: np.ndarray) -> None:
+               k: np.ndarray, counts: Sequence[StepCount] | None = None) -> None:
         """Commit, in place, masked positions of row b in [lo[b], hi[b]): the top k[b] by the configured remasking,
-        or with parallel decoding (k[b] = -1) those the rule accepts."""
+        with parallel decoding (k[b] = -1) those the rule accepts, under the Dream family's sampler what each row's
+        StepCount asks for (runtime.rules)."""
         if out.token_ids.shape != x.shape or out.confidence.shape != x.shape:
             raise ConfigError(
                 f"the backend returned token_ids {out.token_ids.shape} and confidence {out.confidence.shape} for an "
                 f"input of {x.shape}; it does not follow the Backend interface"
             )
+        lo, hi = lo.astype(np.int64), hi.astype(np.int64)
+        if self.config.dream_sampler:
+            assert counts is not None, "the Dream family's sampler commits by StepCounts"
+            commit_rule(self.core, self.config, self.rng, self.mask_id, x, out, lo, hi, list(counts))
+            return
         x0 = np.ascontiguousarray(out.token_ids, dtype=np.int64)
         if self.config.remasking == "random":
             confidence = self.rng.random(x.shape, dtype=np.float32)
         else:
             confidence = np.ascontiguousarray(out.confidence, dtype=np.float32)
-        lo, hi = lo.astype(np.int64), hi.astype(np.int64)
         if self.config.parallel:
             thresholds = self.config.rank_thresholds(max(1, int((hi - lo).max(initial=1))))
             self.core.commit_confident(x, x0, confidence, lo, hi, thresholds, self.mask_id)
@@ -165,13 +171,15 @@ class Rows:
     kv: KVCache | None = None  # float32 [layers, 2, B, kv_heads, S, head_dim]: step zero's keys and values. The
     # block-wise cache: when step zero was a refresh over the columns the rows run in (full length; None: each row
     # refreshes first). The prompt cache: its prompt columns (S = step zero's prompt width), always
+    prompt_masks: np.ndarray | None = None  # int64 [B]: masks in each prompt before step zero (None: none)
 
     def take(self, rows: Sequence[int]) -> Rows:
         index = list(rows)
         schedule = None if self.first_schedule is None else np.ascontiguousarray(self.first_schedule[index])
         kv = None if self.kv is None else self.kv[:, :, index]
+        masks = None if self.prompt_masks is None else self.prompt_masks[index]
         return Rows([self.prompts[b] for b in index], self.responses[index], [self.plans[b] for b in index], schedule,
-                    kv)
+                    kv, masks)
 
 
 def run_group(ctx: LoopContext, rows: Rows, tally: Tally, batch_rows: Sequence[int] | None = None
@@ -309,15 +317,17 @@ class _Group:
             prompt_kv = rows.kv[:, :, :, :, widest - P : widest - 1]
         return cls(ctx, x, real, plen, kept, width, cache, np.zeros(n, np.int64), prompt_kv)
 
-    def step(self, rows: np.ndarray, hi: np.ndarray, k: np.ndarray, tally: Tally) -> None:
-        """An uncached pass for `rows`, trimmed to the columns they need; commits before hi."""
+    def step(self, rows: np.ndarray, hi: np.ndarray, k: np.ndarray, tally: Tally,
+             counts: Sequence[StepCount] | None = None) -> None:
+        """An uncached pass for `rows`, trimmed to the columns they need; commits before hi (`counts`: the Dream
+        family's sampler)."""
         P = self.prompt_width
         c0, c1 = P - int(self.prompt_lengths[rows].max()), P + int(self.width[rows].max())
         sub = np.ascontiguousarray(self.x[rows, c0:c1])
         sub_real = self.real[rows, c0:c1]
         mask = None if bool(sub_real.all()) else np.ascontiguousarray(sub_real)
         out = self.ctx.backend.step(self.ctx.step_input(sub, mask, P - c0, hi[rows] - c0))
-        self.ctx.commit(sub, out, np.zeros(rows.size, np.int64), hi[rows] - c0, k[rows])
+        self.ctx.commit(sub, out, np.zeros(rows.size, np.int64), hi[rows] - c0, k[rows], counts)
         self.x[rows, c0:c1] = sub
         self.passes[rows] += 1
         tally.count(self.ctx, sub_real)

@@ -40,6 +40,8 @@ from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, SpecialIds, left_pad
 from seer_deploy.runtime.executor import LoopContext, Rows, Tally, mask_columns, run_group
 from seer_deploy.runtime.loopcore import LoopCore, active_core
+from seer_deploy.runtime.rule_loop import run_rule_group
+from seer_deploy.runtime.rules import StepCount, pass_count
 from seer_deploy.runtime.scheduler import HybridPlan, StepCost, plan_hybrid, step_cost_of
 from seer_deploy.runtime.settled import SettledHook
 from seer_deploy.seer.config import SeerConfig
@@ -85,6 +87,13 @@ def check_supported(config: GenerationConfig, backend: Backend) -> None:
     """ConfigError for settings this backend cannot run."""
     if config.cfg_scale > 0 and not supports_guidance(backend):
         raise guidance_refusal(config.cfg_scale, backend.name)
+    scoring = config.scoring()
+    if scoring is not None and scoring.filtered and not supports_guidance(backend):
+        raise ConfigError(
+            f"--top-p / --top-k filter the whole vocabulary before the softmax, which only the torch backend has; "
+            f"'{backend.name}' returns the chosen token and its score: run the checkpoint itself (torch), or drop "
+            "--top-p / --top-k"
+        )
     caches = (("--kv-cache", config.kv_cache, supports_cache(backend), "the cache graphs (refresh, window_step)"),
               ("--prompt-cache", config.prompt_cache, supports_prompt_cache(backend),
                "the prompt-cache graph (prompt_step)"))
@@ -95,13 +104,18 @@ def check_supported(config: GenerationConfig, backend: Backend) -> None:
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], config: GenerationConfig, backend: Backend, mask_id: int,
-                  picture_id: int | None = None) -> None:
+                  picture_id: int | None = None, mrope: bool = False) -> None:
     """ConfigError for prompts these settings cannot run: with the prompt cache, a prompt holding the mask token; with
     a cache whose passes run the last prompt token (the prompt cache; a shifted model's first window), a prompt that
-    ends with a picture (`picture_id`, its placeholder): the cached graphs take no image table."""
+    ends with a picture (`picture_id`, its placeholder): the cached graphs take no image table; with either cache, a
+    picture in an M-RoPE model's (`mrope`: Dimple) prompt: the cached passes take 1-D positions."""
     if config.prompt_cache and any(mask_id in p for p in prompts):
         raise ConfigError("a prompt holds the mask token: the prompt cache keeps the prompt as step zero left it, "
                           "so its masks would never be filled; drop --prompt-cache or the masks from the prompt")
+    pictured = picture_id is not None and any(picture_id in p for p in prompts)
+    if mrope and pictured and (config.prompt_cache or config.kv_cache):
+        raise ConfigError("a prompt with a picture on an M-RoPE model (Dimple): the cached passes take 1-D positions, "
+                          "not the pictures' M-RoPE ones; drop --prompt-cache / --kv-cache for prompts with pictures")
     runs_last = config.prompt_cache or (config.kv_cache and window_lead(backend) > 0)
     if runs_last and picture_id is not None and any(p and p[-1] == picture_id for p in prompts):
         raise ConfigError("a prompt ends with a picture: the cache's passes run the last prompt token, which must be "
@@ -142,9 +156,17 @@ def run_generation(
     first = full_length_plan(G, config.steps, config.block_length).blocks[0]
     left = ctx.core.masks_left(x, np.full(B, P + first.start, np.int64), np.full(B, P + first.end, np.int64), mask_id)
     schedule = ctx.core.transfer_schedule(left, first.steps)
+    prompt_masks = np.array([sum(t == mask_id for t in p) for p in prompts], np.int64)
+    zero_counts, zero_lo, zero_hi = None, 0, P + first.end
+    if config.first_from_prompt:  # LaViDa-Dream's prompt pass: the first answer token, greedily, and nothing else
+        zero_counts, zero_lo, zero_hi = [StepCount(1)] * B, P, P + 1
+    elif config.dream_sampler:  # every mask of the sequence is a candidate, the prompt's too
+        zero_counts = [pass_count(ctx.core, config, int(m), int(m), 0, config.steps) for m in left + prompt_masks]
     truncating = seer is not None or kept_lengths is not None
     started = time.perf_counter()
-    canvas = seer.first_canvas if seer is not None and kept_lengths is None else 0
+    # The progressive step zero (a short canvas first) counts LLaDA's schedule; the Dream family's sampler runs
+    # step zero at full length.
+    canvas = seer.first_canvas if seer is not None and kept_lengths is None and zero_counts is None else 0
     plans: list[TruncationPlan | None] = [None] * B
     prompt_kv = PromptKV(config.prompt_cache, B, P)
     if 0 < canvas < G:  # progressive step zero: a short canvas first
@@ -154,8 +176,8 @@ def run_generation(
     if todo:
         x_zero = x[todo]  # a copy: step zero commits into it
         mask_zero = None if mask is None or bool(mask[todo].all()) else np.ascontiguousarray(mask[todo])
-        out0, kv = step_zero(ctx, Canvas(x_zero, mask_zero, real[todo], P), P + first.end, schedule[todo, 0], tally,
-                             truncating)
+        out0, kv = step_zero(ctx, Canvas(x_zero, mask_zero, real[todo], P), zero_hi, schedule[todo, 0], tally,
+                             truncating, None if zero_counts is None else [zero_counts[b] for b in todo], zero_lo)
         x[todo] = x_zero
         prompt_kv.keep(todo, kv)
     step_zero_done_at = time.perf_counter()
@@ -175,13 +197,13 @@ def run_generation(
         raise AssertionError("every row has a plan after step zero")
     decided = [plan for plan in plans if plan is not None]
     rows = Rows(prompts, responses, decided, None if truncating else schedule[:, 1:],
-                prompt_kv.kv if config.prompt_cache else kv)
+                prompt_kv.kv if config.prompt_cache else kv, prompt_masks)
     tokens, hybrid, passes = run_rows(ctx, rows, tally, cost)
     row_passes = [1 + int(n) for n in passes]
     reports = None
     if truncating:
         forced = kept_lengths is not None
-        counted = config.parallel or config.kv_cache or config.prompt_cache
+        counted = config.passes_follow_model or config.prompt_cache
         reports = [SeerReport.from_plan(plan, len(prompts[b]), ctx.passes_per_step, forced=forced,
                                         passes=row_passes[b] if counted else None,
                                         cached=len(prompts[b]) - 1 if config.prompt_cache else 0)
@@ -260,8 +282,9 @@ def run_rows(ctx: LoopContext, rows: Rows, tally: Tally, cost: StepCost | None =
     hybrid = plan_hybrid(rows.plans, [len(p) for p in rows.prompts], cost or step_cost_of(ctx.backend))
     tokens = np.full(rows.responses.shape, ctx.eos_id, dtype=np.int64)
     passes = np.zeros(rows.responses.shape[0], np.int64)
+    runner = run_rule_group if ctx.config.dream_sampler else run_group
     for group in hybrid.groups:
-        tokens[list(group)], passes[list(group)] = run_group(ctx, rows.take(group), tally, list(group))
+        tokens[list(group)], passes[list(group)] = runner(ctx, rows.take(group), tally, list(group))
     return tokens, hybrid, passes
 
 
@@ -297,10 +320,11 @@ class Canvas:
     prompt_width: int
 
 
-def step_zero(ctx: LoopContext, canvas: Canvas, hi: int, k: np.ndarray, tally: Tally, truncating: bool
-              ) -> tuple[Step0Output | None, KVCache | None]:
+def step_zero(ctx: LoopContext, canvas: Canvas, hi: int, k: np.ndarray, tally: Tally, truncating: bool,
+              counts: list[StepCount] | None = None, lo: int = 0) -> tuple[Step0Output | None, KVCache | None]:
     """The first denoising step, at full length: commits k[b] masks (or, with parallel decoding, those the rule
-    accepts) before `hi` in x; returns what Seer reads and, when it was a refresh, the keys and values.
+    accepts; under the Dream family's sampler what `counts` ask for) in [lo, hi) of x; returns what Seer reads and,
+    when it was a refresh, the keys and values. LaViDa-Dream's prompt pass (first_from_prompt) is always greedy.
 
     The Backend's step0 is greedy; at temperature > 0 the commit uses a sampled step at the same input (one more
     forward pass, counted) so the loop samples from its first step on. A run that does not truncate needs only that
@@ -311,11 +335,12 @@ def step_zero(ctx: LoopContext, canvas: Canvas, hi: int, k: np.ndarray, tally: T
     B = x.shape[0]
     out0, kv = None, None
     config = ctx.config
+    greedy = config.temperature == 0 or config.first_from_prompt
     cached = config.kv_cache or config.prompt_cache
-    if truncating or (config.temperature == 0 and not cached):
+    if truncating or (greedy and not cached):
         # Seer reads step zero's tokens and EOS probabilities over the whole response: every mask is a candidate.
         inputs = StepInput(x, mask, prompt_width=prompt_width, guidance=config.cfg_scale,
-                           candidates=mask_columns(x, None, ctx.mask_id))
+                           candidates=mask_columns(x, None, ctx.mask_id), scoring=config.scoring())
         if config.prompt_cache:  # step zero fills the prompt cache
             out0 = cast(PromptCacheBackend, ctx.backend).prefill(inputs)
             kv = out0.kv
@@ -327,9 +352,9 @@ def step_zero(ctx: LoopContext, canvas: Canvas, hi: int, k: np.ndarray, tally: T
         committed = cast(CacheBackend, ctx.backend).refresh(ctx.step_input(x, mask, prompt_width, np.full(B, hi)))
         kv = committed.kv
         tally.count(ctx, real)
-    elif config.temperature > 0:
+    elif not greedy:
         committed = ctx.backend.step(ctx.step_input(x, mask, prompt_width, np.full(B, hi)))
         tally.count(ctx, real)
     assert committed is not None  # greedy runs commit step zero's own tokens
-    ctx.commit(x, committed, np.zeros(B, np.int64), np.full(B, hi, np.int64), k)
+    ctx.commit(x, committed, np.full(B, lo, np.int64), np.full(B, hi, np.int64), k, counts)
     return out0, kv

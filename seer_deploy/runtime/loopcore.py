@@ -26,7 +26,7 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class LoopCore(Protocol):
-    """The five functions the runtime loop needs; the C module and this module both provide them."""
+    """The functions the runtime loop needs; the C module and this module both provide them."""
 
     CORE_NAME: str
 
@@ -41,6 +41,14 @@ class LoopCore(Protocol):
     def masks_left(self, x: np.ndarray, block_lo: np.ndarray, block_hi: np.ndarray, mask_id: int) -> np.ndarray: ...
 
     def choose_bucket(self, length: int, buckets: Sequence[int]) -> int: ...
+
+    def timestep_transfer(self, n_masked: np.ndarray, ratio: np.ndarray) -> np.ndarray: ...
+
+    def reanchored_transfer(self, n_current: np.ndarray, n_total: np.ndarray, step: np.ndarray,
+                            timesteps: np.ndarray, steps: np.ndarray) -> np.ndarray: ...
+
+    def commit_above(self, x: np.ndarray, x0: np.ndarray, score: np.ndarray, block_lo: np.ndarray,
+                     block_hi: np.ndarray, threshold: np.ndarray, mask_id: int) -> np.ndarray: ...
 
 
 def c_core() -> ModuleType | None:
@@ -105,7 +113,7 @@ def _block(lo: np.ndarray, hi: np.ndarray, seq: int) -> None:
         )
 
 
-# ---------------------------------------------------------------- the five functions
+# ---------------------------------------------------------------- the functions
 
 
 def transfer_schedule(n_masked: np.ndarray, steps: int) -> np.ndarray:
@@ -288,3 +296,66 @@ def choose_bucket(length: int, buckets: Sequence[int]) -> int:
             f">= {length} or lower gen_length"
         )
     return best
+
+
+# ---------------------------------------------------------------- the Dream family's sampler (core.decoding)
+
+
+def timestep_transfer(n_masked: np.ndarray, ratio: np.ndarray) -> np.ndarray:
+    """int64 [B]: Dream's count int(float32(n) * ratio[b]) (never more than n), ratio = 1 - s / t in float32."""
+    n = _array(n_masked, "n_masked", np.int64, 1)
+    r = _array(ratio, "ratio", np.float32, 1)
+    _rows(r, "ratio", n.shape[0])
+    if n.size and (int(n.min()) < 0 or not bool(np.all((r >= 0) & (r <= 1)))):
+        raise ValueError("n_masked must be >= 0 and ratio in [0, 1] (1 - s / t of two timesteps)")
+    return np.minimum(n, (n.astype(np.float32) * r).astype(np.int64))
+
+
+def reanchored_transfer(n_current: np.ndarray, n_total: np.ndarray, step: np.ndarray, timesteps: np.ndarray,
+                        steps: np.ndarray) -> np.ndarray:
+    """int64 [B]: Dimple's fallback count at step[b] of steps[b] over timesteps[b, :steps[b] + 1]: with r =
+    float32(n_current / n_total), the first timestep s at index >= step + 1 with s < r whose int(n * (1 - s / r))
+    is >= 1 (every mask at the last timestep, and where r is not above it: Dimple raises there)."""
+    n, total = _array(n_current, "n_current", np.int64, 1), _array(n_total, "n_total", np.int64, 1)
+    i, count = _array(step, "step", np.int64, 1), _array(steps, "steps", np.int64, 1)
+    ts = _array(timesteps, "timesteps", np.float32, 2)
+    for a, name in ((total, "n_total"), (i, "step"), (count, "steps"), (ts, "timesteps")):
+        _rows(a, name, n.shape[0])
+    if n.size and not bool(np.all((count >= 1) & (count < ts.shape[1]) & (i >= 0) & (i < count) & (n >= 0)
+                                  & (total >= n) & (total >= 1))):
+        raise ValueError("need 0 <= step < steps < timesteps' width and 0 <= n_current <= n_total, n_total >= 1")
+    out = n.copy()
+    for b in range(n.shape[0]):
+        t, last = np.float32(n[b]) / np.float32(total[b]), ts[b, count[b]]
+        if n[b] == 0 or not t > last:
+            continue
+        start = max(int(np.argmax(ts[b, : count[b] + 1] < t)), int(i[b]) + 1)
+        for s in ts[b, start : count[b]]:
+            k = int(np.float32(n[b]) * (np.float32(1) - s / t)) if s > last else int(n[b])
+            if k >= 1:
+                out[b] = k
+                break
+    return out
+
+
+def commit_above(x: np.ndarray, x0: np.ndarray, score: np.ndarray, block_lo: np.ndarray, block_hi: np.ndarray,
+                 threshold: np.ndarray, mask_id: int) -> np.ndarray:
+    """Commit, in place, every masked position p of [block_lo[b], block_hi[b]) with score[b, p] > threshold[b]
+    (NaN never passes): x[b, p] = x0[b, p]. Returns int64 [B], the number committed per row."""
+    mask_id = _int64_scalar(mask_id)
+    _array(x, "x", np.int64, 2, writable=True)
+    _array(x0, "x0", np.int64, 2)
+    _array(score, "score", np.float32, 2)
+    thr = _array(threshold, "threshold", np.float32, 1)
+    lo, hi = _array(block_lo, "block_lo", np.int64, 1), _array(block_hi, "block_hi", np.int64, 1)
+    batch, seq = x.shape
+    for a, name in ((x0, "x0"), (score, "score")):
+        if a.shape != x.shape:
+            raise ValueError(f"{name} has shape [{a.shape[0]}, {a.shape[1]}] but x has [{batch}, {seq}]; they must match")
+    for a, name in ((thr, "threshold"), (lo, "block_lo"), (hi, "block_hi")):
+        _rows(a, name, batch)
+    _block(lo, hi, seq)
+    positions = np.arange(seq)
+    chosen = (x == mask_id) & (positions >= lo[:, None]) & (positions < hi[:, None]) & (score > thr[:, None])
+    x[chosen] = x0[chosen]
+    return chosen.sum(axis=1, dtype=np.int64)

@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
 from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
+from seer_deploy.models.checkpoints.multimodal_files import is_dimple_checkpoint
 from seer_deploy.models.pictures.anyres import AnyresConfig
 from seer_deploy.models.pictures.image import ImageConfig
+from seer_deploy.models.pictures.qwen_pictures import QwenPictures
 from seer_deploy.models.text.tokenizer_files import TokenizerFacts, has_tokenizer
 from seer_deploy.runtime.targets import (
     BACKEND_CHOICES,
@@ -68,8 +71,9 @@ def open_checkpoint(d: Description, backend: BackendChoice | None, options: Targ
     import torch
 
     from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
+    from seer_deploy.models.checkpoints.dimple import load_dimple
     from seer_deploy.models.checkpoints.multimodal import load_multimodal
-    from seer_deploy.runtime.torch_backend import MultimodalTorchBackend, TorchBackend
+    from seer_deploy.runtime.torch_backend import DimpleTorchBackend, MultimodalTorchBackend, TorchBackend
 
     if backend not in (None, "torch"):
         build = "ort" if backend == "ort" else "tensorrt"
@@ -86,7 +90,13 @@ def open_checkpoint(d: Description, backend: BackendChoice | None, options: Targ
         torch.set_num_threads(options.threads)
     images = None
     torch_backend: TorchBackend
-    if d.multimodal:
+    if d.multimodal and is_dimple_checkpoint(target):
+        dimple = load_dimple(target, device=device)
+        ckpt = dimple.lm
+        stats = seer.stats_spec(ckpt.config.n_layers) if seer is not None else None
+        torch_backend = DimpleTorchBackend(dimple, stats)
+        images = dimple_image_support(dimple.pictures, dimple.image_token_index, ckpt.config.n_embed_rows)
+    elif d.multimodal:
         loaded = load_multimodal(target)
         loaded.lm.model.to(device)
         loaded.vision.to(device)
@@ -108,6 +118,11 @@ def open_checkpoint(d: Description, backend: BackendChoice | None, options: Targ
         tokenizer_facts=TokenizerFacts(cfg.image_code_range, None),  # the config is read: not again
     )
     return torch_backend, info
+
+
+def dimple_image_support(pictures: QwenPictures, image_token_index: int, id_base: int) -> ImageSupport:
+    """How a Dimple target takes pictures: each at its own size, `tokens_per_image` the fewest a picture becomes."""
+    return ImageSupport(None, pictures.picture.fewest_tokens, image_token_index, id_base, qwen=pictures)
 
 
 def torch_device(text: str | None) -> torch.device:
@@ -187,8 +202,12 @@ def _ort_backend(d: Description, session: OrtSessionOptions, info: TargetInfo, k
         from seer_deploy.engines.ort import OrtBackend
 
         return OrtBackend(export_dir, session, kv_cache=kv_cache, manifest=export), info
-    from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
+    from seer_deploy.engines.ort_multimodal import DimpleOrtBackend, MultimodalOrtBackend
 
+    if "pictures" in export.extra[MULTIMODAL_KEY]["vision_config"]:  # Dimple's Qwen2.5-VL tower
+        dimple = DimpleOrtBackend(export_dir, session, kv_cache=kv_cache, manifest=export)
+        return dimple, replace(info, images=dimple_image_support(dimple.pictures, dimple.image_token_index,
+                                                                 dimple.image_id_base))
     backend = MultimodalOrtBackend(export_dir, session, kv_cache=kv_cache, manifest=export)
     vision = backend.multimodal["vision_config"]
     image = vision["image"]

@@ -31,6 +31,8 @@ from seer_deploy.models.families.config import ModelConfig
 from seer_deploy.models.networks.confidence import greedy_head, log_prob_of, token_log_prob
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.runtime.loopcore import transfer_schedule
+from seer_deploy.runtime.reference_logits import guided_logits, prefix_width
+from seer_deploy.runtime.reference_rules import pass_counts, pick_scored, rule_commit
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import SeerReport, group_rows, plan_batch
 
@@ -125,13 +127,20 @@ def _step(
     config: GenerationConfig,
     generator: torch.Generator | None,
     spec: StatsSpec | None = None,
+    rule: tuple[int, int, Tensor] | None = None,
 ) -> _StepOut:
     """One denoising step: forward, x0, score the masked positions before hi[b], commit the top k[b] of row b (or,
-    k None, the ones parallel decoding's rule accepts)."""
+    k None, the ones parallel decoding's rule accepts; under the Dream family's sampler, `rule` = (pass index,
+    passes, masks at the start per row): what that pass of the rule commits)."""
     mask_id = model.cfg.mask_id
     x = batch.x
     is_masked = x == mask_id
     logits, stats = _logits(model, batch, config, spec)
+    scoring = config.scoring()
+    if scoring is not None and rule is not None:
+        x0, score = pick_scored(logits, config.temperature, generator, scoring)
+        candidate = is_masked & (torch.arange(x.shape[1], device=x.device)[None, :] < hi[:, None])
+        return _StepOut(rule_commit(x, x0, score, candidate, *rule, config, generator), x0, logits, stats)
     x0 = gumbel_argmax(logits, config.temperature, generator)
     if config.remasking == "low_confidence":
         score = token_log_prob(logits, x0)
@@ -188,6 +197,32 @@ def _run_block(
     for i in range(n_steps):
         batch.x = _step(model, batch, row_hi, schedules[:, i], config, generator).x
     return n_steps
+
+
+def _prompt_pass(model: MaskPredictor, batch: _Batch, config: GenerationConfig, spec: StatsSpec | None = None
+                 ) -> _StepOut:
+    """LaViDa-Dream's prompt pass: the first answer token, greedily, and nothing else (config.first_from_prompt)."""
+    mask_id, P = model.cfg.mask_id, batch.prompt_width
+    logits, stats = guided_logits(model, batch.x, batch.attention_mask, batch.is_prompt, config.cfg_scale, mask_id,
+                                  spec, P)
+    x0 = logits.argmax(-1)
+    x = batch.x.clone()
+    x[:, P] = torch.where(x[:, P] == mask_id, x0[:, P], x[:, P])
+    return _StepOut(x, x0, logits, stats)
+
+
+def _run_rule(model: MaskPredictor, batch: _Batch, hi: int, first: int, steps: int, totals: Tensor,
+              config: GenerationConfig, generator: torch.Generator | None) -> int:
+    """Passes first..steps-1 of the Dream family's sampler over the columns before hi; a pass that would commit
+    nothing in any row is not run (the loop so ends when no mask is left). Returns the passes made."""
+    row_hi = torch.full((batch.x.shape[0],), hi, device=batch.x.device)
+    ran = 0
+    for i in range(first, steps):
+        counts, _, _ = pass_counts(_masks_before(batch.x, row_hi, model.cfg.mask_id), totals, i, steps, config)
+        if any(c > 0 for c in counts):
+            batch.x = _step(model, batch, row_hi, None, config, generator, rule=(i, steps, totals)).x
+            ran += 1
+    return ran
 
 
 def _run_parallel(
@@ -252,10 +287,16 @@ def generate(
     P = batch.prompt_width
     steps_per_block = config.steps_per_block
     n_passes = 0
-    if config.parallel:
+    if config.dream_sampler:
+        steps, prompt_pass = config.steps, 0
+        if config.first_from_prompt:  # LaViDa-Dream: the prompt pass, then min(steps, G) passes
+            batch.x, steps, prompt_pass = _prompt_pass(model, batch, config).x, min(steps, G), 1
+        totals = _masks_before(batch.x, torch.full((len(prompts),), P + G, device=device), cfg.mask_id)
+        n_passes = prompt_pass + _run_rule(model, batch, P + G, 0, steps, totals, config, generator)
+    elif config.parallel:
         n_passes = _run_parallel(model, batch, [(P + s, P + s + block) for s in range(0, G, block)], config,
                                   generator)[0]
-    for b in range(0 if config.parallel else G // block):
+    for b in range(0 if config.parallel or config.dream_sampler else G // block):
         n_passes += _run_block(model, batch, P + b * block, P + (b + 1) * block, steps_per_block, config, generator)
     passes = 2 if config.cfg_scale > 0 else 1
     tokens_processed = (batch.real_tokens + (n_passes - 1) * batch.pass_tokens(config)) * passes
@@ -281,7 +322,10 @@ def _generate_seer(
     steps_per_block = config.steps_per_block
     spec = seer.stats_spec(cfg.n_layers) if seer is not None and seer.needs_sparsity else None
     first = None if config.parallel else torch.tensor([int(transfer_schedule(np.array([block]), steps_per_block)[0, 0])] * B, device=device)
-    zero = _step(model, batch, torch.full((B,), P + block, device=device), first, config, generator, spec)
+    prompt_masks = torch.tensor([sum(t == cfg.mask_id for t in p) for p in prompts])
+    rule = (0, config.steps, prompt_masks + G) if config.dream_sampler else None
+    zero = _prompt_pass(model, batch, config, spec) if config.first_from_prompt else _step(
+        model, batch, torch.full((B,), P + block, device=device), first, config, generator, spec, rule)
     passes = 2 if config.cfg_scale > 0 else 1
     tokens_processed = batch.real_tokens * passes
     responses = zero.x[:, P:].cpu()
@@ -303,13 +347,20 @@ def _generate_seer(
         Pg = sub.prompt_width
         if batch.prompt_kv is not None:  # the group's prompt columns are the last Pg of step zero's
             sub.prompt_kv = batch.prompt_kv[:, :, rows_of_group, :, P - Pg :]
-        if config.parallel:
+        if config.dream_sampler:
+            lead = 1 if config.first_from_prompt else 0  # after the prompt pass: every pass, the first token set
+            ran = _run_rule(model, sub, Pg + kept, 1 - lead, min(blocks[0].steps, kept) if lead else blocks[0].steps,
+                            prompt_masks[rows_of_group] + kept - lead, config, generator)
+            n_passes += ran
+            tokens_processed += ran * sub.real_tokens * passes
+            per_row_passes.update({b: 1 + ran for b in rows_of_group})
+        elif config.parallel:
             ran, row_ran = _run_parallel(model, sub, [(Pg + bp.start, Pg + bp.end) for bp in blocks], config,
                                          generator)
             n_passes += ran
             tokens_processed += ran * sub.pass_tokens(config) * passes
             per_row_passes.update({b: 1 + r for b, r in zip(rows_of_group, row_ran, strict=True)})
-        for j, bp in enumerate(blocks if not config.parallel else ()):
+        for j, bp in enumerate(blocks if not (config.parallel or config.dream_sampler) else ()):
             n_steps = bp.steps - 1 if j == 0 else bp.steps  # step zero was the first block's first step
             ran = _run_block(model, sub, Pg + bp.start, Pg + bp.end, n_steps, config, generator)
             n_passes += ran
@@ -341,39 +392,3 @@ def _flat_stats(stats: Tensor | None, shape: torch.Size) -> np.ndarray:
         return np.zeros((shape[0], 0, shape[1]), dtype=np.float32)
     B, L, Fn, S = stats.shape
     return stats.reshape(B, L * Fn, S).float().cpu().numpy()
-
-
-def prefix_width(model: MaskPredictor, batch: int, prompt_width: int | None, device: torch.device
-                 ) -> dict[str, Tensor]:
-    """The `prompt_width` keyword a prefix-DLM model's forward takes (none for other models)."""
-    if not model.cfg.prefix_dlm:
-        return {}
-    if prompt_width is None:
-        raise ValueError("a prefix-DLM model's pass needs the prompt width")
-    return {"prompt_width": torch.full((batch,), prompt_width, dtype=torch.long, device=device)}
-
-
-def guided_logits(
-    model: MaskPredictor,
-    x: Tensor,
-    attention_mask: Tensor | None,
-    is_prompt: Tensor,
-    cfg_scale: float,
-    mask_id: int,
-    spec: StatsSpec | None = None,
-    prompt_width: int | None = None,
-) -> tuple[Tensor, Tensor | None]:
-    """Logits (with classifier-free guidance when cfg_scale > 0: a second copy with the prompt masked gives the
-    unconditional logits) and, with `spec`, the conditional pass's stats. A prefix-DLM model (LaViDa) also gets
-    `prompt_width`, the columns holding the (left-padded) prompts, which do not attend to the response."""
-    if cfg_scale == 0:
-        out = model(x, attention_mask, stats=spec, **prefix_width(model, x.shape[0], prompt_width, x.device))
-        return out.logits, out.stats
-    # Classifier-free guidance: a second copy with the prompt masked gives the unconditional logits.
-    uncond = torch.where(is_prompt, torch.full_like(x, mask_id), x)
-    mask2 = None if attention_mask is None else torch.cat([attention_mask, attention_mask])
-    out = model(torch.cat([x, uncond]), mask2, stats=spec,
-                **prefix_width(model, 2 * x.shape[0], prompt_width, x.device))
-    cond_logits, uncond_logits = out.logits.chunk(2)
-    stats = None if out.stats is None else out.stats.chunk(2)[0]
-    return uncond_logits + (cfg_scale + 1) * (cond_logits - uncond_logits), stats

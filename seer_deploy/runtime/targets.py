@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
+import numpy as np
 from PIL import Image
 
 from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
 from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.core.backend import Backend, ImageBackend, PatchBackend
 from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import ArtifactError, CheckpointError, ConfigError
 from seer_deploy.core.sparsity import StatsSpec
@@ -28,6 +31,7 @@ from seer_deploy.models.checkpoints.multimodal_files import DEMO_VL_NAME, checkp
 from seer_deploy.models.families.config import ModelConfig
 from seer_deploy.models.pictures.anyres import AnyresConfig, anyres_tokens
 from seer_deploy.models.pictures.image import ImageConfig
+from seer_deploy.models.pictures.qwen_pictures import QwenPictures
 from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.models.text.tokenizer_files import TokenizerFacts
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
@@ -81,17 +85,42 @@ class TemplateChoice:
 class ImageSupport:
     """How a multimodal target takes pictures: preprocessing, and how a `<image>` placeholder becomes ids."""
 
-    image: ImageConfig
-    tokens_per_image: int
+    image: ImageConfig | None  # a SigLIP tower's square views (None for Dimple's Qwen2.5-VL tower: `qwen`)
+    tokens_per_image: int  # one view's tokens (Dimple: the fewest a picture can have)
     image_token_index: int  # the placeholder id the tokenizer emits for `<image>`
     id_base: int  # image ids start here (the language model's embedding rows)
     anyres: AnyresConfig | None = None  # LaViDa's tiling: a picture's token count depends on its size
+    qwen: QwenPictures | None = None  # Dimple: pictures at their own size, M-RoPE positions
 
-    def picture_tokens(self, picture: Image.Image) -> int:
-        """The image tokens one picture becomes in a prompt."""
+    def picture_tokens(self, picture: Image.Image, name: str = "the picture") -> int:
+        """The image tokens one picture becomes in a prompt (ConfigError for a picture Dimple's rules refuse)."""
+        if self.qwen is not None:
+            return self.qwen.picture.tokens(*picture.size, name)
         if self.anyres is None:
             return self.tokens_per_image
         return anyres_tokens(picture.size, self.anyres, math.isqrt(self.tokens_per_image - 1))
+
+    def set_pictures(self, backend: Backend, pictures: Sequence[Image.Image], per_call: int | None = None
+                     ) -> list[int]:
+        """Encode pictures with the target's tower (`per_call` of them a call; None: all in one) and set them as the
+        backend's image table (with their M-RoPE layout for Dimple); each picture's token count, in order (what
+        expand_placeholders takes)."""
+        from seer_deploy.models.prompts.image_placeholders import encode_pictures
+
+        step = per_call or max(1, len(pictures))
+        calls = [pictures[lo : lo + step] for lo in range(0, len(pictures), step)] or [[]]
+        if self.qwen is not None:
+            qwen, patch_backend = self.qwen, cast(PatchBackend, backend)  # a Dimple target's backend
+            parts = [qwen.encode(patch_backend.encode_patches, call) for call in calls]
+            embeds = [e for part, _ in parts for e in part]
+            patch_backend.set_image_table(embeds, np.concatenate([layout for _, layout in parts]))
+        else:
+            assert self.image is not None  # a SigLIP tower's target has its view settings
+            image, image_backend = self.image, cast(ImageBackend, backend)  # a multimodal target's backend
+            embeds = [e for call in calls for e in encode_pictures(image_backend.encode_images, call, image,
+                                                                   self.anyres)]
+            image_backend.set_image_table(embeds)
+        return [len(e) for e in embeds]
 
 
 @dataclass(frozen=True)
@@ -132,8 +161,9 @@ class TargetInfo:
         if self.images is not None:
             from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer
 
+            marks = self.images.qwen.marks if self.images.qwen is not None else None
             return MultimodalTokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, self.images.image_token_index,
-                                       template=chat, described=self.tokenizer_facts)
+                                       template=chat, described=self.tokenizer_facts, picture_marks=marks)
         return Tokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, template=chat, described=self.tokenizer_facts)
 
     def seer_for(self, seer: SeerConfig | None) -> SeerConfig | None:

@@ -12,14 +12,18 @@ import torch
 from torch import Tensor
 
 from seer_deploy.core.backend import PromptInput, RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
+from seer_deploy.core.decoding import Scoring
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import SparsityRow, StatsSpec
+from seer_deploy.models.checkpoints.dimple import LoadedDimple
 from seer_deploy.models.checkpoints.multimodal import LoadedMultimodal
 from seer_deploy.models.networks.confidence import greedy_head, token_log_prob
 from seer_deploy.models.networks.image_prompts import ImageConditionedModel
 from seer_deploy.models.networks.llada import MaskPredictor, ModelOutput
 from seer_deploy.models.prompts.image_placeholders import image_table_np
-from seer_deploy.runtime.reference import guided_logits, gumbel_argmax, prefix_width
+from seer_deploy.runtime.reference import gumbel_argmax
+from seer_deploy.runtime.reference_logits import guided_logits, prefix_width
+from seer_deploy.runtime.reference_rules import pick_scored
 
 
 class TorchBackend:
@@ -71,25 +75,27 @@ class TorchBackend:
     def step0(self, inputs: StepInput) -> Step0Output:
         """Greedy step zero at full length, with EOS probability and the sparsity rows [B, L*F, S] (layer-major)."""
         logits, stats = self._forward(inputs, self.stats)
-        return self._step0_output(logits, stats)
+        return self._step0_output(logits, stats, inputs.scoring)
 
-    def _step0_output(self, logits: Tensor, stats: Tensor | None) -> Step0Output:
+    def _step0_output(self, logits: Tensor, stats: Tensor | None, scoring: Scoring | None) -> Step0Output:
         token, confidence, top, log_total = greedy_head(logits)
         eos_prob = torch.exp(logits[..., self.eos_id].float() - top - log_total)
         assert stats is not None  # requested with self.stats
         B, L, Fn, S = stats.shape
+        score = None if scoring is None else _pick(logits, 0.0, None, scoring).score
         return Step0Output(
             token_ids=_numpy(token, np.int64),
             confidence=_numpy(confidence, np.float32),
             eos_prob=_numpy(eos_prob, np.float32),
             sparsity=_numpy(stats.reshape(B, L * Fn, S), np.float32),
+            score=score,
         )
 
     @torch.inference_mode()
     def step(self, inputs: StepInput) -> StepOutput:
         """x0 (argmax, or LLaDA's Gumbel-max sample seeded by `seed` at temperature > 0) and log softmax(logits)[x0]."""
         logits, _ = self._forward(inputs, None)
-        return _pick(logits, inputs.temperature, inputs.seed)
+        return _pick(logits, inputs.temperature, inputs.seed, inputs.scoring)
 
     @torch.inference_mode()
     def refresh(self, inputs: StepInput) -> RefreshOutput:
@@ -102,7 +108,7 @@ class TorchBackend:
     def prefill(self, inputs: StepInput) -> Step0Output:
         """Step zero (greedy, with the statistics) that also returns every layer's keys and values: the prompt cache."""
         out, _ = self._pass_with_kv(inputs, self.stats)
-        return self._step0_output(out.logits, out.stats)._replace(kv=self._cache(out.kv))
+        return self._step0_output(out.logits, out.stats, inputs.scoring)._replace(kv=self._cache(out.kv))
 
     def _pass_with_kv(self, inputs: StepInput, stats: StatsSpec | None) -> tuple[ModelOutput, StepInput]:
         checked = inputs.checked(self.max_seq_len)
@@ -148,8 +154,11 @@ class TorchBackend:
         return kv.float() if self.device_cache else _numpy(kv, np.float32)
 
 
-def _pick(logits: Tensor, temperature: float | np.ndarray, seed: int | None) -> StepOutput:
-    """x0 (argmax, or LLaDA's Gumbel-max sample seeded by `seed` at temperature > 0) and log softmax(logits)[x0]."""
+def _pick(logits: Tensor, temperature: float | np.ndarray, seed: int | None, scoring: Scoring | None = None
+          ) -> StepOutput:
+    """x0 (argmax, or LLaDA's Gumbel-max sample seeded by `seed` at temperature > 0) and log softmax(logits)[x0];
+    with `scoring` (the Dream family's rules) x0 comes from the tempered, filtered logits and the rule's score is
+    returned too (models.networks.rule_scores)."""
     temperatures = np.unique(np.asarray(temperature, dtype=np.float64))
     if temperatures.size != 1:
         raise ConfigError("the torch backend samples every row of a step at one temperature; give one number")
@@ -161,9 +170,12 @@ def _pick(logits: Tensor, temperature: float | np.ndarray, seed: int | None) -> 
             generator.seed()
         else:
             generator.manual_seed(seed)
-    token = gumbel_argmax(logits, value, generator)
-    confidence = token_log_prob(logits, token)
-    return StepOutput(token_ids=_numpy(token, np.int64), confidence=_numpy(confidence, np.float32))
+    if scoring is None:
+        token = gumbel_argmax(logits, value, generator)
+        return StepOutput(token_ids=_numpy(token, np.int64), confidence=_numpy(token_log_prob(logits, token), np.float32))
+    token, score = pick_scored(logits, value, generator, scoring)
+    return StepOutput(_numpy(token, np.int64), _numpy(token_log_prob(logits, token), np.float32),
+                      _numpy(score, np.float32))
 
 
 def _tensor(kv: np.ndarray | Tensor, device: torch.device) -> Tensor:
@@ -197,3 +209,27 @@ class MultimodalTorchBackend(TorchBackend):
         """The batch's image embeddings (one row per image token, in id order); an empty list = no images."""
         rows = image_table_np(table if isinstance(table, list) else [table], self.width)
         self.model = ImageConditionedModel(self.language_model, torch.from_numpy(rows).to(self._device)).eval()
+
+
+class DimpleTorchBackend(TorchBackend):
+    """A TorchBackend over a Dimple checkpoint: `encode_patches` runs the Qwen2.5-VL tower and the projector on a
+    batch's pictures, `set_image_table` hands the language model their embeddings and M-RoPE layout."""
+
+    def __init__(self, loaded: LoadedDimple, stats: StatsSpec | None = None) -> None:
+        super().__init__(ImageConditionedModel(loaded.lm.model, torch.zeros(1, loaded.config.d_model)), stats)
+        self.language_model = loaded.lm.model
+        self.vision = loaded.vision.eval()
+        self.width = loaded.config.d_model
+
+    @torch.inference_mode()
+    def encode_patches(self, tower_inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The vision graph's inputs (models.pictures.qwen_layout.tower_inputs) -> float32 [image tokens, D]."""
+        feed = {name: torch.from_numpy(np.ascontiguousarray(value)).to(self._device)
+                for name, value in tower_inputs.items()}
+        return _numpy(self.vision(**feed), np.float32)
+
+    def set_image_table(self, table: np.ndarray | list[np.ndarray], layout: np.ndarray | None = None) -> None:
+        """The batch's image embeddings (one row per image token, in id order) and their places in the pictures."""
+        rows = image_table_np(table if isinstance(table, list) else [table], self.width)
+        self.model = ImageConditionedModel(self.language_model, torch.from_numpy(rows).to(self._device),
+                                           layout).eval()

@@ -90,7 +90,7 @@ class ServeState:
                                  "(GET /v1/models)", "invalid_request_error")
         base = self.engine.service.options.generation
         size = gen_length_for(max_tokens, self.sizes, base.gen_length)
-        generation = request_generation(base, size, body.steps, body.block_length, body.temperature)
+        generation = request_generation(base, size, body.steps, body.block_length, body.temperature, body.rule())
         tail = None if body.tail_context is None else parse_tail_context(body.tail_context)
         choice = SeerChoice(body.seer, tail)
         seed = body.seed if body.seed is not None else self.engine.service.options.seed

@@ -51,13 +51,26 @@ class Body(BaseModel):
     tail_context: int | Literal["all"] | None = None
     steps: int | None = Field(default=None, ge=1)
     block_length: int | None = Field(default=None, ge=1)
-    # OpenAI fields with no meaning here: accepted, ignored
+    # The decoding rule (generate --decode ...; core.decoding): None keeps the server's. top_p / top_k are used by the
+    # Dream family's sampler only (OpenAI clients send top_p to every server: ignored under LLaDA's rules).
+    decode: str | None = None
+    remasking: str | None = None
+    eps: float | None = None
+    alg_temp: float | None = None
+    threshold: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
+    # OpenAI fields with no meaning here: accepted, ignored
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     stream_options: dict[str, Any] | None = None
+
+    def rule(self) -> dict[str, Any]:
+        """The decoding-rule fields the request sets (GenerationConfig's names)."""
+        fields = ("decode", "remasking", "eps", "alg_temp", "threshold", "top_p", "top_k")
+        return {name: getattr(self, name) for name in fields if getattr(self, name) is not None}
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
+from seer_deploy.core.decoding import DREAM_DECODES, DREAM_REMASKING
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 
@@ -44,9 +46,10 @@ def gen_length_for(max_tokens: int | None, sizes: tuple[int, ...], default: int)
 
 
 def request_generation(base: GenerationConfig, gen_length: int, steps: int | None, block_length: int | None,
-                       temperature: float | None) -> GenerationConfig:
+                       temperature: float | None, rule: dict[str, Any] | None = None) -> GenerationConfig:
     """The server's generation settings at this request's size: its steps (else the server's tokens per step),
-    block length (else the server's, else one block) and temperature; validated (ConfigError names the field)."""
+    block length (else the server's, else one block), temperature and decoding rule (`rule`: GenerationConfig's
+    fields the request sets); validated (ConfigError names the field, its `param` the request's)."""
     block = block_length if block_length is not None else base.block_length
     if block is not None and block >= gen_length:
         block = None if block_length is None else block  # the server's block covers this whole canvas: one block
@@ -56,4 +59,27 @@ def request_generation(base: GenerationConfig, gen_length: int, steps: int | Non
         steps = max(n_blocks, math.ceil(gen_length / per_step / n_blocks) * n_blocks)
     config = dataclasses.replace(base, gen_length=gen_length, steps=steps, block_length=block,
                                  temperature=base.temperature if temperature is None else temperature)
-    return config  # checked when made
+    settings = dict(rule or {})
+    # A rule named alone brings its loop's other half, as on the CLI (cli.options.generation_config).
+    if "decode" not in settings and "remasking" in settings:
+        dream = settings["remasking"] in DREAM_REMASKING
+        if dream != config.dream_sampler:
+            settings["decode"] = "timesteps" if dream else "fixed"
+    if "remasking" not in settings and "decode" in settings and (settings["decode"] in DREAM_DECODES) != (
+            config.remasking in DREAM_REMASKING):
+        settings["remasking"] = "maskgit_plus" if settings["decode"] in DREAM_DECODES else "low_confidence"
+    if settings.get("decode", config.decode) not in DREAM_DECODES:
+        settings.pop("top_p", None)  # OpenAI's top_p means nothing to LLaDA's rules
+    try:  # checked when made
+        config = dataclasses.replace(config, **settings)
+    except ConfigError as exc:
+        exc.param = _field_named(str(exc), list(settings))  # type: ignore[attr-defined]
+        raise
+    return config
+
+
+def _field_named(message: str, fields: list[str]) -> str | None:
+    """The request field a validation message names first (as `eps is ...` or as its flag `--alg-temp`)."""
+    found = [(at, name) for name in fields for key in (f"{name} is ", f"--{name.replace('_', '-')}")
+             if (at := message.find(key)) >= 0]
+    return min(found)[1] if found else None

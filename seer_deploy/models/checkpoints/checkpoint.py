@@ -147,7 +147,7 @@ def checkpoint_weights(name_or_path: str | os.PathLike[str],
     special = special_ids_from_tokenizer_file(path / "tokenizer.json")
     cfg = config_from_dict(raw, special)
     files = weight_files(path)
-    if cfg.family == "dimple":  # text only: Dimple's Qwen2.5-VL tower and projector are not implemented
+    if cfg.family == "dimple":  # the vision tower and projector: models.checkpoints.dimple
         ignore_prefixes = (*ignore_prefixes, *DIMPLE_VISION_PREFIXES)
     names = [n for n in files if not n.startswith(ignore_prefixes)]
     layout = detect_layout(names)

@@ -10,19 +10,17 @@ from typing import Any
 from seer_deploy.core.errors import CheckpointError
 from seer_deploy.core.files import read_json
 from seer_deploy.models.checkpoints.checkpoint_files import resolve_checkpoint
-from seer_deploy.models.families.families import IMAGES_UNSUPPORTED, detect_family
+from seer_deploy.models.families.families import detect_family
 
 DEMO_VL_NAME = "demo-vl"
 DEMO_VL_DIR = Path(__file__).parents[1] / "demos" / "demo_vl"  # a hyphen is not importable, so 'demo-vl' resolves here
 IMAGE_TOKEN = "<image>"
+VIDEO_TOKEN = "<video>"  # refused in prompts to multimodal targets: no model here runs videos
 
 
 def is_multimodal(raw: dict[str, Any]) -> bool:
-    """True for LLaVA-style configs (a vision tower is named or described) whose tower seer-deploy runs: Dimple's
-    config describes its Qwen2.5-VL tower, which is not implemented, so a Dimple checkpoint is a text model here
-    (its pictures are refused with the reason, `families.IMAGES_UNSUPPORTED`)."""
-    if detect_family(raw) in IMAGES_UNSUPPORTED:
-        return False
+    """True for configs that name or describe a vision tower: LLaVA-style ones (LLaDA-V, LaViDa) and Dimple's
+    (`vision_config`: its Qwen2.5-VL tower, models.checkpoints.dimple)."""
     return bool(raw.get("mm_vision_tower") or raw.get("vision_tower") or isinstance(raw.get("vision_config"), dict))
 
 
@@ -34,6 +32,14 @@ def is_multimodal_checkpoint(name_or_path: str | os.PathLike[str]) -> bool:
     if not (path / "config.json").is_file():
         return False
     return is_multimodal(read_json(path / "config.json", "checkpoint config", error=CheckpointError))
+
+
+def is_dimple_checkpoint(name_or_path: str | os.PathLike[str]) -> bool:
+    """True for checkpoint directories of the Dimple family (Qwen2.5-VL tower, models.checkpoints.dimple)."""
+    path = Path(name_or_path).expanduser()
+    if str(name_or_path) == DEMO_VL_NAME or not (path / "config.json").is_file():
+        return False
+    return detect_family(read_json(path / "config.json", "checkpoint config", error=CheckpointError)) == "dimple"
 
 
 def checkpoint_directory(name_or_path: str | os.PathLike[str]) -> Path:

@@ -76,8 +76,13 @@ class ModelConfig:
     norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
     image_codes: int = 0  # MMaDA: VQ image codes, ids image_code_base .. image_code_base + image_codes - 1
     image_code_base: int | None = None
+    # Dimple: M-RoPE (Qwen2-VL's 3-D positions); how many of a head's rotary frequencies turn with the temporal,
+    # height and width position (sum = rotary / 2). None: 1-D positions.
+    mrope_section: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.mrope_section, list):  # read back from JSON (a manifest)
+            object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
         check_model_fields(dataclasses.asdict(self))
 
     @property
@@ -214,6 +219,11 @@ def _check_options(values: Mapping[str, Any], bad: Any) -> None:
     experts, top_k = values.get("num_experts", 0) or 0, values.get("experts_per_token", 0) or 0
     if experts and not 1 <= top_k <= experts:
         raise bad("experts_per_token", f"from 1 to the {experts} experts")
+    section = values.get("mrope_section")
+    if section is not None and (not isinstance(section, list | tuple) or len(section) != 3
+                                or not all(int_in(s, 1, head_dim) for s in section)
+                                or sum(section) != (rotary or head_dim) // 2):
+        raise bad("mrope_section", f"3 positive integers summing to half the rotary dims ({(rotary or head_dim) // 2})")
     codes, base = values.get("image_codes", 0) or 0, values.get("image_code_base")
     if codes and not (int_in(base, 0, values["vocab_size"] - codes)):
         raise bad("image_code_base", f"an id such that its {codes} image codes lie inside the vocabulary "
@@ -276,7 +286,7 @@ REQUIRED_FIELDS: tuple[str, ...] = ("d_model", "n_layers", "n_heads", "mlp_hidde
 # The config.json fields family options come from, for error messages.
 OPTION_KEYS: dict[str, str] = {
     "rotary_dim": "partial_rotary_factor", "experts_per_token": "num_experts_per_tok", "num_experts": "num_experts",
-    "image_codes": "codebook_size", "image_code_base": "llm_vocab_size",
+    "image_codes": "codebook_size", "image_code_base": "llm_vocab_size", "mrope_section": "mrope_section",
 }
 ID_KEYS: dict[str, str] = {
     "mask_id": "mask_token_id", "eos_id": "eos_token_id", "pad_id": "pad_token_id", "bos_id": "bos_token_id",

@@ -9,7 +9,7 @@ anything the mask predictor does not implement is refused here, by name, before 
 | llada     | LLaDA-8B-Base/Instruct, LLaDA 1.5, LLaDA-V's LM | none (the defaults)                                   |
 | mmada     | MMaDA-8B (LLaDA's layout)                | image_codes: 8,192 VQ image codes after the text vocabulary  |
 | dream     | Dream-v0-Instruct-7B (Qwen2 names)       | qkv_bias, shift_logits, grouped-query attention              |
-| dimple    | Dimple-7B (Dream's LM + Qwen2.5-VL tower)| as dream; the vision tower is not implemented (text only)   |
+| dimple    | Dimple-7B (Dream's LM + Qwen2.5-VL tower)| as dream, plus mrope_section: M-RoPE positions               |
 | llada_moe | LLaDA-MoE-7B-A1B                         | num_experts / experts_per_token, qk_norm, rotary_dim         |
 
 models.families.family_configs writes a family's public config.json back (the tiny test checkpoints use it).
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from seer_deploy.core.errors import CheckpointError, ConfigError
+from seer_deploy.core.errors import CheckpointError
 from seer_deploy.models.families.lavida import lavida_variant
 
 # config.json model_type -> family. LLaVA-style wrappers (LLaDA-V, LaViDa) name the family of their language model.
@@ -40,11 +40,29 @@ ARCHITECTURES: tuple[tuple[str, str], ...] = (
     ("LLaDAMoE", "llada_moe"), ("MMada", "mmada"), ("Dimple", "dimple"), ("Dream", "dream"),
 )
 FAMILIES: tuple[str, ...] = ("llada", "mmada", "dream", "dimple", "llada_moe")
+# The rule (decode, remasking) each family's authors' evaluation runs, at steps = the answer length, temperature 0:
+# Dream's eval scripts diffusion_generate with alg=entropy; Dimple's lmms-eval script decoding_pipeline=dream with
+# maskgit_plus; LaViDa-Dream's (the Dream family with prefix-DLM) topk_margin; the LLaDA family LLaDA's generate.
+# LaViDa-Dream also writes its first answer token greedily from the prompt pass (first_from_prompt).
+AUTHORS_RULES: dict[tuple[str, bool], dict[str, object]] = {
+    ("dream", False): {"decode": "timesteps", "remasking": "entropy"},
+    ("dream", True): {"decode": "timesteps", "remasking": "topk_margin", "first_from_prompt": True},
+    ("dimple", False): {"decode": "timesteps", "remasking": "maskgit_plus"},
+    ("dimple", True): {"decode": "timesteps", "remasking": "maskgit_plus"},
+}
+LLADA_RULE: dict[str, object] = {"decode": "fixed", "remasking": "low_confidence"}
 MMADA_CODEBOOK = 8192  # MAGVIT-v2 codes MMaDA-8B adds to LLaDA's vocabulary
 # LaViDa generates with prefix-DLM attention (its predict.py passes prefix_lm=True): on for LaViDa checkpoints, whose
 # config.json has no key for it; the torch loops, the exported graphs and every engine pass prompt_width.
 LAVIDA_PREFIX_DEFAULT = True
 DIMPLE_VISION_PREFIXES = ("visual.", "img_projector.", "model.visual.", "model.img_projector.")
+# Dimple's DimpleConfig: the ids around a picture's tokens (its processor writes <|vision_start|><|image_pad|> x
+# tokens<|vision_end|>) and the video placeholder (videos are not run here).
+DIMPLE_IDS = {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+              "vision_end_token_id": 151653}
+# Dimple's DimpleConfig: `mrope_section` (top level; Qwen2-VL keeps it in rope_scaling) defaults to Qwen2.5-VL-7B's.
+DIMPLE_MROPE_SECTION = (16, 24, 24)
+MROPE_TYPES = ("mrope", "default")  # rope_scaling types that mean M-RoPE with plain frequencies
 
 
 def detect_family(raw: dict[str, Any]) -> str:
@@ -73,7 +91,9 @@ def family_keys(family: str) -> dict[str, str]:
 def check_family(family: str, raw: dict[str, Any]) -> None:
     """CheckpointError naming the first config.json setting of `family` that the mask predictor does not implement
     (before any other field is read)."""
-    if raw.get("rope_scaling") is not None:
+    if family == "dimple" and _mrope_scaling(raw.get("rope_scaling")):
+        pass  # Qwen2-VL's way of naming M-RoPE: its frequencies are the plain ones
+    elif raw.get("rope_scaling") is not None:
         raise CheckpointError(f"config.json rope_scaling {raw['rope_scaling']!r} is not supported (plain rotary "
                               "embeddings only); remove it or use a checkpoint without rope scaling")
     if family in ("dream", "dimple") and raw.get("use_sliding_window"):
@@ -96,6 +116,8 @@ def family_options(family: str, raw: dict[str, Any], head_dim: int, vocab_size: 
     options: dict[str, Any] = {"family": family}
     if family in ("dream", "dimple"):
         options.update(qkv_bias=True, shift_logits=True)
+    if family == "dimple":
+        options.update(mrope_section=mrope_section(raw))
     elif family == "mmada":
         codes = raw.get("codebook_size", MMADA_CODEBOOK)
         base = text_tokens if text_tokens is not None else raw.get(
@@ -108,6 +130,18 @@ def family_options(family: str, raw: dict[str, Any], head_dim: int, vocab_size: 
                        qk_norm=bool(raw.get("qk_layernorm", True)),
                        rotary_dim=None if factor == 1 else int(head_dim * factor))
     return options
+
+
+def _mrope_scaling(scaling: Any) -> bool:
+    return isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) in MROPE_TYPES
+
+
+def mrope_section(raw: dict[str, Any]) -> Any:
+    """Dimple's M-RoPE split of a head's rotary frequencies into temporal, height and width parts: `mrope_section`
+    (DimpleConfig), else rope_scaling's (Qwen2-VL's configs), else DimpleConfig's default; checked by ModelConfig."""
+    scaling: dict[str, Any] = raw["rope_scaling"] if isinstance(raw.get("rope_scaling"), dict) else {}
+    section = raw.get("mrope_section", scaling.get("mrope_section", DIMPLE_MROPE_SECTION))
+    return tuple(section) if isinstance(section, list | tuple) else section
 
 
 def prefix_dlm_setting(raw: dict[str, Any]) -> bool:
@@ -149,17 +183,6 @@ def _check_moe(raw: dict[str, Any]) -> None:
         raise CheckpointError(f"config.json partial_rotary_factor {factor!r} must be a number in (0, 1]")
 
 
-# Families whose vision tower seer-deploy does not implement: their checkpoints run text prompts, and a picture given
-# to one is refused with this reason (before anything loads).
-IMAGES_UNSUPPORTED: dict[str, str] = {
-    "dimple": "Dimple's vision tower is not implemented (Qwen2.5-VL: Conv3d patches, windowed attention, M-RoPE, patch "
-              "merger): seer-deploy runs Dimple on text prompts only; drop the images",
-}
-
-
-def check_images_supported(raw: dict[str, Any]) -> None:
-    """ConfigError, one line, for a family whose vision tower seer-deploy does not implement (Dimple); None else.
-    The language model still runs text prompts."""
-    reason = IMAGES_UNSUPPORTED.get(detect_family(raw))
-    if reason is not None:
-        raise ConfigError(reason)
+def authors_rule(family: str, prefix_dlm: bool) -> dict[str, object]:
+    """The GenerationConfig settings of the family's own evaluation (AUTHORS_RULES; LLaDA's for the LLaDA family)."""
+    return dict(AUTHORS_RULES.get((family, prefix_dlm), LLADA_RULE))

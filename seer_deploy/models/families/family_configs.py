@@ -28,6 +28,8 @@ def family_config_dict(cfg: ModelConfig) -> dict[str, Any]:
         if cfg.family == "dimple":
             d.update(model_type="dimple", architectures=["DimpleModel"],
                      vision_config={"depth": 1, "hidden_size": 16, "out_hidden_size": cfg.d_model})
+            if cfg.mrope_section is not None:
+                d["mrope_section"] = list(cfg.mrope_section)
         return d
     d.pop("intermediate_size", None)
     d.pop("mask_token_id", None)  # absent from LLaDA-MoE's config.json: it comes from the tokenizer

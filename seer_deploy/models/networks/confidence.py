@@ -34,10 +34,12 @@ def greedy_head(logits: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """
     logits32 = logits.float()
     top, token_ids = logits32.max(dim=-1)
-    shifted = torch.exp(logits32 - top[..., None])
-    ids = torch.arange(logits32.shape[-1], device=logits32.device)
-    # Leave the argmax's own exp(0) = 1 out of the sum, so the rest keeps its precision below float32's 1.0.
-    rest = torch.where(ids == token_ids[..., None], torch.zeros_like(shifted), shifted).sum(dim=-1)
+    # Leave the argmax's own exp(0) = 1 out of the sum, so the rest keeps its precision below float32's 1.0: its logit
+    # becomes -inf (exp gives exactly 0). A scatter of one column per row, where comparing every id with the argmax
+    # and a Where over [B, C, V] cost 17% of an exported step on the CPU (ONNX Runtime's profiler) and one more
+    # vocabulary-sized buffer; the sum is the same numbers in the same order.
+    others = logits32.scatter(-1, token_ids[..., None], float("-inf"))
+    rest = torch.exp(others - top[..., None]).sum(dim=-1)
     log_total = precise_log1p(rest)
     return token_ids, -log_total, top, log_total
 

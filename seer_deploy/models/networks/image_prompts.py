@@ -9,12 +9,15 @@ in-graph.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.networks.llada import HiddenOutput, MaskPredictor
+from seer_deploy.models.pictures.mrope import mrope_positions, picture_layout
 
 
 def image_table(embeds: Sequence[Tensor], width: int) -> Tensor:
@@ -43,7 +46,9 @@ class ImageConditionedModel(MaskPredictor):
 
     image_table: Tensor
 
-    def __init__(self, lm: MaskPredictor, table: Tensor) -> None:
+    def __init__(self, lm: MaskPredictor, table: Tensor, layout: np.ndarray | None = None) -> None:
+        """`layout`: with an M-RoPE language model (Dimple), the table rows' places in their pictures
+        (models.pictures.mrope.picture_layout), from which every pass computes its positions."""
         nn.Module.__init__(self)  # share the LM's modules and settings rather than building new ones
         for name, value in vars(lm).items():
             if not name.startswith("_") and name != "training":
@@ -51,6 +56,16 @@ class ImageConditionedModel(MaskPredictor):
         for name, child in lm.named_children():
             self.add_module(name, child)
         self.register_buffer("image_table", table.to(lm.embed.weight), persistent=False)
+        self.image_layout = picture_layout([], 1) if layout is None else layout
+
+    def hidden_states(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None, *,
+                      position_ids: Tensor | None = None, **options: Any) -> HiddenOutput:
+        """MaskPredictor.hidden_states; an M-RoPE model's positions come from the ids (models.pictures.mrope)."""
+        if position_ids is None and self.cfg.mrope_section is not None and input_ids is not None:
+            mask = None if attention_mask is None else attention_mask.cpu().numpy()
+            positions = mrope_positions(input_ids.cpu().numpy(), mask, self.embed.num_embeddings, self.image_layout)
+            position_ids = torch.from_numpy(positions).to(input_ids.device)
+        return super().hidden_states(input_ids, attention_mask, position_ids=position_ids, **options)
 
     def embed_inputs(self, input_ids: Tensor | None) -> Tensor:
         if input_ids is None:

@@ -59,11 +59,19 @@ class RMSNorm(nn.Module):
         return x32.to(x.dtype) * self.weight
 
 
-def rope_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+def rope_tables(positions: Tensor, head_dim: int, theta: float, section: tuple[int, ...] | None = None
+                ) -> tuple[Tensor, Tensor]:
     """cos/sin tables [B, 1, S, head_dim] for integer positions [B, S], in float32 (LLaDA's full-precision rope);
-    head_dim here is the rotated dims (ModelConfig.rotary)."""
+    head_dim here is the rotated dims (ModelConfig.rotary). M-RoPE (Dimple, Qwen2-VL): positions [3, B, S] and
+    `section` (ModelConfig.mrope_section): the first section[0] frequencies turn with the temporal position, the next
+    section[1] with the height, the rest with the width."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    angles = positions.float()[..., None] * inv_freq  # [B, S, head_dim/2]
+    if section is None:
+        angles = positions.float()[..., None] * inv_freq  # [B, S, head_dim/2]
+    else:
+        bounds = [sum(section[:axis]) for axis in range(len(section) + 1)]
+        angles = torch.cat([positions[axis].float()[..., None] * inv_freq[bounds[axis]:bounds[axis + 1]]
+                            for axis in range(len(section))], dim=-1)
     angles = torch.cat([angles, angles], dim=-1)[:, None]
     return angles.cos(), angles.sin()
 
@@ -181,12 +189,14 @@ class MaskPredictor(nn.Module):
         stats: StatsSpec | None = None,
         return_kv: bool = False,
         prompt_width: Tensor | None = None,
+        position_ids: Tensor | None = None,
     ) -> ModelOutput:
         """input_ids [B, S] (or inputs_embeds [B, S, D]); attention_mask [B, S] is 1 for real tokens, 0 for padding.
         return_kv: also return every layer's keys and values (what `forward_window` takes as its cache).
-        prompt_width [B] (int64; prefix-DLM models only): columns [0, prompt_width) hold the (left-padded) prompt."""
+        prompt_width [B] (int64; prefix-DLM models only): columns [0, prompt_width) hold the (left-padded) prompt.
+        position_ids [3, B, S] (int64; M-RoPE models only, models.pictures.mrope); None: 1-D positions."""
         out = self.hidden_states(input_ids, attention_mask, inputs_embeds=inputs_embeds, stats=stats,
-                                 return_kv=return_kv, prompt_width=prompt_width)
+                                 return_kv=return_kv, prompt_width=prompt_width, position_ids=position_ids)
         return ModelOutput(self.shifted(self.logits_of(out.hidden), dim=1), out.stats, out.kv)
 
     def hidden_states(
@@ -199,6 +209,7 @@ class MaskPredictor(nn.Module):
         return_kv: bool = False,
         prompt_width: Tensor | None = None,
         stats_wanted: Tensor | None = None,
+        position_ids: Tensor | None = None,
     ) -> HiddenOutput:
         """`forward` without the LM head: the last layer's hidden states [B, S, D] (unshifted; `logits_of` turns any
         rows of them into logits), the statistics (shifted like the logits) and the cache.
@@ -214,7 +225,12 @@ class MaskPredictor(nn.Module):
             key_mask = attention_mask.bool()[:, None, None, :]
         if self.cfg.prefix_dlm:
             key_mask = self.prefix_mask(key_mask, prompt_width, B, S, x.device)
-        cos, sin = rope_tables(positions, self.cfg.rotary, self.cfg.rope_theta)
+        if position_ids is not None:
+            if self.cfg.mrope_section is None:
+                raise ConfigError("position_ids [3, B, S] are M-RoPE positions; this model has no mrope_section")
+            cos, sin = rope_tables(position_ids, self.cfg.rotary, self.cfg.rope_theta, self.cfg.mrope_section)
+        else:  # 1-D positions: also what M-RoPE gives a prompt without pictures
+            cos, sin = rope_tables(positions, self.cfg.rotary, self.cfg.rope_theta)
         wanted = set(stats.layers) if stats is not None else set()
         collected: list[Tensor] = []
         keys_values: list[Tensor] = []

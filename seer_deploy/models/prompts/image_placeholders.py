@@ -27,12 +27,15 @@ if TYPE_CHECKING:
 
 
 class MultimodalTokenizer(Tokenizer):
-    """A Tokenizer whose prompts may contain `<image>`: each becomes the placeholder id `image_token_index`."""
+    """A Tokenizer whose prompts may contain `<image>`: each becomes the placeholder id `image_token_index`, between
+    `picture_marks` where the model's processor encloses a picture (Dimple: <|vision_start|> ... <|vision_end|>)."""
 
     def __init__(self, file: str | os.PathLike[str], eos_id: int, eot_id: int | None, image_token_index: int,
-                 template: tuple[str | None, str] | None = None, *, described: TokenizerFacts | None = None) -> None:
+                 template: tuple[str | None, str] | None = None, *, described: TokenizerFacts | None = None,
+                 picture_marks: tuple[int, int] | None = None) -> None:
         super().__init__(file, eos_id, eot_id, template=template, described=described)
         self.image_token_index = image_token_index
+        self.picture_marks = picture_marks
         # Checkpoints whose tokenizer lacks '<image>' (LLaVA splits the text on it instead) get it as a special token
         # here, so it is never split into pieces; its id is replaced by the placeholder below.
         if self._tok.token_to_id(IMAGE_TOKEN) is None:
@@ -46,7 +49,10 @@ class MultimodalTokenizer(Tokenizer):
         return cls(loaded.path / "tokenizer.json", cfg.eos_id, cfg.eot_id, loaded.vision_config.image_token_index)
 
     def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
-        return [self.image_token_index if t == self._image_id else t for t in super()._ids(text, add_special_tokens)]
+        placeholder = [self.image_token_index]
+        if self.picture_marks is not None:
+            placeholder = [self.picture_marks[0], self.image_token_index, self.picture_marks[1]]
+        return [i for t in super()._ids(text, add_special_tokens) for i in (placeholder if t == self._image_id else [t])]
 
 
 def count_placeholders(ids: Sequence[int], image_token_index: int) -> int:

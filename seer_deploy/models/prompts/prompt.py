@@ -17,7 +17,7 @@ from PIL import Image
 
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.files import read_text
-from seer_deploy.models.checkpoints.multimodal_files import IMAGE_TOKEN
+from seer_deploy.models.checkpoints.multimodal_files import IMAGE_TOKEN, VIDEO_TOKEN
 from seer_deploy.models.pictures.image import load_image
 from seer_deploy.models.text.tokenizer import check_prompt
 
@@ -92,6 +92,9 @@ def check_prompt_images(requests: Sequence[Prompt], target: str, multimodal: boo
                 f"{request.where} gives an image, but '{target}' is a text model; give a multimodal checkpoint "
                 f"(demo-vl, a LLaDA-V-layout directory) or an export or engine made from one, or drop the image"
             )
+        if multimodal and VIDEO_TOKEN in request.prompt:
+            raise ConfigError(f"{request.where} has a {VIDEO_TOKEN} placeholder: videos are not run (Dimple's video "
+                              f"tokens included); give still pictures, one {IMAGE_TOKEN} each")
         placeholders = request.prompt.count(IMAGE_TOKEN)
         if multimodal and placeholders != len(request.images):
             raise ConfigError(f"{request.where} has {placeholders} {IMAGE_TOKEN} placeholder(s) but "
