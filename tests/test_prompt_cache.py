@@ -33,6 +33,9 @@ PROMPTS = [[10, 3, 5, 2, 17], [10, 8, 17], [10, 1, 2, 3, 4, 5, 6, 17], [10, 9, 9
 CONFIGS = {
     "fixed": GenerationConfig(16, 16, block_length=8),
     "threshold": GenerationConfig(16, 16, decode="threshold", threshold=0.3),
+    # the Dream family's sampler: the score from the graphs; LaViDa-Dream's greedy first token from the prompt pass
+    "dream": GenerationConfig(16, 16, decode="timesteps", remasking="entropy"),
+    "first-token": GenerationConfig(16, 16, decode="timesteps", remasking="topk_margin", first_from_prompt=True),
 }
 TRUNCATION = {"full": {}, "seer": {"seer": SeerConfig(detector="eos", eos_floor=0.0)},
               "kept": {"kept_lengths": [5, 16, 9, 12]}}
@@ -124,7 +127,8 @@ def test_the_prompt_step_graph_equals_torch(lavida: tuple[MaskPredictor, Path]) 
     manifest = json.loads((export / "manifest.json").read_text())
     assert list(manifest["graphs"]["prompt_step"]["inputs"]) == ["run_ids", "attention_mask", "prompt_kv",
                                                                  "temperature", "sample_uniform", "candidates",
-                                                                 "prompt_width"]
+                                                                 "score_rule", "score_temperature", "prompt_width"]
+    assert list(manifest["graphs"]["prompt_step"]["outputs"]) == ["token_ids", "confidence", "score"]
     ids = np.random.default_rng(1).integers(0, model.cfg.vocab_size, (2, 12))
     mask = np.ones_like(ids)
     mask[1, :2] = 0  # left padding, in the cache
@@ -138,6 +142,13 @@ def test_the_prompt_step_graph_equals_torch(lavida: tuple[MaskPredictor, Path]) 
     for b, columns in enumerate(call.candidates):  # type: ignore[union-attr]
         np.testing.assert_array_equal(got.token_ids[b, columns], want.token_ids[b, columns])
         np.testing.assert_allclose(got.confidence[b, columns], want.confidence[b, columns], atol=1e-5)
+    for remasking in ("topk_margin", "entropy"):  # the decoding rules' scores, as the step graph's
+        scored = call._replace(scoring=GenerationConfig(16, 16, decode="timesteps", remasking=remasking).scoring())
+        got, want = OrtBackend(export, CPU).prompt_step(scored), TorchBackend(model).prompt_step(scored)
+        assert got.score is not None and want.score is not None
+        for b, columns in enumerate(call.candidates):  # type: ignore[union-attr]
+            np.testing.assert_allclose(got.score[b, columns], want.score[b, columns], atol=1e-5)
+            assert not np.allclose(got.score[b, columns], got.confidence[b, columns])  # not the confidence
     with pytest.raises(ConfigError, match="prompt_kv"):
         OrtBackend(export, CPU).prompt_step(call._replace(prompt_kv=kv.numpy()))
 
@@ -185,6 +196,10 @@ def test_prompt_cache_refusals(lavida: tuple[MaskPredictor, Path], tmp_path: Pat
     picture = 7  # a prompt ending with a picture's placeholder: a cached pass would run an image id
     with pytest.raises(ConfigError, match="ends with a picture"):
         check_prompts([[10, 3, picture]], GenerationConfig(8, 8, prompt_cache=True), torch_backend, cfg.mask_id, picture)
+    with pytest.raises(ConfigError, match="M-RoPE"):  # Dimple's pictures: the cached passes take 1-D positions
+        check_prompts([[10, picture, 3]], GenerationConfig(8, 8, prompt_cache=True), torch_backend, cfg.mask_id,
+                      picture, mrope=True)
+    check_prompts([[10, picture, 3]], GenerationConfig(8, 8, prompt_cache=True), torch_backend, cfg.mask_id, picture)
     blocks = GenerationConfig(8, 8, block_length=4, kv_cache=True)  # the block-wise cache: LaViDa-Dream's first
     lead = window_lead(torch_backend)  # window holds the last prompt token, LaViDa-LLaDA's does not
     if lead:

@@ -157,7 +157,7 @@ def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen
         generation=generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale,
                                      decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache, eps=eps,
                                      alg_temp=alg_temp, top_p=top_p, top_k=top_k, prompt_cache=prompt_cache),
-        authors_rule=authors_rule(decode, remasking, block_length, kv_cache, prompt_cache),
+        authors_rule=authors_rule(decode, remasking, block_length, kv_cache),
         backend=backend_name, batch_size=batch_size, providers=providers or None, threads=threads, device=device,
         io_binding=io_binding, cuda_graph=cuda_graph, seer=use_seer,
         seer_config=seer_config, tail_context=None if tail_context is None else parse_tail_context(tail_context),

@@ -144,8 +144,7 @@ def template_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def authors_rule(decode: str | None, remasking: str | None, block_length: int | None, kv_cache: bool,
-                 prompt_cache: bool = False) -> bool:
-    """Whether the family's own rule applies (ServiceOptions.authors_rule): no rule named, no blocks, no cache (the
-    caches run LLaDA's loop)."""
-    return decode is None and remasking is None and block_length is None and not kv_cache and not prompt_cache
+def authors_rule(decode: str | None, remasking: str | None, block_length: int | None, kv_cache: bool) -> bool:
+    """Whether the family's own rule applies (ServiceOptions.authors_rule): no rule named, no blocks, no block-wise
+    cache (the prompt cache runs every rule)."""
+    return decode is None and remasking is None and block_length is None and not kv_cache

@@ -115,7 +115,7 @@ def command(target: str, host: str, port: int, gen_length: int, steps: int | Non
         generation=generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale,
                                      decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache, eps=eps,
                                      alg_temp=alg_temp, top_p=top_p, top_k=top_k, prompt_cache=prompt_cache),
-        authors_rule=authors_rule(decode, remasking, block_length, kv_cache, prompt_cache),
+        authors_rule=authors_rule(decode, remasking, block_length, kv_cache),
         backend=backend_name, batch_size=max_batch, providers=providers or None, threads=threads, seer=use_seer,
         seer_config=seer_config, tail_context=None if tail_context is None else parse_tail_context(tail_context),
         seed=seed, chat_template=chat_template, raw_prompts=raw_prompts,

@@ -34,6 +34,7 @@ from seer_deploy.contracts.graphs import (
 )
 from seer_deploy.contracts.sampling import step_feed
 from seer_deploy.core.backend import PromptInput, RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
+from seer_deploy.core.decoding import Scoring
 from seer_deploy.core.errors import ConfigError
 
 
@@ -59,9 +60,7 @@ def graph_feed(graph: GraphIO, checked: StepInput, image_inputs: Mapping[str, np
     if graph.takes(WITH_STATS):
         values[WITH_STATS.name] = np.full(batch, int(with_stats), dtype=np.int64)
     if graph.takes(SCORE_RULE):
-        scoring = checked.scoring
-        values[SCORE_RULE.name] = np.full(batch, 0 if scoring is None else int(scoring.rule), dtype=np.int64)
-        values[SCORE_TEMPERATURE.name] = np.full(batch, 1.0 if scoring is None else scoring.temperature, np.float32)
+        values.update(scoring_feed(batch, checked.scoring))
     values.update(image_inputs or {})
     if graph.takes(PROMPT_WIDTH):
         values[PROMPT_WIDTH.name] = np.full(checked.input_ids.shape[0], checked.prompt_width, dtype=np.int64)
@@ -87,9 +86,16 @@ def prompt_feed(graph: GraphIO, checked: PromptInput) -> dict[str, np.ndarray]:
     assert checked.candidates is not None, "pass PromptInput.checked(), which always has candidates"
     values = {RUN_IDS.name: checked.run_ids, ATTENTION_MASK.name: checked.attention_mask,
               PROMPT_KV.name: checked.prompt_kv, CANDIDATES.name: checked.candidates,
+              **scoring_feed(batch, checked.scoring),
               PROMPT_WIDTH.name: np.full(batch, checked.prompt_width, dtype=np.int64),
               **step_feed(batch, width, checked.temperature, checked.seed)}
     return {name: values[name] for name in graph.input_names}
+
+
+def scoring_feed(batch: int, scoring: Scoring | None) -> dict[str, np.ndarray]:
+    """The decoding rule's graph inputs (None: rule 0 at temperature 1, whose score is the confidence)."""
+    return {SCORE_RULE.name: np.full(batch, 0 if scoring is None else int(scoring.rule), dtype=np.int64),
+            SCORE_TEMPERATURE.name: np.full(batch, 1.0 if scoring is None else scoring.temperature, np.float32)}
 
 
 def _output(tensor: TensorIO, values: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -98,7 +104,7 @@ def _output(tensor: TensorIO, values: Mapping[str, np.ndarray]) -> np.ndarray:
 
 
 def _score(values: Mapping[str, np.ndarray]) -> np.ndarray | None:
-    """The score output where the graph returned it (a step graph's; not the cache graphs')."""
+    """The score output where the graph returned it (the step graph's, prompt_step's; not window_step's)."""
     return _output(SCORE, values) if SCORE.name in values else None
 
 
@@ -122,7 +128,7 @@ def prefill_output(values: Mapping[str, np.ndarray]) -> Step0Output:
 
 
 def refresh_output(values: Mapping[str, np.ndarray]) -> RefreshOutput:
-    return RefreshOutput(_output(TOKEN_IDS, values), _output(CONFIDENCE, values), _output(KV, values))
+    return RefreshOutput(_output(TOKEN_IDS, values), _output(CONFIDENCE, values), _output(KV, values), _score(values))
 
 
 def window_output(values: Mapping[str, np.ndarray]) -> StepOutput:

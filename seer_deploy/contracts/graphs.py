@@ -198,16 +198,17 @@ CACHE_GRAPH_NAMES: tuple[str, ...] = (WINDOW_STEP.name,)
 
 # The prompt cache (export --kv-cache): a pass over the last prompt token and the response only, against the keys and
 # values of the columns before them (cut from step zero's kv), positions continuing from the cache. attention_mask is
-# the whole row's (cached + run columns); the candidates are run columns; prompt_width (where the responses start) is
-# read by prefix-DLM models only.
+# the whole row's (cached + run columns); the candidates are run columns; the decoding rule's inputs and score as the
+# step graph's; prompt_width (where the responses start) is read by prefix-DLM models only.
 _BR = (Axis.BATCH, Axis.RUN)
 RUN_IDS = TensorIO("run_ids", "int64", _BR)
 PROMPT_KV = TensorIO("prompt_kv", "float32", (Size.LAYERS, 2, Axis.BATCH, Size.KV_HEADS, Axis.CACHED, Size.HEAD_DIM))
 PROMPT_STEP = GraphIO(
     "prompt_step",
     (RUN_IDS, ATTENTION_MASK, PROMPT_KV, TEMPERATURE, TensorIO(SAMPLE_UNIFORM.name, "float32", _BR), CANDIDATES,
-     PROMPT_WIDTH),
-    (TensorIO(TOKEN_IDS.name, "int64", _BR), TensorIO(CONFIDENCE.name, "float32", _BR)),
+     SCORE_RULE, SCORE_TEMPERATURE, PROMPT_WIDTH),
+    (TensorIO(TOKEN_IDS.name, "int64", _BR), TensorIO(CONFIDENCE.name, "float32", _BR),
+     TensorIO(SCORE.name, "float32", _BR)),
 )
 PROMPT_CACHE_GRAPH_NAMES: tuple[str, ...] = (PROMPT_STEP.name,)
 

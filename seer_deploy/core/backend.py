@@ -161,6 +161,7 @@ class PromptInput(NamedTuple):
     seed: int | None = None
     candidates: np.ndarray | None = None  # int64 [B, K]: run columns whose tokens to compute (None: every one)
     prompt_width: int = 0  # where the responses start (at least C + 1): prefix-DLM models' prompt queries
+    scoring: Scoring | None = None  # as StepInput.scoring
 
     def checked(self) -> PromptInput:
         """The input as engines want it, or ConfigError naming what does not fit."""
@@ -190,6 +191,7 @@ class RefreshOutput(NamedTuple):
     token_ids: np.ndarray  # int64 [B, S]
     confidence: np.ndarray  # float32 [B, S]
     kv: KVCache  # float32 [n_layers, 2, B, n_kv_heads, S, head_dim]: every layer's keys and values
+    score: np.ndarray | None = None  # as StepOutput.score
 
 
 class Backend(Protocol):

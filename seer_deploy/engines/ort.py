@@ -273,7 +273,7 @@ class OrtBackend:
                                          graph_feed(io, checked, self._image_inputs(checked)),
                                          device=kind, device_id=index, device_outputs={KV.name: kv})
         picked = step_output(values)
-        return RefreshOutput(picked.token_ids, picked.confidence, kv)
+        return RefreshOutput(picked.token_ids, picked.confidence, kv, picked.score)
 
     def window_step(self, inputs: WindowInput) -> StepOutput:
         """A step over the window's columns only, against a refresh's keys and values (export --kv-cache)."""

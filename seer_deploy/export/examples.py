@@ -62,6 +62,8 @@ def prompt_examples(cfg: ModelConfig, max_seq_len: int) -> dict[str, Tensor]:
         PROMPT_KV.name: torch.zeros(cfg.n_layers, 2, 2, cfg.n_kv_heads, cached, cfg.head_dim),
         SAMPLE_UNIFORM.name: torch.ones(2, run),
         CANDIDATES.name: torch.arange(1, run).expand(2, run - 1).contiguous(),
+        SCORE_RULE.name: torch.tensor([2, 1]),
+        SCORE_TEMPERATURE.name: torch.ones(2),
         PROMPT_WIDTH.name: torch.tensor([cached + 1, cached + 1]),
     }
 

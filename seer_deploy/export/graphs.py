@@ -119,10 +119,9 @@ class StepGraph(nn.Module):
         B, S, _ = out.hidden.shape
         head = candidate_head(model, out.hidden, input_ids, candidates, temperature, sample_uniform)
         eos_prob = torch.zeros((B, S), device=head.eos.device).scatter(1, candidates, head.eos)
-        score = torch.full((B, S), float("-inf"), device=head.eos.device).scatter(
-            1, candidates, score_head(head.logits, head.picked, head.picked_confidence, *scoring))
         _, L, F, _ = out.stats.shape
-        result = (head.token_ids, head.confidence, eos_prob, out.stats.reshape(B, L * F, S), score)
+        result = (head.token_ids, head.confidence, eos_prob, out.stats.reshape(B, L * F, S),
+                  scattered_score(head, candidates, *scoring))
         return (*result, out.kv) if out.kv is not None else result
 
 
@@ -149,6 +148,12 @@ def candidate_head(model: MaskPredictor, hidden: Tensor, input_ids: Tensor, cand
     token_ids = input_ids.scatter(1, candidates, ids)
     confidence = torch.full((B, S), float("-inf"), device=conf.device).scatter(1, candidates, conf)
     return CandidateHead(token_ids, confidence, eos, logits, ids, conf)
+
+
+def scattered_score(head: CandidateHead, candidates: Tensor, rule: Tensor, temperature: Tensor) -> Tensor:
+    """[B, S]: the decoding rule's score (`score_head`) at the candidate columns, -inf elsewhere."""
+    score = score_head(head.logits, head.picked, head.picked_confidence, rule, temperature)
+    return torch.full(head.confidence.shape, float("-inf"), device=score.device).scatter(1, candidates, score)
 
 
 class PrefixStepGraph(StepGraph):
@@ -255,13 +260,14 @@ class PromptStepGraph(nn.Module):
         self.model = model
 
     def forward(self, run_ids: Tensor, attention_mask: Tensor, prompt_kv: Tensor, temperature: Tensor,
-                sample_uniform: Tensor, candidates: Tensor, prompt_width: Tensor) -> tuple[Tensor, Tensor]:
+                sample_uniform: Tensor, candidates: Tensor, score_rule: Tensor, score_temperature: Tensor,
+                prompt_width: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         B = run_ids.shape[0]
         run_start = torch.full((B,), prompt_kv.shape[4], dtype=torch.long, device=run_ids.device)
         width = prompt_width if self.model.cfg.prefix_dlm else None
         hidden = self.model.cached_hidden(run_ids, attention_mask, run_start, prompt_kv, width)
         head = candidate_head(self.model, hidden, run_ids, candidates, temperature, sample_uniform)
-        return head.token_ids, head.confidence
+        return head.token_ids, head.confidence, scattered_score(head, candidates, score_rule, score_temperature)
 
 
 class DimpleVisionGraph(nn.Module):

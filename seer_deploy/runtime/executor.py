@@ -332,9 +332,10 @@ class _Group:
         self.passes[rows] += 1
         tally.count(self.ctx, sub_real)
 
-    def prompt_step(self, rows: np.ndarray, hi: np.ndarray, k: np.ndarray, tally: Tally) -> None:
+    def prompt_step(self, rows: np.ndarray, hi: np.ndarray, k: np.ndarray, tally: Tally,
+                    counts: Sequence[StepCount] | None = None) -> None:
         """A pass for `rows` against the prompt cache: the last prompt token and their response columns run, the
-        columns before them come from the cache; commits before hi."""
+        columns before them come from the cache; commits before hi (`counts`: the Dream family's sampler)."""
         assert self.prompt_kv is not None
         backend = cast(PromptCacheBackend, self.ctx.backend)
         P = self.prompt_width
@@ -342,9 +343,9 @@ class _Group:
         sub = np.ascontiguousarray(self.x[rows, c0:c1])
         temperature, seed = self.ctx.sampling()
         run = PromptInput(sub, np.ascontiguousarray(self.real[rows, :c1]), self.prompt_kv[:, :, rows], temperature,
-                          seed, mask_columns(sub, hi[rows] - c0, self.ctx.mask_id), P)
+                          seed, mask_columns(sub, hi[rows] - c0, self.ctx.mask_id), P, self.ctx.config.scoring())
         out = backend.prompt_step(run)
-        self.ctx.commit(sub, out, np.ones(rows.size, np.int64), hi[rows] - c0, k[rows])
+        self.ctx.commit(sub, out, np.ones(rows.size, np.int64), hi[rows] - c0, k[rows], counts)
         self.x[rows, c0:c1] = sub
         self.passes[rows] += 1
         tally.count(self.ctx, self.real[rows, c0:c1])

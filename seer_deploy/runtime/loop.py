@@ -337,7 +337,7 @@ def step_zero(ctx: LoopContext, canvas: Canvas, hi: int, k: np.ndarray, tally: T
     config = ctx.config
     greedy = config.temperature == 0 or config.first_from_prompt
     cached = config.kv_cache or config.prompt_cache
-    if truncating or (greedy and not cached):
+    if truncating or (greedy and not cached) or (config.prompt_cache and config.first_from_prompt):
         # Seer reads step zero's tokens and EOS probabilities over the whole response: every mask is a candidate.
         inputs = StepInput(x, mask, prompt_width=prompt_width, guidance=config.cfg_scale,
                            candidates=mask_columns(x, None, ctx.mask_id), scoring=config.scoring())
@@ -348,7 +348,7 @@ def step_zero(ctx: LoopContext, canvas: Canvas, hi: int, k: np.ndarray, tally: T
             out0 = ctx.backend.step0(inputs)
         tally.count(ctx, real)
     committed: StepOutput | Step0Output | RefreshOutput | None = out0
-    if not truncating and cached:
+    if out0 is None and cached:  # one pass that also returns the keys and values
         committed = cast(CacheBackend, ctx.backend).refresh(ctx.step_input(x, mask, prompt_width, np.full(B, hi)))
         kv = committed.kv
         tally.count(ctx, real)

@@ -203,8 +203,7 @@ def _prompt_pass(model: MaskPredictor, batch: _Batch, config: GenerationConfig, 
                  ) -> _StepOut:
     """LaViDa-Dream's prompt pass: the first answer token, greedily, and nothing else (config.first_from_prompt)."""
     mask_id, P = model.cfg.mask_id, batch.prompt_width
-    logits, stats = guided_logits(model, batch.x, batch.attention_mask, batch.is_prompt, config.cfg_scale, mask_id,
-                                  spec, P)
+    logits, stats = _logits(model, batch, config, spec)
     x0 = logits.argmax(-1)
     x = batch.x.clone()
     x[:, P] = torch.where(x[:, P] == mask_id, x0[:, P], x[:, P])
@@ -352,7 +351,7 @@ def _generate_seer(
             ran = _run_rule(model, sub, Pg + kept, 1 - lead, min(blocks[0].steps, kept) if lead else blocks[0].steps,
                             prompt_masks[rows_of_group] + kept - lead, config, generator)
             n_passes += ran
-            tokens_processed += ran * sub.real_tokens * passes
+            tokens_processed += ran * sub.pass_tokens(config) * passes
             per_row_passes.update({b: 1 + ran for b in rows_of_group})
         elif config.parallel:
             ran, row_ran = _run_parallel(model, sub, [(Pg + bp.start, Pg + bp.end) for bp in blocks], config,

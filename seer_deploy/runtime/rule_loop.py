@@ -33,6 +33,7 @@ def run_rule_group(ctx: LoopContext, rows: Rows, tally: Tally, batch_rows: Seque
         run = np.array([c is not None and c.number > 0 for c in counts])
         if run.any():
             chosen = np.flatnonzero(run)
-            group.step(chosen, hi, np.zeros(group.n, np.int64), tally, [counts[i] for i in chosen])  # type: ignore[misc]
+            make_pass = group.step if group.prompt_kv is None else group.prompt_step  # the prompt cache's passes
+            make_pass(chosen, hi, np.zeros(group.n, np.int64), tally, [counts[i] for i in chosen])  # type: ignore[misc]
             settled.report(group.x, group.prompt_width, group.kept, chosen)
     return group.tokens(), group.passes

@@ -101,8 +101,8 @@ class TorchBackend:
     def refresh(self, inputs: StepInput) -> RefreshOutput:
         """A step that also returns every layer's keys and values (the KV caches; no guidance)."""
         out, checked = self._pass_with_kv(inputs, None)
-        picked = _pick(out.logits, checked.temperature, checked.seed)
-        return RefreshOutput(picked.token_ids, picked.confidence, self._cache(out.kv))
+        picked = _pick(out.logits, checked.temperature, checked.seed, checked.scoring)
+        return RefreshOutput(picked.token_ids, picked.confidence, self._cache(out.kv), picked.score)
 
     @torch.inference_mode()
     def prefill(self, inputs: StepInput) -> Step0Output:
@@ -144,7 +144,7 @@ class TorchBackend:
         hidden = self.model.cached_hidden(ids, torch.from_numpy(checked.attention_mask).to(device), start, kv,
                                           self._width(ids.shape[0], checked.prompt_width))
         logits = self.model.shifted(self.model.logits_of(hidden), dim=1)
-        return _pick(logits, checked.temperature, checked.seed)
+        return _pick(logits, checked.temperature, checked.seed, checked.scoring)
 
     def _width(self, batch: int, prompt_width: int) -> Tensor | None:
         return prefix_width(self.model, batch, prompt_width, self._device).get("prompt_width")
