@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
 from seer_deploy.contracts.export_manifest import ExportManifest
-from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
@@ -198,17 +197,15 @@ def _ort_backend(d: Description, session: OrtSessionOptions, info: TargetInfo, k
     cache graphs too where the export has them and `kv_cache` (an engine dir: where it was built with them)."""
     export_dir, export = d.export_dir, d.export
     assert export is not None and export_dir is not None  # describe() reads them for an export or engine dir
-    if not d.multimodal:
-        from seer_deploy.engines.ort import OrtBackend
+    from seer_deploy.engines.ort_multimodal import DimpleOrtBackend, MultimodalOrtBackend, backend_class
 
-        return OrtBackend(export_dir, session, kv_cache=kv_cache, manifest=export), info
-    from seer_deploy.engines.ort_multimodal import DimpleOrtBackend, MultimodalOrtBackend
-
-    if "pictures" in export.extra[MULTIMODAL_KEY]["vision_config"]:  # Dimple's Qwen2.5-VL tower
-        dimple = DimpleOrtBackend(export_dir, session, kv_cache=kv_cache, manifest=export)
-        return dimple, replace(info, images=dimple_image_support(dimple.pictures, dimple.image_token_index,
-                                                                 dimple.image_id_base))
-    backend = MultimodalOrtBackend(export_dir, session, kv_cache=kv_cache, manifest=export)
+    opened = backend_class(export)(export_dir, session, kv_cache=kv_cache, manifest=export)
+    if not opened.takes_pictures:
+        return opened, info
+    if isinstance(opened, DimpleOrtBackend):  # Dimple's Qwen2.5-VL tower
+        return opened, replace(info, images=dimple_image_support(opened.pictures, opened.image_token_index,
+                                                                 opened.image_id_base))
+    backend = cast(MultimodalOrtBackend, opened)
     vision = backend.multimodal["vision_config"]
     image = vision["image"]
     settings = ImageConfig(int(image["image_size"]), tuple(image["mean"]), tuple(image["std"]), str(image["aspect"]))
