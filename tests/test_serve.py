@@ -36,7 +36,7 @@ from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
 from seer_deploy.serve.sizes import gen_length_for, request_generation, supported_sizes
-from seer_deploy.service import Prompt, Run, Service, ServiceOptions
+from seer_deploy.service import Prompt, Run, Service, ServiceOptions, TargetOptions
 
 GEN = GenerationConfig(gen_length=64, steps=64)
 FAST = GenerationConfig(gen_length=64, steps=8)  # the load tests' setting: 8 tokens a step, as requests ask
@@ -52,7 +52,7 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def open_service(target: str | Path, batch_size: int = 32) -> Service:
-    return Service(target, ServiceOptions(generation=GEN, batch_size=batch_size, threads=1))
+    return Service(target, ServiceOptions(generation=GEN, batch_size=batch_size, target=TargetOptions(threads=1)))
 
 
 @pytest.fixture(scope="module")

@@ -40,19 +40,25 @@ TOKENIZER_FILE = "tokenizer.json"
 
 @dataclass(frozen=True)
 class TargetOptions:
-    """How to open a target. None keeps what the artifact says (an engine dir's session settings) or the default."""
+    """How to open a target (`--backend`, `--provider`, `--threads`, `--device`, `--io-binding`, `--cuda-graph`).
+    None keeps what the artifact says (an engine dir's session settings) or the default. The ONNX Runtime session
+    settings are made from it in one place (`runtime.openers.ort_session_options`)."""
 
+    backend: BackendChoice | None = None  # None: the target's own (checkpoint torch, export ort, engine its build's)
     providers: tuple[str, ...] | None = None  # ONNX Runtime providers in order of preference
-    threads: int | None = None  # intra-op threads (ONNX Runtime's session; torch's for a checkpoint)
+    threads: int | None = None  # intra-op threads (ONNX Runtime's session; torch's for a checkpoint); 0: the default
     # "cpu", "cuda" or "cuda:N": where torch runs a checkpoint, the CUDA provider's device (an export), the GPU of a
     # TensorRT engine. None: the target's default (torch: cpu; ONNX Runtime: CUDA when installed; TensorRT: GPU 0).
     device: str | None = None
     io_binding: bool = False  # ONNX Runtime: IO binding (engines.ort_binding)
     cuda_graph: bool = False  # ONNX Runtime on CUDA: one CUDA graph per call shape (implies io_binding)
-    seer: SeerConfig | None = None  # torch: step zero reports the statistics this config reads (default: every layer)
 
     def check(self) -> None:
-        """ConfigError for a malformed device, before anything loads."""
+        """ConfigError for an unknown backend, negative threads or a malformed device, before anything loads."""
+        if self.backend is not None and self.backend not in BACKEND_CHOICES:
+            raise ConfigError(f"backend '{self.backend}' is unknown; use one of {', '.join(BACKEND_CHOICES)}")
+        if self.threads is not None and self.threads < 0:
+            raise ConfigError(f"--threads must be >= 0 (0 = the engine's default), got {self.threads}")
         parse_device(self.device)
 
 
