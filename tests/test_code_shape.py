@@ -6,6 +6,8 @@ Each check is a function run on the real code and, to show it can fail, on a thr
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -141,3 +143,11 @@ def test_a_group_flag_means_the_same_in_every_verb() -> None:
     flags = {p.opts[0] for p in generate.params if isinstance(p, GroupOption) and p.group == seer_options.name}
     assert flags == {"--seer", "--seer-config", "--tail-context", "--first-canvas"}
     assert flags <= {p.opts[0] for p in serve.params if isinstance(p, GroupOption)}
+
+
+def test_the_option_groups_load_no_library() -> None:
+    """Every verb imports the groups to declare its options, so `--help` stays instant: no numpy, torch or ONNX
+    Runtime behind them (the objects they build are imported when a command runs)."""
+    probe = "import sys, seer_deploy.cli.options; print(sorted({'numpy', 'torch', 'onnxruntime'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from seer_deploy.runtime.targets import BACKEND_CHOICES
+from seer_deploy.core.backend_names import BACKEND_CHOICES
 
 if TYPE_CHECKING:
     from seer_deploy.core.generation import GenerationConfig

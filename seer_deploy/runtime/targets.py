@@ -19,6 +19,7 @@ from PIL import Image
 
 from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
 from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.core.backend_names import BACKEND_CHOICES, BackendChoice
 from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import ArtifactError, CheckpointError, ConfigError
 from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
@@ -32,8 +33,6 @@ from seer_deploy.models.text.tokenizer_files import TokenizerFacts
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
 
 TargetKind = Literal["checkpoint", "export", "engine"]
-BackendChoice = Literal["torch", "ort", "tensorrt"]
-BACKEND_CHOICES: tuple[BackendChoice, ...] = ("torch", "ort", "tensorrt")
 DEMO_TARGETS = ("demo", DEMO_VL_NAME)
 TOKENIZER_FILE = "tokenizer.json"
 
