@@ -164,7 +164,7 @@ class Service:
         self.backend: Backend
         self.backend, self.info = open_target(target, self.options.target, described, seer=seer)
         check_supported(self.options.generation, self.backend)
-        self.seer = self.info.seer_for_engine(seer)
+        self.seer = self.info.seer_for(seer)
         self.tokenizer = self.info.tokenizer(self.options.template)
         self.load_seconds = time.perf_counter() - opening  # the start of time to first step (`Run`)
 
@@ -194,7 +194,7 @@ class Service:
         else:
             prepared = self.prepare(requests, generation)  # every input error before any model runs
         requests, ids, pictures, generation = prepared.requests, prepared.ids, prepared.pictures, prepared.generation
-        seer = None if full_length else self.info.seer_for_engine(seer) if seer is not None else self.seer
+        seer = None if full_length else self.info.seer_for(seer) if seer is not None else self.seer
         answers: list[Answer] = []
         passes = tokens_processed = 0
         step_zero_seconds = first_step_seconds = 0.0

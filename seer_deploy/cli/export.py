@@ -76,8 +76,10 @@ class StageProgress:
 @click.option("--opset", type=int, default=None, help="ONNX opset (18 or newer) [default: 20; 21 with --quant-format "
               "qdq].")
 @click.option("--max-seq-len", type=int, default=None, help="Longest prompt + response [default: the model's].")
-@seer_options("config", config={"help": "JSON with stats_layers / abs_threshold / rel_threshold for the step-zero "
-                                        "statistics [default: all layers]."})
+@seer_options("config", config={
+    "help": "A Seer config (seer.json from `seer-deploy calibrate`): step zero computes the statistics it reads "
+            "(stats_layers, abs_threshold, rel_threshold) [default: the checkpoint's own seer.json, else every layer "
+            "at 0.05 / 0.05]."})
 @click.option("--force", is_flag=True, help="Replace an export of another model in --out (never a directory holding "
               "files seer-deploy did not write).")
 @click.option("--no-verify", is_flag=True, help="Skip the ONNX Runtime vs torch comparison (the ONNX checker still runs). "
@@ -128,15 +130,16 @@ def command(
     from seer_deploy.engines.build import BuildOptions, build_engines
     from seer_deploy.export.exporter import prepare_export
     from seer_deploy.export.multimodal import prepare_multimodal
-    from seer_deploy.export.options import DEFAULT_OPSET, ExportOptions, SeerStats, load_seer_stats
+    from seer_deploy.export.options import DEFAULT_OPSET, ExportOptions
     from seer_deploy.models.checkpoints.multimodal_files import is_multimodal_checkpoint
+    from seer_deploy.seer.config import SeerConfig
 
     quantization = quantization_option(quantize, block_size, quant_format, keep_head, build)
     options = ExportOptions(
         dtype=dtype,
         opset=opset or (QDQ_MIN_OPSET if quantization is not None and quantization.format == "qdq" else DEFAULT_OPSET),
         max_seq_len=max_seq_len,
-        seer=load_seer_stats(seer.config) if isinstance(seer.config, Path) else SeerStats(),
+        seer=SeerConfig.load(seer.config) if isinstance(seer.config, Path) else seer.config,
         verify=not no_verify,
         force=force,
         kv_cache=generation.kv_cache,  # the graphs `generate --kv-cache` runs

@@ -48,9 +48,9 @@ def open_target(
 ) -> tuple[Backend, TargetInfo]:
     """The backend that runs TARGET and what it needs (ids, tokenizer, image settings); `options.backend` None picks
     the target's own (checkpoint: torch, export: ort, engine: what it was built for). `described`: TARGET's
-    description (`targets.describe`) when the caller has it, so its manifests are read once. `seer`: the torch
-    backend reports the statistics this config reads at step zero (default: every layer)."""
-    # issue 43 (lead): `seer` stands in for the resolved statistics (core.sparsity.StatsSpec), which replace it here.
+    description (`targets.describe`) when the caller has it, so its manifests are read once. `seer`: the Seer config
+    the run reads, whose statistics a checkpoint's torch step zero computes (an export's are fixed:
+    `TargetInfo.seer_for`)."""
     options = options or TargetOptions()
     options.check()
     d = described if described is not None else describe(target)
@@ -172,7 +172,7 @@ def _export_info(target: str, kind: TargetKind, backend: BackendChoice, path: Pa
         target=target, kind=kind, backend=backend, path=path, config=cfg, mask_id=mask, eos_id=eos,
         pad_id=pad if pad is not None else eos, eot_id=ids.get("eot"),
         tokenizer_dir=tokenizer,
-        checkpoint=source if has_source else None, export_dir=export_dir, tokenizer_facts=facts,
+        checkpoint=source if has_source else None, export_dir=export_dir, tokenizer_facts=facts, stats=export.seer,
     )
 
 
