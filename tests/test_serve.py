@@ -123,7 +123,7 @@ def test_the_openai_client_gets_the_solo_answers_streaming_and_not(server: Backg
         plain = oa.completions.create(model="demo", prompt=prompt, max_tokens=64)
         assert plain.choices[0].text == expected.text and plain.choices[0].finish_reason == "stop"
         usage: Any = plain.usage
-        assert usage.seer["kept"] == expected.seer.kept and usage.passes == expected.steps
+        assert usage.seer["kept"] == expected.seer.kept and usage.passes == expected.passes
         assert usage.seer["tokens_processed"] == expected.seer.tokens_processed < usage.seer["full_tokens_processed"]
         assert usage.completion_tokens == expected.tokens.index(reference.info.eos_id)
         chat = oa.chat.completions.create(model="demo", messages=[{"role": "user", "content": prompt}])
