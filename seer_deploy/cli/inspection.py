@@ -42,7 +42,7 @@ def command(target: str, prompt: str, out: Path, generation: GenerationConfig, s
     seer_config = SeerConfig.load(given) if isinstance(given, Path) else given or find_seer_config(target) or SeerConfig()
     tok = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id, ckpt.config.eot_id)
     ids = tok.encode_prompt(prompt)
-    config.validate(ckpt.config.max_seq_len, len(ids))
+    config.check_fits(ckpt.config.max_seq_len, len(ids))
     inspection = inspect_prompt(ckpt.model, ids, config, seer_config)
     save_figure(inspection, out, title=repr(prompt))
     if as_json:

@@ -162,14 +162,12 @@ seer_options = OptionGroup("seer", (
 
 
 def _generation(values: dict[str, Any]) -> GenerationConfig:
-    """The GenerationConfig of the flags, validated (ConfigError naming the flag); an unset --steps means
-    gen-length, an unset --block-length one block."""
+    """The GenerationConfig of the flags (it checks itself when made: a ConfigError naming the flag); an unset
+    --steps means gen-length, an unset --block-length one block."""
     from seer_deploy.core.generation import GenerationConfig
 
     steps = values["steps"]
-    config = GenerationConfig(**(values | {"steps": values["gen_length"] if steps is None else steps}))
-    config.validate()
-    return config
+    return GenerationConfig(**(values | {"steps": values["gen_length"] if steps is None else steps}))
 
 
 generation_options = OptionGroup("generation", (
