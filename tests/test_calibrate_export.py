@@ -22,7 +22,7 @@ from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demos.demo_tasks import HELDOUT_SEED, heldout_examples
 from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.service import Service, ServiceOptions
+from seer_deploy.service import SeerOptions, Service, ServiceOptions, TargetOptions
 
 pytestmark = requires_demo
 CONFIG = GenerationConfig(gen_length=32, steps=32)
@@ -88,7 +88,8 @@ def test_a_quantized_export_calibrates_on_its_own_graph_and_runs_the_result(expo
     # The written config loads and generates on the export, and its cuts are the ones the calibration measured. One
     # prompt a batch on both sides: the packed int4 path quantizes the activations too, so a batch of other
     # composition (the source batches by length) may round a near-tie the other way.
-    service = Service(exports["int4"], ServiceOptions(generation=CONFIG, batch_size=1, seer_config=out, threads=1))
+    service = Service(exports["int4"], ServiceOptions(generation=CONFIG, batch_size=1, target=TargetOptions(threads=1),
+                                                      seer=SeerOptions(config=out)))
     cut = service.generate(PROMPTS)
     full = service.generate(PROMPTS, full_length=True)
     assert all(a.seer is not None for a in cut.answers)

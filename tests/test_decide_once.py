@@ -71,9 +71,9 @@ def test_a_seer_config_at_other_thresholds_is_refused_in_one_line(
 def test_the_shipped_config_runs_on_its_export_as_on_its_checkpoint(exports: dict[str, Path]) -> None:
     """The export's default statistics are the checkpoint's own seer.json's, so Seer cuts as torch does."""
     from seer_deploy.core.generation import GenerationConfig
-    from seer_deploy.service import Prompt, ServiceOptions, generate
+    from seer_deploy.service import Prompt, SeerOptions, ServiceOptions, generate
 
-    options = ServiceOptions(generation=GenerationConfig(gen_length=16, steps=16), seer=True)
+    options = ServiceOptions(generation=GenerationConfig(gen_length=16, steps=16), seer=SeerOptions(on=True))
     prompts = [Prompt(PROMPT), Prompt("reverse 8675309")]
     torch_run = generate(prompts, exports["shipped-ckpt"], options)
     ort_run = generate(prompts, exports["shipped"], options)

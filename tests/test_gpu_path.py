@@ -34,7 +34,7 @@ from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.targets import parse_device
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.service import Prompt, Service, ServiceOptions
+from seer_deploy.service import Prompt, SeerOptions, Service, ServiceOptions, TargetOptions
 
 CPU = "CPUExecutionProvider"
 PLAIN = OrtSessionOptions(providers=(CPU,))
@@ -129,7 +129,8 @@ def test_io_binding_on_a_multimodal_export(tmp_path: Path) -> None:
                 Prompt("<image> count", (str(tmp_path / "pic1.png"),))]
     answers = []
     for binding in (False, True):
-        options = ServiceOptions(generation=GenerationConfig(16, 16), seer=False, io_binding=binding)
+        options = ServiceOptions(generation=GenerationConfig(16, 16), target=TargetOptions(io_binding=binding),
+                                 seer=SeerOptions(on=False))
         answers.append([a.tokens for a in Service(out, options).generate(requests).answers])
     assert answers[0] == answers[1]
 
@@ -253,7 +254,8 @@ def test_device_cpu_is_the_default(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.py runs it there)")
 def test_torch_on_cuda_gives_the_cpu_tokens() -> None:
     requests = [Prompt(p) for p in ("sort 31415", "reverse 2718281", "add 12 34")]
-    answers = [[a.tokens for a in Service("demo", ServiceOptions(device=d, generation=GenerationConfig(64, 64)))
+    answers = [[a.tokens for a in Service("demo", ServiceOptions(generation=GenerationConfig(64, 64),
+                                                                 target=TargetOptions(device=d)))
                 .generate(requests).answers] for d in ("cpu", "cuda")]
     assert answers[0] == answers[1]
 

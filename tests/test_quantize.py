@@ -29,7 +29,7 @@ from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.quantize import signed_rows
 from seer_deploy.models.prompts.prompt import Prompt
-from seer_deploy.service import Service, ServiceOptions
+from seer_deploy.service import Service, ServiceOptions, TargetOptions
 
 pytestmark = requires_demo
 GEN = GenerationConfig(gen_length=64, steps=64)
@@ -49,7 +49,7 @@ def demo_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def answers(target: Path, requests: list[Prompt], seer: bool = True) -> np.ndarray:
-    service = Service(target, ServiceOptions(generation=GEN, batch_size=8, threads=1))
+    service = Service(target, ServiceOptions(generation=GEN, batch_size=8, target=TargetOptions(threads=1)))
     return np.array([a.tokens for a in service.generate(requests, full_length=not seer).answers])
 
 
@@ -160,7 +160,8 @@ def test_a_family_checkpoint_exports_quantized_and_generates(tmp_path: Path) -> 
     requests = [Prompt(p) for p in ("a b c", "d e", "f g h i")]
     full = export_checkpoint(checkpoint, tmp_path / "fp32").out
     gen = GenerationConfig(gen_length=16, steps=16)
-    want = np.array([a.tokens for a in Service(full, ServiceOptions(generation=gen, threads=1)).generate(requests).answers])
+    one_thread = ServiceOptions(generation=gen, target=TargetOptions(threads=1))
+    want = np.array([a.tokens for a in Service(full, one_thread).generate(requests).answers])
     agreement = {}
     for scheme in ("int8", "int4"):
         options = ExportOptions(quantization=Quantization(scheme, block_size=16))
@@ -171,8 +172,7 @@ def test_a_family_checkpoint_exports_quantized_and_generates(tmp_path: Path) -> 
             export_checkpoint(checkpoint, tmp_path / scheme, options)
         verified = ExportManifest.load(tmp_path / scheme).extra["validation"]["verified"]
         assert verified == (scheme == "int8")
-        got = np.array([a.tokens for a in Service(tmp_path / scheme, ServiceOptions(generation=gen, threads=1)).generate(
-            requests).answers])
+        got = np.array([a.tokens for a in Service(tmp_path / scheme, one_thread).generate(requests).answers])
         agreement[scheme] = float((got == want).mean())
     # int8: a random model's near-ties may flip, most tokens must not; int4 runs, agreeing far less (measured: 0.90
     # and 0.25 of the tokens).

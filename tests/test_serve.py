@@ -36,7 +36,7 @@ from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
 from seer_deploy.serve.sizes import gen_length_for, request_generation, supported_sizes
-from seer_deploy.service import Prompt, Run, Service, ServiceOptions
+from seer_deploy.service import Prompt, Run, Service, ServiceOptions, TargetOptions
 
 GEN = GenerationConfig(gen_length=64, steps=64)
 FAST = GenerationConfig(gen_length=64, steps=8)  # the load tests' setting: 8 tokens a step, as requests ask
@@ -52,7 +52,7 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def open_service(target: str | Path, batch_size: int = 32) -> Service:
-    return Service(target, ServiceOptions(generation=GEN, batch_size=batch_size, threads=1))
+    return Service(target, ServiceOptions(generation=GEN, batch_size=batch_size, target=TargetOptions(threads=1)))
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_the_openai_client_gets_the_solo_answers_streaming_and_not(server: Backg
         plain = oa.completions.create(model="demo", prompt=prompt, max_tokens=64)
         assert plain.choices[0].text == expected.text and plain.choices[0].finish_reason == "stop"
         usage: Any = plain.usage
-        assert usage.seer["kept"] == expected.seer.kept and usage.passes == expected.steps
+        assert usage.seer["kept"] == expected.seer.kept and usage.passes == expected.passes
         assert usage.seer["tokens_processed"] == expected.seer.tokens_processed < usage.seer["full_tokens_processed"]
         assert usage.completion_tokens == expected.tokens.index(reference.info.eos_id)
         chat = oa.chat.completions.create(model="demo", messages=[{"role": "user", "content": prompt}])

@@ -39,7 +39,7 @@ from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
 from seer_deploy.serve.connections import GuardedH11
 from seer_deploy.serve.engine import Row
-from seer_deploy.service import Service, ServiceOptions
+from seer_deploy.service import Service, ServiceOptions, TargetOptions
 
 GEN = GenerationConfig(gen_length=64, steps=64)
 PROMPTS = [e.prompt for e in heldout_examples(8)]
@@ -54,7 +54,7 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def serve(export_dir: Path, **options: Any) -> BackgroundServer:
-    service = Service(export_dir, ServiceOptions(generation=GEN, batch_size=8, threads=1))
+    service = Service(export_dir, ServiceOptions(generation=GEN, batch_size=8, target=TargetOptions(threads=1)))
     return BackgroundServer(create_app(service, ServeOptions(model_name="demo", **options)))
 
 

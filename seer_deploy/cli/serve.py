@@ -15,21 +15,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from seer_deploy.cli.options import (
-    authors_rule,
-    decoding_options,
-    generation_config,
-    generation_options,
-    template_options,
-)
+from seer_deploy.cli.options import generation_options, seed_option, seer_options, target_options, template_options
 from seer_deploy.cli.verbs import summary
 from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.runtime.targets import BACKEND_CHOICES, BackendChoice
-from seer_deploy.seer.config import parse_tail_context
-from seer_deploy.service import ServiceOptions
+from seer_deploy.service import SeerOptions, ServiceOptions, TargetOptions, TemplateChoice
 
 if TYPE_CHECKING:  # the server's modules (FastAPI, uvicorn) load only when `serve` runs
+    from seer_deploy.core.generation import GenerationConfig
     from seer_deploy.serve.options import ServeOptions
 
 API_KEY_ENV = "SEER_DEPLOY_API_KEY"
@@ -49,20 +42,15 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; the default keeps the server on this machine.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0: a free port.")
-@generation_options
-@decoding_options
+@generation_options()
+@seed_option()
 @click.option("--gen-lengths", default=None, metavar="N,N,...",
               help="Response sizes max_tokens rounds up to [default: powers of two from 16 that fit the model; "
                    "--gen-length is the size without max_tokens].")
-@click.option("--backend", "backend_name", type=click.Choice(BACKEND_CHOICES), default=None,
-              help="torch, ort or tensorrt [default: the target's own].")
-@click.option("--seer/--no-seer", "use_seer", default=None,
-              help="Seer by default for requests that do not say [default: on when a calibrated config is found].")
-@click.option("--seer-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Seer config from `seer-deploy calibrate` [default: the target's own].")
-@click.option("--tail-context", default=None, metavar="N|all", help="Seer's tail context by default (see generate).")
-@click.option("--provider", "providers", multiple=True, help="ONNX Runtime provider, in order of preference.")
-@click.option("--threads", type=int, default=None, help="Intra-op threads of the engine.")
+@target_options()
+@seer_options(on={"help": "Seer by default for requests that do not say [default: on when a calibrated config is "
+                          "found]."},
+              tail_context={"help": "Seer's tail context by default (see generate)."})
 @click.option("--max-batch", type=int, default=32, show_default=True, help="Rows in one batch (one generate call).")
 @click.option("--max-wait-ms", type=float, default=5.0, show_default=True,
               help="How long a batch waits to fill after its first row arrives.")
@@ -88,16 +76,12 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
               "replica; a local loopback cluster unless RAY_ADDRESS names one.")
 @click.option("--replicas", type=int, default=1, show_default=True, help="--ray: replicas (engines).")
 @click.option("--max-replicas", type=int, default=None, help="--ray: autoscale from --replicas up to this.")
-@template_options
-def command(target: str, host: str, port: int, gen_length: int, steps: int | None, block_length: int | None,
-            temperature: float, remasking: str | None, cfg_scale: float, seed: int, decode: str | None,
-            threshold: float, eps: float, alg_temp: float, top_p: float | None, top_k: int | None,
-            factor: float, kv_cache: bool, gen_lengths: str | None, backend_name: BackendChoice | None,
-            use_seer: bool | None, seer_config: Path | None, tail_context: str | None, providers: tuple[str, ...],
-            threads: int | None, max_batch: int, max_wait_ms: float, max_queue: int, timeout_s: float,
-            max_body_bytes: int, read_timeout_s: float, max_connections: int, max_prompts: int, retry_after_s: int,
-            api_key: str | None, model_name: str | None, access_log: bool, use_ray: bool, replicas: int,
-            max_replicas: int | None, chat_template: Path | None, raw_prompts: bool) -> None:
+@template_options()
+def command(target: str, host: str, port: int, generation: GenerationConfig, seed: int, gen_lengths: str | None,
+            target_options: TargetOptions, seer: SeerOptions, max_batch: int, max_wait_ms: float, max_queue: int,
+            timeout_s: float, max_body_bytes: int, read_timeout_s: float, max_connections: int, max_prompts: int,
+            retry_after_s: int, api_key: str | None, model_name: str | None, access_log: bool, use_ray: bool,
+            replicas: int, max_replicas: int | None, template: TemplateChoice | None) -> None:
     """Serve TARGET (a checkpoint, 'demo', 'demo-vl', an export or engine directory) over HTTP with OpenAI's
     /v1/completions and /v1/chat/completions, dynamic batching through the generation service, /health, /ready
     and /metrics."""
@@ -111,15 +95,8 @@ def command(target: str, host: str, port: int, gen_length: int, steps: int | Non
                                  gen_lengths=parse_sizes(gen_lengths), api_key=api_key,
                                  access_log=sys.stderr if access_log else None)
     serve_options.check()
-    service_options = ServiceOptions(
-        generation=generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale,
-                                     decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache, eps=eps,
-                                     alg_temp=alg_temp, top_p=top_p, top_k=top_k),
-        authors_rule=authors_rule(decode, remasking, block_length, kv_cache),
-        backend=backend_name, batch_size=max_batch, providers=providers or None, threads=threads, seer=use_seer,
-        seer_config=seer_config, tail_context=None if tail_context is None else parse_tail_context(tail_context),
-        seed=seed, chat_template=chat_template, raw_prompts=raw_prompts,
-    )
+    service_options = ServiceOptions(generation=generation, target=target_options, seer=seer, template=template,
+                                     batch_size=max_batch, seed=seed)
     service_options.check()
     if not is_loopback(host) and api_key is None:
         click.echo(f"warning: serving on {host} without --api-key: anyone who reaches this address can use the "
@@ -130,8 +107,9 @@ def command(target: str, host: str, port: int, gen_length: int, steps: int | Non
                               "e.g. --port 8000")
         from seer_deploy.serve import ray_app
 
-        ray_app.run(target, service_options, serve_options, host=host, port=port, replicas=replicas,
-                    max_replicas=max_replicas, access_log=access_log, say=lambda line: click.echo(line, err=True))
+        ray_app.run(target, service_options, serve_options, ray_app.Replicas(replicas, max_replicas,
+                                                                             access_log=access_log),
+                    host=host, port=port, say=lambda line: click.echo(line, err=True))
         return
     if replicas != 1 or max_replicas is not None:
         raise ConfigError("--replicas and --max-replicas need --ray (one process serves one engine); add --ray")

@@ -23,7 +23,6 @@ from seer_deploy.models.pictures.image import ImageConfig
 from seer_deploy.models.pictures.qwen_pictures import QwenPictures
 from seer_deploy.models.text.tokenizer_files import TokenizerFacts, has_tokenizer
 from seer_deploy.runtime.targets import (
-    BACKEND_CHOICES,
     TOKENIZER_FILE,
     BackendChoice,
     Description,
@@ -42,29 +41,26 @@ if TYPE_CHECKING:
 
 
 def open_target(
-    target: str | os.PathLike[str], backend: BackendChoice | None = None, options: TargetOptions | None = None,
-    described: Description | None = None, seer: SeerConfig | None = None,
+    target: str | os.PathLike[str], options: TargetOptions | None = None, described: Description | None = None, *,
+    seer: SeerConfig | None = None,
 ) -> tuple[Backend, TargetInfo]:
-    """The backend that runs TARGET and what it needs (ids, tokenizer, image settings); `backend` None picks the
-    target's own (checkpoint: torch, export: ort, engine: what it was built for). `described`: TARGET's description
-    (`targets.describe`) when the caller has it, so its manifests are read once. `seer`: the Seer config the run
-    reads, whose statistics a checkpoint's torch step zero computes (an export's are fixed: `TargetInfo.seer_for`)."""
+    """The backend that runs TARGET and what it needs (ids, tokenizer, image settings); `options.backend` None picks
+    the target's own (checkpoint: torch, export: ort, engine: what it was built for). `described`: TARGET's
+    description (`targets.describe`) when the caller has it, so its manifests are read once. `seer`: the Seer config
+    the run reads, whose statistics a checkpoint's torch step zero computes (an export's are fixed:
+    `TargetInfo.seer_for`)."""
     options = options or TargetOptions()
-    if backend is not None and backend not in BACKEND_CHOICES:
-        raise ConfigError(f"backend '{backend}' is unknown; use one of {', '.join(BACKEND_CHOICES)}")
-    if options.threads is not None and options.threads < 0:
-        raise ConfigError(f"--threads must be >= 0 (0 = the engine's default), got {options.threads}")
     options.check()
     d = described if described is not None else describe(target)
     if d.kind == "checkpoint":
-        return open_checkpoint(d, backend, options, seer)
+        return open_checkpoint(d, options, seer)
     if d.kind == "export":
-        return open_export(d, backend, options)
-    return open_engine(d, backend, options)
+        return open_export(d, options)
+    return open_engine(d, options)
 
 
-def open_checkpoint(d: Description, backend: BackendChoice | None, options: TargetOptions,
-                    seer: SeerConfig | None = None) -> tuple[Backend, TargetInfo]:
+def open_checkpoint(d: Description, options: TargetOptions, seer: SeerConfig | None = None
+                    ) -> tuple[Backend, TargetInfo]:
     """torch eager on a checkpoint (LLaDA or LLaDA-V layout)."""
     target = d.target
     import torch
@@ -74,6 +70,7 @@ def open_checkpoint(d: Description, backend: BackendChoice | None, options: Targ
     from seer_deploy.models.checkpoints.multimodal import load_multimodal
     from seer_deploy.runtime.torch_backend import DimpleTorchBackend, MultimodalTorchBackend, TorchBackend
 
+    backend = options.backend
     if backend not in (None, "torch"):
         build = "ort" if backend == "ort" else "tensorrt"
         raise ConfigError(
@@ -214,9 +211,9 @@ def _ort_backend(d: Description, session: OrtSessionOptions, info: TargetInfo, k
     return backend, replace(info, images=images)
 
 
-def open_export(d: Description, backend: BackendChoice | None, options: TargetOptions) -> tuple[Backend, TargetInfo]:
+def open_export(d: Description, options: TargetOptions) -> tuple[Backend, TargetInfo]:
     """ONNX Runtime on an export directory."""
-    path, target, export = d.path, d.target, d.export
+    path, target, export, backend = d.path, d.target, d.export, options.backend
     assert export is not None  # describe() reads an export dir's manifest
     if backend == "torch":
         raise ConfigError(
@@ -256,11 +253,11 @@ def engine_session_options(manifest: EngineManifest, options: TargetOptions) -> 
     return session
 
 
-def open_engine(d: Description, backend: BackendChoice | None, options: TargetOptions) -> tuple[Backend, TargetInfo]:
+def open_engine(d: Description, options: TargetOptions) -> tuple[Backend, TargetInfo]:
     """The engine an engine dir was built for, after checking it against its export and this machine."""
     path, target = d.path, d.target
     manifest, export_dir, export, facts = checked_engine(d)
-    wanted = backend or manifest.backend
+    wanted = options.backend or manifest.backend
     if wanted != manifest.backend:
         fix = (f"give its export ({export_dir}) as TARGET" if wanted == "ort" else
                f"build one (seer-deploy build {export_dir} --out ENGINE_DIR --backend {wanted})" if wanted == "tensorrt"
