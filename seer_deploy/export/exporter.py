@@ -40,6 +40,7 @@ from seer_deploy.contracts.graphs import (
     KV,
     PROMPT_WIDTH,
     SAMPLE_UNIFORM,
+    STEP,
     STEP_GRAPH_NAMES,
     TEMPERATURE,
     WINDOW_IDS,
@@ -65,6 +66,7 @@ from seer_deploy.export.destination import ARTIFACT_KIND, destination_fingerprin
 from seer_deploy.export.graphs import WindowStepGraph, step_module
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.quantize import QUANTIZED_GRAPHS, QuantizedGraph, quantize_graph, quantized_record
+from seer_deploy.export.quantized_reference import dequantized_sources, quantized_parameters
 from seer_deploy.export.resources import check_resources, footprint
 from seer_deploy.export.streamed_reference import streamed_references
 from seer_deploy.export.trace import StreamedWeights, io_specs, trace_graph
@@ -76,6 +78,7 @@ from seer_deploy.export.validate import (
     make_probes,
 )
 from seer_deploy.export.validate_quantized import compare_quantized
+from seer_deploy.export.validation_twin import probe_logits
 from seer_deploy.export.weights import SharedWeightFile
 from seer_deploy.models.checkpoint import (
     DEMO_NAMES,
@@ -368,9 +371,9 @@ def _load_text(run: ExportRun, report: Progress) -> Loaded:
     cfg, dtype, stats = weights.config, run.options.dtype, run.stats
     torch_dtype = TORCH_DTYPES[dtype]
     refs = []
+    probes = make_probes(cfg, run.max_seq_len)
     if run.options.verify:
         report("torch reference")
-        probes = make_probes(cfg, run.max_seq_len)
         # float32 is the truth; the model in the export's dtype shows how far that dtype alone moves each output
         dtypes = list(dict.fromkeys((torch.float32, torch_dtype)))
         computed = streamed_references(cfg, sources, stats, probes, dtypes)
@@ -379,9 +382,16 @@ def _load_text(run: ExportRun, report: Progress) -> Loaded:
             refs = [replace(ref, cast=c) for ref, c in zip(refs, computed[torch_dtype], strict=True)]
 
     def validate(staged: Path) -> dict[str, float]:
-        backend = OrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
+        def open_backend(directory: Path) -> OrtBackend:
+            return OrtBackend(directory, OrtSessionOptions(providers=("CPUExecutionProvider",)))
+
+        logits = probe_logits(staged, open_backend, refs)  # from the validation twin, closed before the export opens
         quant = run.options.quantization
-        return compare_quantized(backend, refs, quant) if quant else compare_with_torch(backend, refs, cfg, dtype)
+        if quant:
+            names = quantized_parameters(staged / STEP.file)
+            own = streamed_references(cfg, dequantized_sources(sources, names, quant), stats, probes)[torch.float32]
+            return compare_quantized(open_backend(staged), refs, quant, logits, own)
+        return compare_with_torch(open_backend(staged), refs, cfg, dtype, logits)
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode:
