@@ -8,13 +8,16 @@ export's validation twin (export.validation_twin: the same graphs with the LM he
 installed) at every real position of step zero and over the window step; the served graphs' own tokens (step zero,
 a step over the response, the window step) are scored by the reference probability they get as a share of the best.
 Each measure must hold its bound:
-  * mean KL share <= max_kl_share: a graph of unrelated noise loses all of it (about 2 on flat outputs, far more on
-    peaked ones), an honest one a few per cent at int4;
+  * mean KL share <= max_kl_share: a graph of unrelated noise loses all of it (1 to 2 on flat outputs, more on
+    peaked ones), an honest one well under 0.01 at int8 and up to a quarter at int4 on a tiny random model;
   * mean top-10 overlap >= min_top_k_overlap: unrelated noise shares next to none of the reference's top tokens;
   * the share of tokens whose reference probability is at least `share_of_best` of the best >= min_agreement: a
     peaked model's answers (near-ties either way are not disagreements).
-Flat outputs (a random model; a real one at masked positions far from the prompt) pass the last on any graph, which
-is why the first two exist; the figures and the bounds are recorded in the manifest either way.
+  * the logits against torch running the export's own quantized numbers (export.quantized_reference), error over
+    their spread <= OWN_SCHEME_RTOL: rounding only, where the bounds above must leave room for what the scheme
+    costs (an honest int4 export and a small model with one projection replaced move the logits alike).
+Flat outputs (a random model; a real one at masked positions far from the prompt) pass the token rule on any graph,
+which is why the others exist; the figures and the bounds are recorded in the manifest either way.
 """
 
 from __future__ import annotations
@@ -38,14 +41,18 @@ class DistributionBound:
     min_agreement: float  # the share of the served graphs' tokens that must agree
 
 
-# Stated from what the formats cost, with room: int8 (a step of 1/128 of each block's largest weight) keeps logits
-# within a few per cent of their spread (KL share ~1e-3); int4 (1/8) within ~20% (KL share a few 1e-2). A graph
-# that computes something else loses all of it (KL share ~2 flat, >> 1 peaked; top-10 overlap ~0).
+# What the formats cost, measured on honest exports (the demo, demo-vl, the flat and peaked models of
+# tests/faults.py, the tiny random family checkpoints at blocks of 16): int8 (a step of 1/128 of each block's largest
+# weight) KL share at most 0.007, top-10 overlap at least 0.97; int4 (1/8) KL share up to 0.27 (MMaDA's tiny random
+# model: logits moved by 0.43 of their spread), top-10 overlap at least 0.77. A graph that computes something else
+# loses all of it: KL share 1 to 4, top-10 overlap near 0. The bounds sit between, nearer the honest side.
 BOUNDS: dict[str, DistributionBound] = {
-    "int8": DistributionBound(max_kl_share=0.05, min_top_k_overlap=0.6, share_of_best=0.5, min_agreement=0.95),
-    "int4": DistributionBound(max_kl_share=0.25, min_top_k_overlap=0.3, share_of_best=0.25, min_agreement=0.8),
+    "int8": DistributionBound(max_kl_share=0.02, min_top_k_overlap=0.8, share_of_best=0.5, min_agreement=0.95),
+    "int4": DistributionBound(max_kl_share=0.5, min_top_k_overlap=0.5, share_of_best=0.25, min_agreement=0.8),
 }
-# The export against torch running the same quantized numbers: rounding only (MatMulNBits' int8 activations).
+# The export against torch running the same quantized numbers: rounding only (measured up to 0.028 of the logits'
+# spread, mean over positions, on the tiny random family checkpoints; 0.006 on the demos). One projection of the
+# flat model replaced by noise moves them by 0.13.
 OWN_SCHEME_RTOL = 0.05
 
 
