@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.checkpoint import load_checkpoint
-from seer_deploy.models.demo_tasks import heldout_examples
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.tokenizer import Tokenizer
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
+from seer_deploy.models.demos.demo_tasks import heldout_examples
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.targets import find_seer_config
@@ -45,10 +45,10 @@ def run(model: MaskPredictor, loop: str, prompts: list[list[int]], config: Gener
             out = generate(model, chunk, config, seer=seer, kept_lengths=forced)
             tokens.append(out.tokens.numpy())
         else:
-            out = run_generation(backend, chunk, config, mask_id=cfg.mask_id, pad_id=cfg.eos_id, seer=seer,  # type: ignore[assignment]
-                                 kept_lengths=forced, eos_id=cfg.eos_id)
+            out = run_generation(backend, chunk, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.eos_id, eos=cfg.eos_id), seer=seer,  # type: ignore[assignment]
+                                 kept_lengths=forced)
             tokens.append(out.tokens)  # type: ignore[arg-type]
-        steps += out.steps_run
+        steps += out.passes
         processed += out.tokens_processed
         kept_out += [r.kept for r in out.seer] if out.seer else [config.gen_length] * len(chunk)
     return {"seconds": time.perf_counter() - start, "tokens": np.concatenate(tokens), "passes": steps,
@@ -71,7 +71,7 @@ def main() -> None:
     tok = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id)
     seer = SeerConfig.load(args.seer_config) if args.seer_config else find_seer_config("demo")
     if seer is None:
-        raise SystemExit("no Seer config: pass --seer-config or ship seer_deploy/models/demo/seer.json")
+        raise SystemExit("no Seer config: pass --seer-config or ship seer_deploy/models/demos/demo/seer.json")
     examples = heldout_examples(args.n)
     order = sorted(range(args.n), key=lambda i: len(examples[i].prompt))
     examples = [examples[i] for i in order]

@@ -23,15 +23,15 @@ import torch
 
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.models.checkpoint import load_checkpoint, save_checkpoint
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.demo_tasks import VOCAB, write_tokenizer
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint, save_checkpoint
+from seer_deploy.models.demos.demo_tasks import VOCAB, write_tokenizer
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.runtime.torch_backend import TorchBackend
 
 KEPT = (32, 64, 128, 256)
 BATCHES = (1, 8)
-DEMO_DIR = Path(__file__).resolve().parents[1] / "seer_deploy" / "models" / "demo"
+DEMO_DIR = Path(__file__).resolve().parents[1] / "seer_deploy" / "models" / "demos" / "demo"
 
 
 def demo_shaped_config() -> ModelConfig:

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from seer_deploy.models.demo_tasks import heldout_examples
+from seer_deploy.models.demos.demo_tasks import heldout_examples
 
 KEY = "faults-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -2,7 +2,7 @@
 its tensor names, bf16 safetensors shards with an index, and a byte-level BPE tokenizer.json whose special tokens sit at
 LLaDA's ids. Written shard by shard (each shard's tensors generated, saved and dropped), so LLaDA-8B's full shape
 (about 16 GB) is written with a few GB of memory. Used by benchmarks/scale_export.py and benchmarks/llama_cpp/compare.py;
-not part of the package (tests write their tiny checkpoints with seer_deploy.models.checkpoint.save_checkpoint).
+not part of the package (tests write their tiny checkpoints with seer_deploy.models.checkpoints.checkpoint.save_checkpoint).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from seer_deploy.models.demo_tasks import heldout_examples
+from seer_deploy.models.demos.demo_tasks import heldout_examples
 
 CLI = [sys.executable, "-c", "from seer_deploy.cli import main; main()"]
 

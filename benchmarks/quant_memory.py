@@ -252,7 +252,7 @@ def main() -> None:
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     if args.model == "demo":
-        from seer_deploy.models.demo_tasks import heldout_examples
+        from seer_deploy.models.demos.demo_tasks import heldout_examples
 
         target, tag, extra = "demo", "demo", []
         prompts, gen_length = [e.prompt for e in heldout_examples(4)], args.gen_length or 32

@@ -35,9 +35,9 @@ from seer_deploy.core.atomic import write_atomic
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.multimodal import export_multimodal
-from seer_deploy.export.options import ExportOptions, SeerStats
-from seer_deploy.models import demo_tasks, demo_vl_tasks
-from seer_deploy.models.requests import Request
+from seer_deploy.export.options import ExportOptions
+from seer_deploy.models.demos import demo_tasks, demo_vl_tasks
+from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.runtime.targets import checkpoint_seer
 from seer_deploy.seer.metrics import identical_share, true_lengths
 from seer_deploy.service import Run, Service, ServiceOptions
@@ -60,17 +60,17 @@ class Workload:
     export: Callable[..., Any]
     evaluate: list[Any]
     calibrate: list[Any]
-    request: Callable[[Any], Request]
+    request: Callable[[Any], Prompt]
     gen_length: int
 
 
 def workloads(args: argparse.Namespace) -> list[Workload]:
     text = Workload("demo", export_checkpoint, demo_tasks.heldout_examples(args.n),
                     demo_tasks.heldout_examples(args.n_cal, seed=demo_tasks.HELDOUT_SEED + 1),
-                    lambda e: Request(e.prompt), args.gen_length)
+                    lambda e: Prompt(e.prompt), args.gen_length)
     vl = Workload("demo-vl", export_multimodal, demo_vl_tasks.heldout_examples(args.vl_n),
                   demo_vl_tasks.heldout_examples(args.vl_n_cal, seed=demo_vl_tasks.HELDOUT_SEED + 1),
-                  lambda e: Request(e.prompt, (e.image(),)), args.vl_gen_length)
+                  lambda e: Prompt(e.prompt, (e.image(),)), args.vl_gen_length)
     return [w for w in (text, vl) if w.checkpoint in args.workloads]
 
 
@@ -193,7 +193,7 @@ def main() -> None:
         for name in args.variants if w.checkpoint == "demo" else args.vl_variants:
             t0 = time.perf_counter()
             where = args.work / w.checkpoint / name.replace(" ", "-")
-            options = ExportOptions(seer=SeerStats.for_config(shipped), quantization=VARIANTS[name], verify=False)
+            options = ExportOptions(seer=shipped, quantization=VARIANTS[name], verify=False)
             export = w.export(w.checkpoint, where, options).out
             results[name] = measure(w, export, args, full_length=name == "fp32" or args.full_length_all,
                                     recalibrate=name in args.recalibrate)

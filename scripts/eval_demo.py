@@ -14,9 +14,9 @@ from collections import Counter
 import torch
 
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.checkpoint import load_checkpoint
-from seer_deploy.models.demo_tasks import heldout_examples
-from seer_deploy.models.tokenizer import Tokenizer
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
+from seer_deploy.models.demos.demo_tasks import heldout_examples
+from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.runtime.reference import generate
 
 

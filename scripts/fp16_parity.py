@@ -16,8 +16,8 @@ from pathlib import Path
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models.demo_tasks import heldout_examples
-from seer_deploy.models.requests import Request
+from seer_deploy.models.demos.demo_tasks import heldout_examples
+from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.service import Service, ServiceOptions
 
 
@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
     args = ap.parse_args()
     examples = heldout_examples(args.prompts)
-    requests = [Request(e.prompt) for e in examples]
+    requests = [Prompt(e.prompt) for e in examples]
     generation = GenerationConfig(args.gen_length, args.gen_length, block_length=args.gen_length)
     figures: dict[str, object] = {"prompts": len(requests), "gen_length": args.gen_length}
     with tempfile.TemporaryDirectory() as tmp:

@@ -48,13 +48,14 @@ from seer_deploy.core.backend import Backend, StepInput
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.export.options import ExportOptions, SeerStats
-from seer_deploy.models.checkpoint import save_checkpoint
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.demo_tasks import heldout_examples
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.export.options import ExportOptions
+from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
+from seer_deploy.models.demos.demo_tasks import heldout_examples
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.metrics import true_lengths
-from seer_deploy.service import Request, Run, Service, ServiceOptions
+from seer_deploy.service import Prompt, Run, Service, ServiceOptions
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 PURE_PYTHON_ENV = "SEER_DEPLOY_PURE_PYTHON"
@@ -175,7 +176,7 @@ def exact_share(run: Run, answers: list[str]) -> float:
     return sum(a.text == want for a, want in zip(run.answers, answers, strict=True)) / max(len(answers), 1)
 
 
-def timed_generate(svc: Service, requests: list[Request], **kwargs: Any) -> tuple[Run, float]:
+def timed_generate(svc: Service, requests: list[Prompt], **kwargs: Any) -> tuple[Run, float]:
     """A run and its wall seconds, after one warm-up batch (first calls at a shape allocate, capture, load kernels)."""
     svc.generate(requests[: svc.batch_size], **kwargs)
     if torch.cuda.is_available():
@@ -198,7 +199,7 @@ def environment(record: dict[str, Any], device: str) -> None:
         raise RuntimeError("onnxruntime has no CUDAExecutionProvider: install onnxruntime-gpu")
 
 
-def parity(record: dict[str, Any], export_dir: Path, device: str, sizes: Sizes, requests: list[Request]) -> None:
+def parity(record: dict[str, Any], export_dir: Path, device: str, sizes: Sizes, requests: list[Prompt]) -> None:
     """GPU tokens = CPU tokens: Seer (shipped), the paper's cut, full length, through ORT; torch GPU = torch CPU."""
     generation = GenerationConfig(sizes.gen_length, sizes.gen_length)
     cpu = service(export_dir, None, OrtSessionOptions(providers=(CPU,)), batch=sizes.batch, generation=generation)
@@ -225,7 +226,7 @@ def parity(record: dict[str, Any], export_dir: Path, device: str, sizes: Sizes, 
     record["torch"] = {"same_tokens": same_share(want, got), "prompts": len(few), "gen_length": torch_generation.gen_length}
 
 
-def demo_pass(record: dict[str, Any], export_dir: Path, device: str, sizes: Sizes, requests: list[Request]) -> None:
+def demo_pass(record: dict[str, Any], export_dir: Path, device: str, sizes: Sizes, requests: list[Prompt]) -> None:
     """Per-pass time at full length (every pass the same shape): engine time and the host loop's share."""
     generation = GenerationConfig(sizes.gen_length, sizes.gen_length)
     few = requests[: sizes.pass_prompts]
@@ -251,13 +252,13 @@ def demo_pass(record: dict[str, Any], export_dir: Path, device: str, sizes: Size
             finally:
                 os.environ.pop(PURE_PYTHON_ENV, None)
             record[f"{name}/{core}"] = {
-                "passes": run.steps_run, "wall_ms_per_pass": round(1e3 * wall / run.steps_run, 4),
+                "passes": run.passes, "wall_ms_per_pass": round(1e3 * wall / run.passes, 4),
                 "engine_ms_per_pass": round(1e3 * timed.seconds / timed.calls, 4),
-                "host_ms_per_pass": round(1e3 * (wall - timed.seconds) / run.steps_run, 4),
+                "host_ms_per_pass": round(1e3 * (wall - timed.seconds) / run.passes, 4),
             }
 
 
-def seer_speed(record: dict[str, Any], export_dir: Path, device: str, sizes: Sizes, requests: list[Request]) -> None:
+def seer_speed(record: dict[str, Any], export_dir: Path, device: str, sizes: Sizes, requests: list[Prompt]) -> None:
     """Full length, Seer and the oracle on each GPU path: seconds, passes, ratios."""
     paths: dict[str, Callable[[], Service]] = {
         "ort_io_binding": lambda: service(export_dir, None, gpu_options(device), batch=sizes.batch,
@@ -274,13 +275,13 @@ def seer_speed(record: dict[str, Any], export_dir: Path, device: str, sizes: Siz
         oracle_s = oracle_seconds(svc, subset, [int(n) for n in lengths])
         record[name] = {
             "prompts": len(subset), "batch": svc.batch_size, "full_s": round(full_s, 3), "seer_s": round(seer_s, 3),
-            "oracle_s": round(oracle_s, 3), "full_passes": full.steps_run, "seer_passes": seer.steps_run,
+            "oracle_s": round(oracle_s, 3), "full_passes": full.passes, "seer_passes": seer.passes,
             "seer_speedup": round(full_s / seer_s, 2), "seer_vs_oracle": round(oracle_s / seer_s, 3),
             "same_as_full": same_share(tokens_of(full), tokens_of(seer)),
         }
 
 
-def oracle_seconds(svc: Service, requests: list[Request], lengths: list[int]) -> float:
+def oracle_seconds(svc: Service, requests: list[Prompt], lengths: list[int]) -> float:
     """Each request run on prompt + its true length from the first step: the bench's ort-oracle row (bench.rows),
     one pass over the service's batches."""
     run = oracle_row(svc, svc.options.generation, lengths)
@@ -306,7 +307,7 @@ def device_bandwidth_gbs(device: str) -> float | None:
 
 
 def large_model(record: dict[str, Any], work: Path, export_dir: Path, device: str, sizes: Sizes,
-                requests: list[Request], seconds_left: float = float("inf")) -> None:
+                requests: list[Prompt], seconds_left: float = float("inf")) -> None:
     """fp16: the demo's fp16 export against fp32 on the GPU; a large random model's step time against kept length."""
     fp16_demo = export_checkpoint("demo", work / "demo-fp16", ExportOptions(dtype="fp16", verify=False)).out
     generation = GenerationConfig(sizes.gen_length, sizes.gen_length)
@@ -331,7 +332,7 @@ def large_model(record: dict[str, Any], work: Path, export_dir: Path, device: st
     n_params = model.num_parameters()
     del model
     export = export_checkpoint(ckpt, work / "large-fp16",
-                               ExportOptions(dtype="fp16", verify=False, seer=SeerStats(stats_layers=())))
+                               ExportOptions(dtype="fp16", verify=False, seer=SeerConfig()))
     record["model"] = {"d_model": d_model, "layers": layers, "heads": heads, "mlp_hidden": mlp, "vocab": vocab,
                        "parameters": n_params, "fp16_gb": round(2 * n_params / 1e9, 2),
                        "build_and_export_s": round(time.perf_counter() - start, 1)}
@@ -449,7 +450,7 @@ def main() -> None:
     check = Check(args.out, args.budget)
     check.data.update(command=" ".join(["python", *sys.argv]), sizes=sizes.__dict__)
     examples = heldout_examples(sizes.prompts)
-    requests = [Request(e.prompt) for e in examples]
+    requests = [Prompt(e.prompt) for e in examples]
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
         export_dir = work / "demo-export"

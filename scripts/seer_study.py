@@ -2,7 +2,7 @@
 
     python scripts/seer_study.py --phase full       # the expensive part: full-length answers, cached under /tmp
     python scripts/seer_study.py                    # everything else (reuses the cache), writes results JSON + tables
-    python scripts/seer_study.py --write-demo-config seer_deploy/models/demo/seer.json
+    python scripts/seer_study.py --write-demo-config seer_deploy/models/demos/demo/seer.json
 
 Two prompt sets: calibration prompts (demo tasks drawn with seed HELDOUT_SEED + 1) choose every setting;
 the held-out prompts (`heldout_examples`, the seed training never used) only evaluate. For each gen_length:
@@ -42,10 +42,10 @@ from seer_deploy.calibration.identity_fit import fit_identity_margin, identity_m
 from seer_deploy.calibration.sparsity_fit import sparsity_config
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.core.sparsity import STAT_NAMES
-from seer_deploy.models.checkpoint import checkpoint_fingerprint, load_checkpoint, resolve_checkpoint
-from seer_deploy.models.demo_tasks import HELDOUT_SEED, Example, heldout_examples
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.tokenizer import Tokenizer
+from seer_deploy.models.checkpoints.checkpoint import checkpoint_fingerprint, load_checkpoint, resolve_checkpoint
+from seer_deploy.models.demos.demo_tasks import HELDOUT_SEED, Example, heldout_examples
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig, Trend, parse_tail_context
 from seer_deploy.seer.metrics import identical_share, mixed_auc, position_matched_auc, true_lengths

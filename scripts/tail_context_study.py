@@ -17,9 +17,9 @@ import torch
 from seer_study import cached_full, end_to_end, run_batched
 
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.checkpoint import checkpoint_fingerprint, load_checkpoint, resolve_checkpoint
-from seer_deploy.models.demo_tasks import heldout_examples
-from seer_deploy.models.tokenizer import Tokenizer
+from seer_deploy.models.checkpoints.checkpoint import checkpoint_fingerprint, load_checkpoint, resolve_checkpoint
+from seer_deploy.models.demos.demo_tasks import heldout_examples
+from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig, parse_tail_context
 from seer_deploy.seer.metrics import true_lengths
 

@@ -7,7 +7,7 @@ probability t ~ U(0, 1); cross-entropy on the masked positions. Two lessons of t
     loss (LLaDA's pad-to-batch-max). Without this, any truncation broke the model.
   * A wide MLP (1024 hidden units) so per-position sparsity fractions are not drowned in sampling noise.
 
-    python scripts/train_demo.py --out seer_deploy/models/demo      # about 30 minutes on 2 CPU cores
+    python scripts/train_demo.py --out seer_deploy/models/demos/demo      # about 30 minutes on 2 CPU cores
 
 Deterministic for a given seed and thread count.
 """
@@ -25,9 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.checkpoint import load_checkpoint, save_checkpoint
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.demo_tasks import (
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint, save_checkpoint
+from seer_deploy.models.demos.demo_tasks import (
     MAX_ANSWER_TOKENS,
     TASKS,
     VOCAB,
@@ -35,8 +34,9 @@ from seer_deploy.models.demo_tasks import (
     sample_example,
     write_tokenizer,
 )
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.tokenizer import Tokenizer
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.runtime.reference import generate
 
 MAX_GEN_LENGTH = 256
@@ -164,7 +164,7 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("seer_deploy/models/demo"))
+    ap.add_argument("--out", type=Path, default=Path("seer_deploy/models/demos/demo"))
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)

@@ -1,21 +1,21 @@
 """Train the bundled multimodal demo (`demo-vl`): a tiny SigLIP tower, projector and LLaDA-style LM, trained together.
 
-The task (seer_deploy.models.demo_vl_tasks): pictures of 1-4 coloured shapes, questions whose answers are 1 to 8
+The task (seer_deploy.models.demos.demo_vl_tasks): pictures of 1-4 coloured shapes, questions whose answers are 1 to 8
 tokens. The objective is the text demo's (scripts/train_demo.py): LLaDA's SFT loss, the prompt (image included) is
 never masked, every response position (answer and EOS padding) is masked with probability t ~ U(0, 1), cross-entropy
 on the masked positions, and EOS tails of varying length (half the rows get a random number of response slots
 between the answer length and the batch's slot count; slots past it are padding, out of attention and loss).
 
 The image reaches the LM exactly as at inference: `<image>` expands to image ids that index the batch's image table
-(`seer_deploy.models.image_prompts.embed_with_images`), so training and generation share one code path.
+(`seer_deploy.models.networks.image_prompts.embed_with_images`), so training and generation share one code path.
 
 After training, Seer is calibrated for the model (seer_deploy.calibration, the library `seer-deploy calibrate` uses, on
 pictures drawn from a calibration seed) and the config is stored as the checkpoint's seer.json; the card reports exact match and Seer's safe / identical rates on the
 held-out pictures.
 
-    python scripts/train_demo_vl.py --out seer_deploy/models/demo_vl     # about 17 minutes on 2 CPU cores
-    python scripts/train_demo_vl.py --out seer_deploy/models/demo_vl --calibrate-only   # recalibrate Seer only
-    python scripts/train_demo_vl.py --out seer_deploy/models/demo_vl --report-only      # measure its seer.json
+    python scripts/train_demo_vl.py --out seer_deploy/models/demos/demo_vl     # about 17 minutes on 2 CPU cores
+    python scripts/train_demo_vl.py --out seer_deploy/models/demos/demo_vl --calibrate-only   # recalibrate Seer only
+    python scripts/train_demo_vl.py --out seer_deploy/models/demos/demo_vl --report-only      # measure its seer.json
 
 Deterministic for a given seed and thread count.
 """
@@ -40,8 +40,9 @@ from seer_deploy.calibration.detector_fit import CalibrationOptions, calibrate_m
 from seer_deploy.calibration.identity_fit import fit_identity_margin
 from seer_deploy.calibration.prompt_set import prepare_image_prompts
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.demo_vl_tasks import (
+from seer_deploy.models.checkpoints.multimodal import load_multimodal
+from seer_deploy.models.checkpoints.multimodal_writer import save_multimodal_checkpoint
+from seer_deploy.models.demos.demo_vl_tasks import (
     HELDOUT_SEED,
     IMAGE_SIZE,
     MAX_ANSWER_TOKENS,
@@ -51,14 +52,13 @@ from seer_deploy.models.demo_vl_tasks import (
     sample_example,
     write_tokenizer,
 )
-from seer_deploy.models.image import ImageConfig, pixel_batch
-from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
-from seer_deploy.models.image_prompts import ImageConditionedModel, embed_with_images
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.multimodal import load_multimodal
-from seer_deploy.models.multimodal_writer import save_multimodal_checkpoint
-from seer_deploy.models.requests import Request
-from seer_deploy.models.vision import VisionConfig, VisionEncoder
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.networks.image_prompts import ImageConditionedModel, embed_with_images
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.networks.vision import VisionConfig, VisionEncoder
+from seer_deploy.models.pictures.image import ImageConfig, pixel_batch
+from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
 from seer_deploy.seer.metrics import true_lengths
@@ -169,7 +169,7 @@ def calibrate_seer(lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalToke
     answers equal full length's on `target_identical` of the pictures (calibration.identity_fit)."""
     examples = heldout_examples(n, seed=HELDOUT_SEED + 1)
     config = GenerationConfig(gen_length=MAX_GEN_LENGTH, steps=MAX_GEN_LENGTH)
-    prompts = [Request(e.prompt, (e.image(),)) for e in examples]
+    prompts = [Prompt(e.prompt, (e.image(),)) for e in examples]
     prepared = prepare_image_prompts(lm.eval(), vision.eval(), tok, prompts, config, batch_size=n)
     model, ids = prepared.model, prepared.ids
     full = full_generation(model, ids, config, batch_size=n)
@@ -222,7 +222,7 @@ def seer_report(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("seer_deploy/models/demo_vl"))
+    ap.add_argument("--out", type=Path, default=Path("seer_deploy/models/demos/demo_vl"))
     ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -316,7 +316,7 @@ LLaDA-style mask predictor ({cfg.n_layers} layers, d_model {cfg.d_model}, SwiGLU
 vision parameters. Stored in LLaDA-V's layout (Llama-style LM names, `model.vision_tower.vision_tower.vision_model.*`,
 `model.mm_projector.*`, LLaVA's `mm_*` config keys).
 
-Task (`seer_deploy/models/demo_vl_tasks.py`): 64 px pictures of 1 to 4 coloured shapes (square, circle,
+Task (`seer_deploy/models/demos/demo_vl_tasks.py`): 64 px pictures of 1 to 4 coloured shapes (square, circle,
 triangle; six colours, tinted at random), one per 16 px column, in a random row; prompts `<image> colors|shapes|describe|count`;
 answers of 1 to {MAX_ANSWER_TOKENS} tokens, then EOS to the end.
 

@@ -22,12 +22,12 @@ from PIL import Image
 
 from seer_deploy.core.backend import Backend, ImageBackend
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.chat_template import read_template_file
-from seer_deploy.models.families import IMAGES_UNSUPPORTED
-from seer_deploy.models.image_placeholders import encode_pictures, expand_placeholders
-from seer_deploy.models.requests import Request, check_request_images, load_pictures
-from seer_deploy.runtime.loop import check_supported, run_generation
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
+from seer_deploy.models.families.families import IMAGES_UNSUPPORTED
+from seer_deploy.models.prompts.image_placeholders import encode_pictures, expand_placeholders
+from seer_deploy.models.prompts.prompt import Prompt, check_prompt_images, load_pictures
+from seer_deploy.models.text.chat_template import read_template_file
+from seer_deploy.runtime.loop import LoopOptions, check_supported, guidance_refusal, run_generation
 from seer_deploy.runtime.openers import open_target
 from seer_deploy.runtime.targets import (
     BackendChoice,
@@ -40,7 +40,7 @@ from seer_deploy.runtime.targets import (
 from seer_deploy.seer.config import SeerConfig, TailContext
 from seer_deploy.seer.plan import SeerReport
 
-__all__ = ["Answer", "Prepared", "Request", "Run", "Service", "ServiceOptions", "generate", "resolve_seer"]
+__all__ = ["Answer", "Prepared", "Prompt", "Run", "Service", "ServiceOptions", "generate", "resolve_seer"]
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,8 @@ class ServiceOptions:
         return None
 
     def check(self) -> None:
-        """ConfigError for settings no target can run, before anything loads."""
-        self.generation.validate()
+        """ConfigError for settings no target can run, before anything loads (the generation settings checked
+        themselves when they were made)."""
         if self.raw_prompts and self.chat_template is not None:
             raise ConfigError("--chat-template and --no-chat-template contradict each other; give one")
         if self.chat_template is not None:
@@ -93,11 +93,11 @@ class ServiceOptions:
 
 @dataclass
 class Answer:
-    request: Request
+    request: Prompt
     text: str
     tokens: list[int]  # response ids (a cut tail holds EOS)
     seer: SeerReport | None = None  # what Seer did for this request
-    steps: int = 0  # forward passes this request made, step zero included (parallel decoding: the model's choice)
+    passes: int = 0  # forward passes this request made, step zero included (parallel decoding: the model's choice)
 
 
 @dataclass
@@ -107,7 +107,7 @@ class Run:
     answers: list[Answer]
     backend: str
     seer: SeerConfig | None  # the Seer config that ran, None at full length
-    steps_run: int  # forward passes, over all batches
+    passes: int  # forward passes, over all batches
     tokens_processed: int  # real tokens through the model, over all batches
     seconds: float
     generation: GenerationConfig | None = None  # the settings the answers were made with
@@ -129,7 +129,7 @@ class Prepared:
     reports. `ids` keep each `<image>` as one placeholder; `prompt_tokens` count each prompt as the model sees it,
     every picture at its own token count (anyres: its base view and crops)."""
 
-    requests: tuple[Request, ...]
+    requests: tuple[Prompt, ...]
     ids: list[list[int]]
     pictures: list[list[Image.Image]]
     prompt_tokens: list[int]
@@ -182,21 +182,17 @@ class Service:
         guidance = self.options.generation.cfg_scale
         described = describe(target)  # the target's kind and manifests, read once for the Seer config and the opener
         if guidance > 0 and (self.options.backend not in (None, "torch") or described.kind != "checkpoint"):
-            raise ConfigError(
-                f"cfg_scale {guidance} (classifier-free guidance) mixes two full logit tensors, which only the torch "
-                f"backend has; exported graphs return just the chosen token and its probability: run the "
-                f"checkpoint itself (torch), or set cfg_scale to 0"
-            )
+            raise guidance_refusal(guidance, self.options.backend or described.kind)  # before anything loads
         seer = resolve_seer(target, self.options, warn, described)
         self.backend: Backend
         self.backend, self.info = open_target(
             target, self.options.backend,
             TargetOptions(providers=self.options.providers, threads=self.options.threads, device=self.options.device,
-                          io_binding=self.options.io_binding, cuda_graph=self.options.cuda_graph, seer=seer),
-            described,
+                          io_binding=self.options.io_binding, cuda_graph=self.options.cuda_graph),
+            described, seer,
         )
         check_supported(self.options.generation, self.backend)
-        self.seer = self.info.seer_for_engine(seer)
+        self.seer = self.info.seer_for(seer)
         self.tokenizer = self.info.tokenizer(self.options.template_choice())
         self.load_seconds = time.perf_counter() - opening  # the start of time to first step (`Run`)
 
@@ -204,7 +200,7 @@ class Service:
     def batch_size(self) -> int:
         return min(self.options.batch_size, self.info.max_batch or self.options.batch_size)
 
-    def generate(self, requests: Sequence[Request] | Prepared, progress: Callable[[int], None] = lambda done: None, *,
+    def generate(self, requests: Sequence[Prompt] | Prepared, progress: Callable[[int], None] = lambda done: None, *,
                  full_length: bool = False, seer: SeerConfig | None = None,
                  generation: GenerationConfig | None = None, seed: int | None = None,
                  on_settled: Callable[[int, list[int]], None] | None = None) -> Run:
@@ -226,58 +222,56 @@ class Service:
         else:
             prepared = self.prepare(requests, generation)  # every input error before any model runs
         requests, ids, pictures, generation = prepared.requests, prepared.ids, prepared.pictures, prepared.generation
-        seer = None if full_length else self.info.seer_for_engine(seer) if seer is not None else self.seer
+        seer = None if full_length else self.info.seer_for(seer) if seer is not None else self.seer
         answers: list[Answer] = []
-        steps_run = tokens_processed = 0
+        passes = tokens_processed = 0
         step_zero_seconds = first_step_seconds = 0.0
         start = time.perf_counter()
         for n, lo in enumerate(range(0, len(requests), self.batch_size)):
             batch = slice(lo, lo + self.batch_size)
             prompts = self._with_images(ids[batch], requests[batch], pictures[batch])
             hook = None if on_settled is None else partial(_report_settled, on_settled, lo)
-            out = run_generation(self.backend, prompts, generation, mask_id=self.info.mask_id,
-                                 pad_id=self.info.pad_id, eos_id=self.info.eos_id,
+            out = run_generation(self.backend, prompts, generation, ids=SpecialIds(mask=self.info.mask_id, pad=self.info.pad_id, eos=self.info.eos_id),
                                  seed=(self.options.seed if seed is None else seed) + n,
-                                 seer=seer, on_settled=hook)
+                                 seer=seer, options=LoopOptions(on_settled=hook))
             reports: list[SeerReport | None] = list(out.seer) if out.seer else [None] * len(prompts)
-            for request, row, report, steps in zip(requests[batch], out.tokens.tolist(), reports, out.row_steps,
+            for request, row, report, passes_made in zip(requests[batch], out.tokens.tolist(), reports, out.row_passes,
                                                    strict=True):
-                answers.append(Answer(request, self.tokenizer.decode_answer(row), row, report, steps))
-            steps_run += out.steps_run
+                answers.append(Answer(request, self.tokenizer.decode_answer(row), row, report, passes_made))
+            passes += out.passes
             tokens_processed += out.tokens_processed
             step_zero_seconds += out.step_zero_seconds
             if n == 0:
                 first_step_seconds = self.load_seconds + (out.step_zero_done_at - called)
             progress(len(prompts))
-        return Run(answers, self.backend.name, seer, steps_run, tokens_processed, time.perf_counter() - start,
+        return Run(answers, self.backend.name, seer, passes, tokens_processed, time.perf_counter() - start,
                    generation, step_zero_seconds, self.load_seconds, first_step_seconds)
 
-    def prompt_ids(self, requests: Sequence[Request], generation: GenerationConfig | None = None) -> list[list[int]]:
+    def prompt_ids(self, requests: Sequence[Prompt], generation: GenerationConfig | None = None) -> list[list[int]]:
         """The requests as one batch of prompt ids (checked to leave room for `generation`'s gen_length, the
         service's by default); for a multimodal target their pictures are encoded and set as the backend's image
         table, which the ids point at until the next batch."""
         prepared = self.prepare(requests, generation)
         return self._with_images(prepared.ids, prepared.requests, prepared.pictures)
 
-    def prepare(self, requests: Sequence[Request], generation: GenerationConfig | None = None) -> Prepared:
+    def prepare(self, requests: Sequence[Prompt], generation: GenerationConfig | None = None) -> Prepared:
         """Check and tokenize `requests` once, for `generation` (the service's by default): ConfigError for no
         request, settings this backend cannot run, pictures it cannot take or read, or a prompt that, its pictures'
         tokens included, leaves no room for gen_length. Reads nothing a run changes."""
         if not requests:
             raise ConfigError("no prompt given; pass --prompt TEXT or --prompts FILE.jsonl")
         if generation is None:
-            generation = self.options.generation  # validated and checked against the backend when the service opened
-        else:
-            generation.validate()
-            check_supported(generation, self.backend)
+            generation = self.options.generation  # checked against the backend when the service opened
+        elif generation != self.options.generation:
+            check_supported(generation, self.backend)  # its own settings were checked when it was made
         reason = IMAGES_UNSUPPORTED.get(self.info.config.family)
         if reason is not None and any(r.images for r in requests):
             raise ConfigError(reason)
-        check_request_images(requests, self.info.target, self.info.images is not None)
+        check_prompt_images(requests, self.info.target, self.info.images is not None)
         pictures = load_pictures(requests)
         ids = [self.tokenizer.encode_request(r.prompt, r.messages) for r in requests]
         counts = [len(t) + self._picture_tokens(p) for t, p in zip(ids, pictures, strict=True)]
-        generation.validate(self.backend.max_seq_len, max(counts), image_tokens=self.info.images is not None)
+        generation.check_fits(self.backend.max_seq_len, max(counts), image_tokens=self.info.images is not None)
         return Prepared(tuple(requests), ids, pictures, counts, generation)
 
     def _picture_tokens(self, pictures: list[Image.Image]) -> int:
@@ -290,7 +284,7 @@ class Service:
             return (images.tokens_per_image - 1) * len(pictures)
         return sum(images.picture_tokens(p) - 1 for p in pictures)
 
-    def _with_images(self, ids: list[list[int]], requests: Sequence[Request], pictures: Sequence[list[Image.Image]]
+    def _with_images(self, ids: list[list[int]], requests: Sequence[Prompt], pictures: Sequence[list[Image.Image]]
                      ) -> list[list[int]]:
         """A batch's prompt ids; in a multimodal batch its pictures encoded into the image table, its placeholders
         into image ids."""
@@ -309,7 +303,7 @@ def _report_settled(on_settled: Callable[[int, list[int]], None], first: int, ro
     on_settled(first + row, ids.tolist())
 
 
-def generate(requests: Sequence[Request], target: str | os.PathLike[str], options: ServiceOptions | None = None,
+def generate(requests: Sequence[Prompt], target: str | os.PathLike[str], options: ServiceOptions | None = None,
              progress: Callable[[int], None] = lambda done: None,
              warn: Callable[[str], None] = lambda message: None) -> Run:
     """Answer `requests` with TARGET: open it, run, return the answers (see `Service`)."""

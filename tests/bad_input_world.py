@@ -105,8 +105,8 @@ def write_tiny_sources(root: Path) -> dict[str, Path]:
     """Pristine inputs to copy into worlds: a tiny checkpoint, single-file and sharded, with the demo tokenizer."""
     from conftest import tiny_model
 
-    from seer_deploy.models.checkpoint import save_checkpoint
-    from seer_deploy.models.demo_tasks import write_tokenizer
+    from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
+    from seer_deploy.models.demos.demo_tasks import write_tokenizer
 
     write_tokenizer(root / "tokenizer.json")
     save_checkpoint(tiny_model(), root / "ckpt", tokenizer_file=root / "tokenizer.json")

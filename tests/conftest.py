@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from seer_deploy.models.checkpoint import Layout, save_checkpoint
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.demo_tasks import VOCAB, write_tokenizer
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.checkpoints.checkpoint import Layout, save_checkpoint
+from seer_deploy.models.demos.demo_tasks import VOCAB, write_tokenizer
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.networks.llada import MaskPredictor
 
-DEMO_DIR = Path(__file__).resolve().parents[1] / "seer_deploy" / "models" / "demo"
+DEMO_DIR = Path(__file__).resolve().parents[1] / "seer_deploy" / "models" / "demos" / "demo"
 
 
 def tiny_config(**overrides: object) -> ModelConfig:

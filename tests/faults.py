@@ -17,9 +17,9 @@ import torch
 from conftest import tiny_model
 
 from seer_deploy.export.streamed_weights import ExportedWeight
-from seer_deploy.models.checkpoint import checkpoint_weights, save_checkpoint
-from seer_deploy.models.demo_tasks import write_tokenizer
-from seer_deploy.models.weight_sources import weight_sources
+from seer_deploy.models.checkpoints.checkpoint import checkpoint_weights, save_checkpoint
+from seer_deploy.models.checkpoints.weight_sources import weight_sources
+from seer_deploy.models.demos.demo_tasks import write_tokenizer
 
 SHAPE = {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden": 128, "vocab_size": 32768,
          "max_seq_len": 64}

@@ -23,8 +23,8 @@ from conftest import tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seer_deploy.models.checkpoint import save_checkpoint
-from seer_deploy.models.demo_tasks import write_tokenizer
+from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
+from seer_deploy.models.demos.demo_tasks import write_tokenizer
 
 
 @pytest.fixture(scope="module")

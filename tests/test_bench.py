@@ -15,10 +15,10 @@ from seer_deploy.bench.report import render_markdown
 from seer_deploy.bench.results import load_json
 from seer_deploy.bench.rows import oracle_row
 from seer_deploy.cli import main
-from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.demo_tasks import heldout_examples
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
+from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.runtime.loop import run_generation
-from seer_deploy.service import Request, Service, ServiceOptions
+from seer_deploy.service import Prompt, Service, ServiceOptions
 
 ROWS = ("reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast", "ort-seer-progressive",
         "ort-oracle", "torch-seer")
@@ -37,8 +37,8 @@ def _bench(argv: list[str]) -> int:
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """One tiny bench run shared by the file tests: (checkpoint, out dir)."""
-    from seer_deploy.models.checkpoint import save_checkpoint
-    from seer_deploy.models.demo_tasks import write_tokenizer
+    from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
+    from seer_deploy.models.demos.demo_tasks import write_tokenizer
 
 
     root = tmp_path_factory.mktemp("bench")
@@ -137,15 +137,14 @@ def test_oracle_rows_match_runs_at_their_true_length(make_checkpoint: Callable[.
     """Each oracle row gives the tokens of a run whose gen_length is its true length, padded with EOS."""
     service = Service(make_checkpoint(), ServiceOptions(seer=False))
     backend, info = service.backend, service.info
-    requests = [Request(e.prompt) for e in heldout_examples(3)]
+    requests = [Prompt(e.prompt) for e in heldout_examples(3)]
     G, lengths = 16, [5, 16, 1]
     prompts = service.prompt_ids(requests, GenerationConfig(G, G))
     out = oracle_row(service, GenerationConfig(G, G), lengths)(requests, [0, 1, 2])
     assert out.kept == lengths
     assert out.forward_passes <= sum(lengths)  # rows share passes when the scheduler groups them
     for b, n in enumerate(lengths):
-        solo = run_generation(backend, [prompts[b]], GenerationConfig(n, n), mask_id=info.mask_id,
-                              pad_id=info.pad_id, eos_id=info.eos_id)
+        solo = run_generation(backend, [prompts[b]], GenerationConfig(n, n), ids=SpecialIds(mask=info.mask_id, pad=info.pad_id, eos=info.eos_id))
         np.testing.assert_array_equal(out.tokens[b, :n], solo.tokens[0])
         assert np.all(out.tokens[b, n:] == info.eos_id)
     alone = oracle_row(service, GenerationConfig(G, G), [5])(requests[:1], [0])

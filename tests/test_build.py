@@ -17,11 +17,12 @@ from onnx import TensorProto, helper
 from seer_deploy.cli import main
 from seer_deploy.contracts import sampling
 from seer_deploy.contracts.export_manifest import ExportManifest
-from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
+from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, TensorSpec, WeightsSpec
 from seer_deploy.core.atomic import claim
 from seer_deploy.core.backend import StepInput, WindowInput, supports_cache
 from seer_deploy.core.errors import ArtifactError, ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
+from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.engines import tensorrt_library
 from seer_deploy.engines.buckets import power_of_two_buckets
 from seer_deploy.engines.build import BuildOptions, build_engines, file_sha256, parse_size
@@ -29,8 +30,8 @@ from seer_deploy.engines.manifest import MANIFEST_FILE, EngineManifest, RuntimeF
 from seer_deploy.engines.ort import OrtBackend
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models.checkpoint import save_checkpoint
-from seer_deploy.models.demo_tasks import write_tokenizer
+from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
+from seer_deploy.models.demos.demo_tasks import write_tokenizer
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.openers import open_target
 
@@ -140,7 +141,7 @@ def make_export(root: Path, fingerprint: str = "1" * 64, kv_cache: bool = False)
         opset=20,
         max_seq_len=MAX_SEQ_LEN,
         graphs=graphs,
-        seer=SeerSpec([1], ["frac"], 0.05, 0.05, [(1, "frac")]),
+        seer=StatsSpec((1,)),
         sampling=sampling.manifest_entry(),
         versions={"onnx": onnx.__version__},
         weights=WeightsSpec("weights.bin", "0" * 64, 64),
@@ -382,10 +383,10 @@ def test_an_ort_engine_dir_of_a_kv_cache_export_runs_refresh_and_window_step(kv_
     calls: list[int] = []
     window_step = engine.window_step  # type: ignore[attr-defined]
     engine.window_step = lambda inputs: calls.append(inputs.window_ids.shape[1]) or window_step(inputs)  # type: ignore[attr-defined]
-    runs = [run_generation(b, prompts, config, mask_id=info.mask_id, pad_id=info.pad_id) for b in (engine, export)]
+    runs = [run_generation(b, prompts, config, ids=SpecialIds(mask=info.mask_id, pad=info.pad_id)) for b in (engine, export)]
     assert calls and set(calls) == {8}  # the engine dir's cached passes ran, over one block each
     np.testing.assert_array_equal(runs[0].tokens, runs[1].tokens)
-    assert runs[0].steps_run == runs[1].steps_run
+    assert runs[0].passes == runs[1].passes
 
 
 @pytest.mark.parametrize(

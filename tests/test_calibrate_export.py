@@ -21,15 +21,15 @@ from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.quantized_reference import dequantized_model, quantized_parameters
-from seer_deploy.models.checkpoint import load_checkpoint
-from seer_deploy.models.demo_tasks import HELDOUT_SEED, heldout_examples
-from seer_deploy.models.requests import Request
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
+from seer_deploy.models.demos.demo_tasks import HELDOUT_SEED, heldout_examples
+from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.service import Service, ServiceOptions
 
 pytestmark = requires_demo
 CONFIG = GenerationConfig(gen_length=32, steps=32)
-PROMPTS = [Request(e.prompt) for e in heldout_examples(16, seed=HELDOUT_SEED + 1)]
+PROMPTS = [Prompt(e.prompt) for e in heldout_examples(16, seed=HELDOUT_SEED + 1)]
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,12 @@ from seer_deploy.calibration.collect import full_generation
 from seer_deploy.calibration.prompt_set import prepare_prompts
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.demo_vl_tasks import heldout_examples
-from seer_deploy.models.image import pixel_batch
-from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
-from seer_deploy.models.image_prompts import ImageConditionedModel
-from seer_deploy.models.multimodal import load_multimodal
-from seer_deploy.models.requests import Request, read_prompts_file
+from seer_deploy.models.checkpoints.multimodal import load_multimodal
+from seer_deploy.models.demos.demo_vl_tasks import heldout_examples
+from seer_deploy.models.networks.image_prompts import ImageConditionedModel
+from seer_deploy.models.pictures.image import pixel_batch
+from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.prompts.prompt import Prompt, read_prompts_file
 from seer_deploy.seer.config import SeerConfig
 
 CONFIG = GenerationConfig(gen_length=12, steps=12)
@@ -90,7 +90,7 @@ def test_a_llada_v_directory_takes_a_list_of_pictures_per_prompt(tmp_path: Path,
     assert SeerConfig.load(out).calibration["n_images"] == 4 and "4 prompts, 4 pictures" in stdout
 
     # The same pictures given in memory (as scripts/train_demo_vl.py gives them) make the same ids and image table.
-    in_memory = [Request(p.prompt, tuple(pictures[int(Path(s).stem)] for s in p.images)) for p in prompts]
+    in_memory = [Prompt(p.prompt, tuple(pictures[int(Path(s).stem)] for s in p.images)) for p in prompts]
     from_files, from_memory = (prepare_prompts(str(ckpt), given, CONFIG) for given in (prompts, in_memory))
     assert from_files.ids == from_memory.ids
     assert isinstance(from_files.model, ImageConditionedModel) and isinstance(from_memory.model, ImageConditionedModel)
@@ -126,6 +126,6 @@ def test_bad_image_prompts_fail_in_one_line_before_any_model_loads(
 
 
 def test_image_prompts_are_checked_against_the_model_length() -> None:
-    prompts = [Request("<image> colors", (heldout_examples(1)[0].image(),))]
+    prompts = [Prompt("<image> colors", (heldout_examples(1)[0].image(),))]
     with pytest.raises(ConfigError, match="exceeds"):
         prepare_prompts("demo-vl", prompts, GenerationConfig(gen_length=90, steps=90))

@@ -12,14 +12,14 @@ from conftest import tiny_model
 from safetensors.torch import load_file, save_file
 
 from seer_deploy.core.errors import CheckpointError
-from seer_deploy.models.checkpoint import (
+from seer_deploy.models.checkpoints.checkpoint import (
     checkpoint_fingerprint,
     detect_layout,
     load_checkpoint,
     save_checkpoint,
     weight_files,
 )
-from seer_deploy.models.config import config_from_dict
+from seer_deploy.models.families.config import config_from_dict
 
 
 def _logits(path: Path, ids: torch.Tensor) -> torch.Tensor:

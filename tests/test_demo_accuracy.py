@@ -12,9 +12,9 @@ import pytest
 from conftest import requires_demo
 
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.checkpoint import load_checkpoint, resolve_checkpoint
-from seer_deploy.models.demo_tasks import TASKS, heldout_examples
-from seer_deploy.models.tokenizer import Tokenizer
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint, resolve_checkpoint
+from seer_deploy.models.demos.demo_tasks import TASKS, heldout_examples
+from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
 from seer_deploy.seer.metrics import identical_share, true_lengths

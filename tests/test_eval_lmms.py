@@ -88,7 +88,7 @@ def test_lmms_eval_on_demo_vl_answers_as_the_service_does(tmp_path: Path, capsys
         assert row["answers"] == [a.text for a in served.answers], mode
         assert row["metric"] == "exact_match,none" and row["documents"] == PICTURES
         assert row["scores"] == [float(a == e) for a, e in zip(row["answers"], expected, strict=True)], mode
-        assert row["tokens_processed"] == served.tokens_processed and row["passes"] == served.steps_run, mode
+        assert row["tokens_processed"] == served.tokens_processed and row["passes"] == served.passes, mode
         assert f"{row['score']:.4f}" in printed
     full, seer = rows["full"], rows["seer"]
     assert 0 < full["score"] < 1  # some answers longer than the canvas: a real score, not all right or all wrong

@@ -16,8 +16,8 @@ from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.streamed_weights import ExportedWeight
 from seer_deploy.export.validate import NOISE_FACTOR, TOLERANCES
-from seer_deploy.models.checkpoint import save_checkpoint
-from seer_deploy.models.demo_tasks import write_tokenizer
+from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
+from seer_deploy.models.demos.demo_tasks import write_tokenizer
 
 MODERATE = {"d_model": 512, "n_layers": 4, "n_heads": 8, "n_kv_heads": 8, "mlp_hidden": 1408, "vocab_size": 4096,
             "max_seq_len": 96}

@@ -28,8 +28,8 @@ from seer_deploy.core.errors import UnverifiedExport
 from seer_deploy.export.exporter import prepare_export, quiet
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.validate import ExportValidationError
-from seer_deploy.models.checkpoint import checkpoint_fingerprint, checkpoint_weights
-from seer_deploy.models.weight_sources import weight_sources
+from seer_deploy.models.checkpoints.checkpoint import checkpoint_fingerprint, checkpoint_weights
+from seer_deploy.models.checkpoints.weight_sources import weight_sources
 
 FORMS: dict[str, Callable[..., ExportOptions]] = {
     "fp16": lambda **kw: ExportOptions(dtype="fp16", **kw),

@@ -22,11 +22,19 @@ from PIL import Image
 from safetensors import safe_open
 
 from seer_deploy.core.errors import CheckpointError, ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models.anyres import (
+from seer_deploy.models.checkpoints.multimodal import load_multimodal, vision_config_from_dict
+from seer_deploy.models.checkpoints.multimodal_writer import save_multimodal_checkpoint
+from seer_deploy.models.demos.demo_vl_tasks import VOCAB, write_tokenizer
+from seer_deploy.models.families.config import ModelConfig, config_from_dict
+from seer_deploy.models.families.lavida import GRID_PINPOINTS, lavida_anyres, lavida_variant
+from seer_deploy.models.networks.image_prompts import ImageConditionedModel
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.networks.vision import VisionConfig, VisionEncoder
+from seer_deploy.models.pictures.anyres import (
     AnyresConfig,
     anyres_tokens,
     anyres_views,
@@ -35,17 +43,9 @@ from seer_deploy.models.anyres import (
     select_best_resolution,
     unpadded_grid,
 )
-from seer_deploy.models.config import ModelConfig, config_from_dict
-from seer_deploy.models.demo_vl_tasks import VOCAB, write_tokenizer
-from seer_deploy.models.image import ImageConfig, load_image, pixel_batch
-from seer_deploy.models.image_placeholders import MultimodalTokenizer, encode_pictures, expand_placeholders
-from seer_deploy.models.image_prompts import ImageConditionedModel
-from seer_deploy.models.lavida import GRID_PINPOINTS, lavida_anyres, lavida_variant
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.multimodal import load_multimodal, vision_config_from_dict
-from seer_deploy.models.multimodal_writer import save_multimodal_checkpoint
-from seer_deploy.models.requests import assign_images
-from seer_deploy.models.vision import VisionConfig, VisionEncoder
+from seer_deploy.models.pictures.image import ImageConfig, load_image, pixel_batch
+from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, encode_pictures, expand_placeholders
+from seer_deploy.models.prompts.prompt import assign_images
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
@@ -340,7 +340,7 @@ def test_prefix_dlm_lavida_dream_exports_and_onnx_runtime_equals_torch(tmp_path:
         prefix = [model(t, prompt_width=torch.tensor([width])).logits[0, :width] for t in (x, y)]
         full = [plain(t).logits[0, :width] for t in (x, y)]
     assert torch.equal(prefix[0], prefix[1]) and not torch.allclose(full[0], full[1])
-    common = {"mask_id": cfg.mask_id, "pad_id": cfg.pad_id, "eos_id": cfg.eos_id}
+    common = {"ids": SpecialIds(cfg.mask_id, cfg.pad_id, cfg.eos_id)}
     for seer in (None, SEER_ANY):
         ort = run_generation(backend, ids, CONFIG, seer=seer, **common)  # type: ignore[arg-type]
         ref = run_generation(TorchBackend(model), ids, CONFIG, seer=seer, **common)  # type: ignore[arg-type]
@@ -418,7 +418,7 @@ def test_anyres_pictures_run_on_onnx_runtime_as_on_torch(lavida) -> None:
                               cfg.n_embed_rows)
     backend.set_image_table(ort_embeds)
     model = ImageConditionedModel(loaded.lm.model, torch.from_numpy(np.concatenate(ort_embeds)))
-    common = {"mask_id": cfg.mask_id, "pad_id": cfg.pad_id, "eos_id": cfg.eos_id}
+    common = {"ids": SpecialIds(cfg.mask_id, cfg.pad_id, cfg.eos_id)}
     for seer in (None, SEER_ANY):
         ort = run_generation(backend, ids, CONFIG, seer=seer, **common)  # type: ignore[arg-type]
         ref = run_generation(TorchBackend(model), ids, CONFIG, seer=seer, **common)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from test_multimodal import pictures, write_tiny_vl
 from seer_deploy.contracts.graphs import STEP, WINDOW_STEP
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines import ort as ort_engine
 from seer_deploy.engines.fixed_shapes import FixedShapes, pad_feed, unpad_outputs
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
@@ -27,14 +27,14 @@ from seer_deploy.engines.ort_sessions import CUDA_GRAPH_OPTION
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models.checkpoint import load_checkpoint, save_checkpoint
-from seer_deploy.models.demo_tasks import write_tokenizer
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint, save_checkpoint
+from seer_deploy.models.demos.demo_tasks import write_tokenizer
+from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.targets import parse_device
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.service import Request, Service, ServiceOptions
+from seer_deploy.service import Prompt, Service, ServiceOptions
 
 CPU = "CPUExecutionProvider"
 PLAIN = OrtSessionOptions(providers=(CPU,))
@@ -75,7 +75,7 @@ def test_io_binding_gives_the_tokens_of_session_run(exported: tuple[MaskPredicto
     seer = SeerConfig(detector="eos", eos_floor=0.0) if truncation == "seer" else None
     kept = [5, 24, 11] if truncation == "mixed-kept" else None
     backends = [OrtBackend(out, options) for options in (PLAIN, BOUND, PADDED)]
-    runs = [run_generation(b, PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id, eos_id=cfg.eos_id, seer=seer,
+    runs = [run_generation(b, PROMPTS, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id), seer=seer,
                            kept_lengths=kept) for b in backends]
     assert np.array_equal(runs[0].tokens, runs[1].tokens)
     assert np.array_equal(runs[0].tokens, runs[2].tokens)
@@ -100,7 +100,7 @@ def test_device_resident_kv_cache_gives_the_host_cache_tokens(exported: tuple[Ma
     ids = np.array([PROMPTS[0] + [cfg.mask_id] * 8])
     kinds = [type(b.refresh(StepInput(ids)).kv) for b in backends]
     assert kinds == [np.ndarray, torch.Tensor, np.ndarray, torch.Tensor]
-    runs = [run_generation(b, PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id, eos_id=cfg.eos_id,
+    runs = [run_generation(b, PROMPTS, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id),
                            kept_lengths=kept) for b in backends]
     for other in runs[1:]:
         assert np.array_equal(runs[0].tokens, other.tokens)
@@ -125,8 +125,8 @@ def test_io_binding_on_a_multimodal_export(tmp_path: Path) -> None:
     out = export_multimodal(ckpt, tmp_path / "export", ExportOptions(verify=False)).out
     for i, picture in enumerate(pictures(2)):
         picture.save(tmp_path / f"pic{i}.png")
-    requests = [Request("<image> colors", (str(tmp_path / "pic0.png"),)),
-                Request("<image> count", (str(tmp_path / "pic1.png"),))]
+    requests = [Prompt("<image> colors", (str(tmp_path / "pic0.png"),)),
+                Prompt("<image> count", (str(tmp_path / "pic1.png"),))]
     answers = []
     for binding in (False, True):
         options = ServiceOptions(generation=GenerationConfig(16, 16), seer=False, io_binding=binding)
@@ -252,7 +252,7 @@ def test_device_cpu_is_the_default(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.py runs it there)")
 def test_torch_on_cuda_gives_the_cpu_tokens() -> None:
-    requests = [Request(p) for p in ("sort 31415", "reverse 2718281", "add 12 34")]
+    requests = [Prompt(p) for p in ("sort 31415", "reverse 2718281", "add 12 34")]
     answers = [[a.tokens for a in Service("demo", ServiceOptions(device=d, generation=GenerationConfig(64, 64)))
                 .generate(requests).answers] for d in ("cpu", "cuda")]
     assert answers[0] == answers[1]
@@ -265,6 +265,5 @@ def test_ort_cuda_with_io_binding_gives_the_cpu_tokens(exported: tuple[MaskPredi
     cfg = model.cfg
     config = GenerationConfig(24, 24)
     cuda = OrtSessionOptions(providers=("CUDAExecutionProvider", CPU), io_binding=True, cuda_graph=cuda_graph)
-    runs = [run_generation(OrtBackend(out, o), PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id,
-                           eos_id=cfg.eos_id, kept_lengths=[5, 24, 11]) for o in (PLAIN, cuda)]
+    runs = [run_generation(OrtBackend(out, o), PROMPTS, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id), kept_lengths=[5, 24, 11]) for o in (PLAIN, cuda)]
     assert np.array_equal(runs[0].tokens, runs[1].tokens)

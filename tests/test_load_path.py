@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from seer_deploy.models.demo_tasks import heldout_examples
-from seer_deploy.models.demo_vl_tasks import heldout_examples as demo_vl_examples
-from seer_deploy.service import Request, Service, ServiceOptions
+from seer_deploy.models.demos.demo_tasks import heldout_examples
+from seer_deploy.models.demos.demo_vl_tasks import heldout_examples as demo_vl_examples
+from seer_deploy.service import Prompt, Service, ServiceOptions
 
 # Runs the CLI as `seer-deploy ARGS` would, then prints, as the last line on stderr, which watched modules it loaded.
 CLI_THEN_MODULES = """
@@ -117,7 +117,7 @@ def test_generate_json_reports_time_to_first_step(demo_export: Path) -> None:
 def test_service_times_the_first_batch_only(demo_export: Path) -> None:
     """first_step_seconds stops at the end of the first batch's step zero: a run of three one-request batches
     reports it before the run is over, and its load is the service's own."""
-    requests = [Request(e.prompt) for e in heldout_examples(3)]
+    requests = [Prompt(e.prompt) for e in heldout_examples(3)]
     opened = time.perf_counter()
     service = Service(demo_export, ServiceOptions(batch_size=1))
     called = time.perf_counter()

@@ -40,7 +40,7 @@ def test_stats_match_a_manual_computation() -> None:
     assert out.stats is not None and out.stats.shape == (2, 2, len(STAT_NAMES), 8)
     # Recompute layer 1 by hand.
     x = model.embed(ids)
-    from seer_deploy.models.llada import rope_tables
+    from seer_deploy.models.networks.llada import rope_tables
 
     cos, sin = rope_tables(torch.arange(8).expand(2, 8), model.cfg.head_dim, model.cfg.rope_theta)
     x, _, _ = model.layers[0](x, cos, sin, None, None)

@@ -13,21 +13,21 @@ from safetensors.torch import load_file, save_file
 
 from seer_deploy.core.errors import CheckpointError, ConfigError
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.checkpoint import load_checkpoint
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.demo_vl_tasks import VOCAB, heldout_examples, write_tokenizer
-from seer_deploy.models.image import ImageConfig, pixel_batch
-from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
-from seer_deploy.models.image_prompts import ImageConditionedModel, embed_with_images, image_table
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.multimodal import (
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
+from seer_deploy.models.checkpoints.multimodal import (
     LLAVA_IMAGE_TOKEN_INDEX,
     load_multimodal,
     vision_config_from_dict,
 )
-from seer_deploy.models.multimodal_files import is_multimodal_checkpoint
-from seer_deploy.models.multimodal_writer import save_multimodal_checkpoint
-from seer_deploy.models.vision import VisionConfig, VisionEncoder, projector_depth
+from seer_deploy.models.checkpoints.multimodal_files import is_multimodal_checkpoint
+from seer_deploy.models.checkpoints.multimodal_writer import save_multimodal_checkpoint
+from seer_deploy.models.demos.demo_vl_tasks import VOCAB, heldout_examples, write_tokenizer
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.networks.image_prompts import ImageConditionedModel, embed_with_images, image_table
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.networks.vision import VisionConfig, VisionEncoder, projector_depth
+from seer_deploy.models.pictures.image import ImageConfig, pixel_batch
+from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, expand_placeholders
 from seer_deploy.runtime.reference import generate
 
 IMAGE = 16  # pixels; patch 4 -> 16 patches

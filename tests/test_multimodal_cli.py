@@ -12,13 +12,13 @@ from test_multimodal import pictures, write_tiny_vl
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.multimodal import export_multimodal
-from seer_deploy.models.image import load_image, pixel_batch
-from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
-from seer_deploy.models.image_prompts import ImageConditionedModel
-from seer_deploy.models.multimodal import load_multimodal
-from seer_deploy.models.requests import assign_images
+from seer_deploy.models.checkpoints.multimodal import load_multimodal
+from seer_deploy.models.networks.image_prompts import ImageConditionedModel
+from seer_deploy.models.pictures.image import load_image, pixel_batch
+from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, expand_placeholders
+from seer_deploy.models.prompts.prompt import assign_images
 from seer_deploy.runtime.reference import generate
-from seer_deploy.service import Request, Run, ServiceOptions
+from seer_deploy.service import Prompt, Run, ServiceOptions
 from seer_deploy.service import generate as serve
 
 CONFIG = GenerationConfig(gen_length=8, steps=8)
@@ -41,7 +41,7 @@ def images(tmp_path: Path) -> list[str]:
 
 def test_images_go_to_placeholders_in_order() -> None:
     requests = assign_images(["<image> a", "b", "<image> <image> c"], ["x", "y", "z"])
-    assert requests == [Request("<image> a", ("x",)), Request("b"), Request("<image> <image> c", ("y", "z"))]
+    assert requests == [Prompt("<image> a", ("x",)), Prompt("b"), Prompt("<image> <image> c", ("y", "z"))]
     with pytest.raises(ConfigError, match=r"hold 0 <image> placeholder\(s\) but 1 image.*put '<image>' in the prompt"):
         assign_images(["colors"], ["x"])
     with pytest.raises(ConfigError, match=r"hold 1 <image> placeholder\(s\) but 2 image.*drop the extra --image"):

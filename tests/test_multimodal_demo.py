@@ -1,6 +1,6 @@
 """The bundled demo-vl checkpoint: held-out accuracy, Seer's safe / identical rates, ONNX Runtime parity, the demo.
 
-Skipped until scripts/train_demo_vl.py has written seer_deploy/models/demo_vl/.
+Skipped until scripts/train_demo_vl.py has written seer_deploy/models/demos/demo_vl/.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from seer_deploy.cli.demo import run_multimodal_demo
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
-from seer_deploy.models.demo_vl_tasks import PictureExample, heldout_examples
-from seer_deploy.models.image import pixel_batch
-from seer_deploy.models.image_placeholders import MultimodalTokenizer, expand_placeholders
-from seer_deploy.models.image_prompts import ImageConditionedModel, image_table
-from seer_deploy.models.multimodal import LoadedMultimodal, load_multimodal
-from seer_deploy.models.multimodal_files import DEMO_VL_DIR
+from seer_deploy.models.checkpoints.multimodal import LoadedMultimodal, load_multimodal
+from seer_deploy.models.checkpoints.multimodal_files import DEMO_VL_DIR
+from seer_deploy.models.demos.demo_vl_tasks import PictureExample, heldout_examples
+from seer_deploy.models.networks.image_prompts import ImageConditionedModel, image_table
+from seer_deploy.models.pictures.image import pixel_batch
+from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, expand_placeholders
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.targets import checkpoint_seer
@@ -92,7 +92,7 @@ def test_onnx_runtime_equals_torch_on_100_pictures_seer_on_and_off(demo: LoadedM
     pad = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
     seer = checkpoint_seer("demo-vl")
     for use in (None, seer):
-        ort = run_generation(backend, prompts, GEN, mask_id=cfg.mask_id, pad_id=pad, seer=use, eos_id=cfg.eos_id)
+        ort = run_generation(backend, prompts, GEN, ids=SpecialIds(mask=cfg.mask_id, pad=pad, eos=cfg.eos_id), seer=use)
         ref = generate(model, prompts, GEN, seer=use)
         same = [np.array_equal(a, b) for a, b in zip(ort.tokens, ref.tokens.numpy(), strict=True)]
         assert all(same), f"seer={use is not None}: {same.count(False)} of 100 differ"

@@ -41,12 +41,12 @@ from seer_deploy.core.errors import CheckpointError, ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models.checkpoint import save_checkpoint
-from seer_deploy.models.config import config_from_dict
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.moe import MoEMLP
-from seer_deploy.models.tokenizer import Tokenizer
-from seer_deploy.models.tokenizer_files import load_tokenizer
+from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
+from seer_deploy.models.families.config import config_from_dict
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.networks.moe import MoEMLP
+from seer_deploy.models.text.tokenizer import Tokenizer
+from seer_deploy.models.text.tokenizer_files import load_tokenizer
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
 from seer_deploy.service import Service, ServiceOptions
 
@@ -120,7 +120,7 @@ def llada(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_written_checkpoints_hold_the_public_weight_names(dream: Path, llada: Path) -> None:
-    from seer_deploy.models.checkpoint_files import weight_files
+    from seer_deploy.models.checkpoints.checkpoint_files import weight_files
 
     assert set(weight_files(dream)) == DREAM_TOP | {f"model.layers.{i}.{n}" for i in range(2) for n in DREAM_LAYER}
     assert set(weight_files(llada)) == LLADA_TOP | {f"model.transformer.blocks.{i}.{n}" for i in range(2)

@@ -28,7 +28,7 @@ from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.quantize import signed_rows
-from seer_deploy.models.requests import Request
+from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.service import Service, ServiceOptions
 
 pytestmark = requires_demo
@@ -48,7 +48,7 @@ def demo_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: export_checkpoint("demo", root / name, o).out for name, o in options.items()}
 
 
-def answers(target: Path, requests: list[Request], seer: bool = True) -> np.ndarray:
+def answers(target: Path, requests: list[Prompt], seer: bool = True) -> np.ndarray:
     service = Service(target, ServiceOptions(generation=GEN, batch_size=8, threads=1))
     return np.array([a.tokens for a in service.generate(requests, full_length=not seer).answers])
 
@@ -160,7 +160,7 @@ def test_a_damaged_quantization_record_is_refused(demo_exports: dict[str, Path],
 
 def test_a_family_checkpoint_exports_quantized_and_generates(tmp_path: Path) -> None:
     _, checkpoint = family_checkpoint(tmp_path, "llada", layout="llada")
-    requests = [Request(p) for p in ("a b c", "d e", "f g h i")]
+    requests = [Prompt(p) for p in ("a b c", "d e", "f g h i")]
     full = export_checkpoint(checkpoint, tmp_path / "fp32").out
     gen = GenerationConfig(gen_length=16, steps=16)
     want = np.array([a.tokens for a in Service(full, ServiceOptions(generation=gen, threads=1)).generate(requests).answers])
@@ -195,8 +195,8 @@ def test_the_resource_check_estimates_the_quantized_weights_file(demo_exports: d
     import torch
 
     from seer_deploy.export.resources import footprint
-    from seer_deploy.models.checkpoint import checkpoint_weights, resolve_checkpoint
-    from seer_deploy.models.weight_sources import weight_sources
+    from seer_deploy.models.checkpoints.checkpoint import checkpoint_weights, resolve_checkpoint
+    from seer_deploy.models.checkpoints.weight_sources import weight_sources
 
     sources = weight_sources(checkpoint_weights(resolve_checkpoint("demo")))
     for name in ("fp32", "int8", "int4"):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
 
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import GenerationConfig, transfer_schedule
+from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.runtime.loopcore import transfer_schedule
 from seer_deploy.runtime.reference import generate, select_transfer
 
 MASK = 12
@@ -22,7 +24,7 @@ def _record(model: torch.nn.Module) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("n, steps", [(10, 4), (3, 5), (64, 64), (7, 7), (0, 3)])
 def test_transfer_schedule_is_an_even_split(n: int, steps: int) -> None:
-    sched = transfer_schedule(n, steps)
+    sched = transfer_schedule(np.array([n]), steps)[0].tolist()
     assert len(sched) == steps and sum(sched) == n
     assert max(sched) - min(sched) <= 1 and sched == sorted(sched, reverse=True)
 
@@ -40,7 +42,7 @@ def test_commits_follow_schedule_never_change_and_blocks_go_in_order() -> None:
     cfg = GenerationConfig(gen_length=12, steps=6, block_length=4)
     out = generate(model, [prompt], cfg)
     P = len(prompt)
-    assert out.steps_run == 6 == len(seen)
+    assert out.passes == 6 == len(seen)
     states = [s[0] for s in seen] + [torch.cat([torch.tensor(prompt), out.tokens[0]])]
     for i in range(1, len(states)):
         before, after = states[i - 1], states[i]
@@ -85,14 +87,15 @@ def test_random_remasking_and_cfg_run() -> None:
 
 
 @pytest.mark.parametrize(
-    "cfg, message",
+    "settings, message",
     [
-        (GenerationConfig(gen_length=10, steps=10, block_length=4), "not a multiple of block_length"),
-        (GenerationConfig(gen_length=8, steps=3, block_length=4), "cannot be split evenly across 2 blocks"),
-        (GenerationConfig(gen_length=200, steps=200), "exceeds the model's 128 positions"),
-        (GenerationConfig(gen_length=8, steps=8, remasking="top_p"), "remasking 'top_p' is unknown"),  # type: ignore[arg-type]
+        ({"gen_length": 10, "steps": 10, "block_length": 4}, "not a multiple of block_length"),
+        ({"gen_length": 8, "steps": 3, "block_length": 4}, "cannot be split evenly across 2 blocks"),
+        ({"gen_length": 200, "steps": 200}, "exceeds the model's 128 positions"),
+        ({"gen_length": 8, "steps": 8, "remasking": "top_p"}, "remasking 'top_p' is unknown"),
     ],
 )
-def test_bad_settings_are_clear_errors(cfg: GenerationConfig, message: str) -> None:
+def test_bad_settings_are_clear_errors(settings: dict[str, object], message: str) -> None:
+    """A setting is refused when the config is made; a length only against a model's positions."""
     with pytest.raises(ConfigError, match=message):
-        generate(tiny_model(), [[10, 14, 13]], cfg)
+        generate(tiny_model(), [[10, 14, 13]], GenerationConfig(**settings))  # type: ignore[arg-type]

@@ -71,9 +71,9 @@ def test_calibrate_writes_a_config_that_generate_uses(make_checkpoint, tmp_path:
                              str(out), "--tail-context", "all"], capsys)
     assert code == 0, err
     with_tail = json.loads(seered)["seer"]
-    assert (with_tail["kept"], with_tail["steps"]) == (report["kept"], report["steps"])
+    assert (with_tail["kept"], with_tail["passes"]) == (report["kept"], report["passes"])
     assert with_tail["context"] == 8 - report["kept"]
-    assert with_tail["tokens_processed"] - report["tokens_processed"] == (report["steps"] - 1) * with_tail["context"]
+    assert with_tail["tokens_processed"] - report["tokens_processed"] == (report["passes"] - 1) * with_tail["context"]
     for bad, message in ((["--tail-context", "most"], "not a count"), (["--no-seer", "--tail-context", "4"], "Seer runs")):
         code, _, err = run(["generate", str(ckpt), "-p", "sort 987", "--gen-length", "8", *bad], capsys)
         assert code == 2 and message in err, err
@@ -83,8 +83,8 @@ def test_calibrate_fits_margin_and_tail_context_end_to_end(make_checkpoint, tmp_
     from seer_deploy.calibration.collect import batched_generation
     from seer_deploy.calibration.detector_fit import split_indices
     from seer_deploy.core.generation import GenerationConfig
-    from seer_deploy.models.checkpoint import load_checkpoint
-    from seer_deploy.models.tokenizer import Tokenizer
+    from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
+    from seer_deploy.models.text.tokenizer import Tokenizer
     from seer_deploy.seer.metrics import identical_share, true_lengths
 
     ckpt = make_checkpoint("llada")

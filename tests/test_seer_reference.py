@@ -29,8 +29,8 @@ def test_keeping_every_slot_reproduces_full_length_exactly(config: GenerationCon
     full = generate(model, PROMPTS, config, generator=torch.Generator().manual_seed(5))
     kept = generate(model, PROMPTS, config, generator=torch.Generator().manual_seed(5), kept_lengths=[config.gen_length] * 3)
     assert torch.equal(full.tokens, kept.tokens)
-    assert (kept.steps_run, kept.tokens_processed) == (full.steps_run, full.tokens_processed)
-    assert kept.seer is not None and all(r.kept == config.gen_length and r.steps == config.steps for r in kept.seer)
+    assert (kept.passes, kept.tokens_processed) == (full.passes, full.tokens_processed)
+    assert kept.seer is not None and all(r.kept == config.gen_length and r.passes == config.steps for r in kept.seer)
 
 
 def test_later_steps_run_on_prompt_plus_kept_length_and_the_tail_is_eos() -> None:
@@ -42,7 +42,7 @@ def test_later_steps_run_on_prompt_plus_kept_length_and_the_tail_is_eos() -> Non
     assert lengths == [6 + 32] + [6 + 10] * 9  # step zero at full length, then ceil(32 * 10 / 32) - 1 more steps
     assert (out.tokens[0, 10:] == EOS).all() and not (out.tokens[0, :10] == MASK).any()
     report = out.seer[0] if out.seer else None
-    assert report is not None and (report.kept, report.steps, report.full_steps) == (10, 10, 32)
+    assert report is not None and (report.kept, report.passes, report.full_passes) == (10, 10, 32)
     assert report.tokens_processed == 38 + 9 * 16 == out.tokens_processed
     assert report.full_tokens_processed == 32 * 38
 
@@ -58,7 +58,7 @@ def test_tail_context_keeps_committed_eos_slots_after_the_cut() -> None:
     assert all((x[0, 16:] == EOS).all() for x in seen[1:])  # the context slots, at every later step
     assert (out.tokens[0, 10:] == EOS).all() and not (out.tokens[0, :10] == MASK).any()
     report = out.seer[0] if out.seer else None
-    assert report is not None and (report.kept, report.steps) == (10, 10)
+    assert report is not None and (report.kept, report.passes) == (10, 10)
     assert report.tokens_processed == 38 + 9 * (16 + 4) == out.tokens_processed
     # The context never runs past gen_length, and a request kept whole has none.
     wide = generate(model, PROMPTS, config, kept_lengths=[30, 32, 5], seer=SeerConfig(tail_context=8))

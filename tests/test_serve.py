@@ -33,10 +33,10 @@ from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models.demo_tasks import heldout_examples
+from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
 from seer_deploy.serve.sizes import gen_length_for, request_generation, supported_sizes
-from seer_deploy.service import Request, Run, Service, ServiceOptions
+from seer_deploy.service import Prompt, Run, Service, ServiceOptions
 
 GEN = GenerationConfig(gen_length=64, steps=64)
 FAST = GenerationConfig(gen_length=64, steps=8)  # the load tests' setting: 8 tokens a step, as requests ask
@@ -62,7 +62,7 @@ def reference(export_dir: Path) -> Service:
 
 
 def solo(service: Service, prompt: str, generation: GenerationConfig = GEN, full_length: bool = False) -> Run:
-    return service.generate([Request(prompt)], generation=generation, full_length=full_length)
+    return service.generate([Prompt(prompt)], generation=generation, full_length=full_length)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_a_sampled_request_is_its_seeded_solo_run(server: BackgroundServer, refe
     sampled = replace(GEN, temperature=6.0)  # the demo is so sure of itself that milder ones sample one answer
     answers = {}
     for seed in (3, 4):
-        want = reference.generate([Request(PROMPTS[5])], generation=sampled, seed=seed).answers[0].tokens
+        want = reference.generate([Prompt(PROMPTS[5])], generation=sampled, seed=seed).answers[0].tokens
         got = [oa.completions.create(model="demo", prompt=PROMPTS[5], temperature=6.0, seed=seed)
                for _ in range(2)]
         assert got[0].choices[0].text == got[1].choices[0].text
@@ -101,7 +101,7 @@ def test_a_stream_sends_the_answer_as_it_settles(server: BackgroundServer, refer
     oa = client(server.url)
     blocks = replace(GEN, block_length=8)
     for prompt in PROMPTS[6:9]:
-        expected = reference.generate([Request(prompt)], generation=blocks, full_length=True).answers[0]
+        expected = reference.generate([Prompt(prompt)], generation=blocks, full_length=True).answers[0]
         chunks = list(oa.completions.create(model="demo", prompt=prompt, stream=True,
                                             extra_body={"block_length": 8, "seer": False}))
         pieces = [c.choices[0].text for c in chunks if c.choices[0].text]
@@ -148,11 +148,11 @@ def test_the_openai_client_gets_the_solo_answers_streaming_and_not(server: Backg
 
 
 def test_a_picture_as_a_data_url_gets_the_solo_answer(tmp_path: Path) -> None:
-    from seer_deploy.models.demo_vl_tasks import heldout_examples as picture_examples
+    from seer_deploy.models.demos.demo_vl_tasks import heldout_examples as picture_examples
 
     example = picture_examples(1)[0]
     picture = example.image()
-    expected = open_service("demo-vl", 1).generate([Request(example.prompt, (picture,))]).answers[0]
+    expected = open_service("demo-vl", 1).generate([Prompt(example.prompt, (picture,))]).answers[0]
     png = io.BytesIO()
     picture.save(png, format="PNG")
     url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
@@ -204,7 +204,7 @@ def _bodies(n: int) -> list[dict[str, Any]]:
 def _expected(reference: Service) -> dict[str, str]:
     """Each prompt's solo answer under _bodies' settings."""
     cut = replace(reference.seer, tail_context=0) if reference.seer is not None else None
-    return {p: reference.generate([Request(p)], generation=FAST, full_length=i == 0, seer=cut).answers[0].text
+    return {p: reference.generate([Prompt(p)], generation=FAST, full_length=i == 0, seer=cut).answers[0].text
             for i, p in enumerate(PROMPTS)}
 
 

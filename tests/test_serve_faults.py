@@ -35,7 +35,7 @@ from seer_deploy.cli import main
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
-from seer_deploy.models.demo_tasks import heldout_examples
+from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
 from seer_deploy.serve.connections import GuardedH11
 from seer_deploy.serve.engine import Row

@@ -24,9 +24,9 @@ import httpx
 import pytest
 
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.demo_tasks import heldout_examples
+from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.serve import ServeOptions
-from seer_deploy.service import Request, Service, ServiceOptions
+from seer_deploy.service import Prompt, Service, ServiceOptions
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                 reason="Ray Serve is not installed (pip install -e '.[ray]')")
@@ -109,7 +109,7 @@ def test_two_replicas_share_the_load_and_survive_a_kill() -> None:
     options = ServiceOptions(generation=GEN, batch_size=8, threads=1)
     reference = Service("demo", options)
     cut = reference.seer.with_(tail_context=0) if reference.seer is not None else None
-    expected = {p: reference.generate([Request(p)], seer=cut).answers[0].text for p in PROMPTS}
+    expected = {p: reference.generate([Prompt(p)], seer=cut).answers[0].text for p in PROMPTS}
     metrics_port, http_port = free_port(), free_port()
     local_cluster(num_cpus=2, metrics_port=metrics_port)
     import ray

@@ -141,8 +141,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from conftest import tiny_model
 
     from seer_deploy.cli import main
-    from seer_deploy.models.checkpoint import save_checkpoint
-    from seer_deploy.models.demo_tasks import write_tokenizer
+    from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
+    from seer_deploy.models.demos.demo_tasks import write_tokenizer
 
     root = tmp_path_factory.mktemp("tiny")
     write_tokenizer(root / "tokenizer.json")

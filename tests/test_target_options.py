@@ -20,10 +20,10 @@ from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.multimodal import export_multimodal
-from seer_deploy.models.checkpoint import save_checkpoint
-from seer_deploy.models.demo_tasks import write_tokenizer
+from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
+from seer_deploy.models.demos.demo_tasks import write_tokenizer
 from seer_deploy.runtime.reference import generate
-from seer_deploy.service import Request, Service, ServiceOptions
+from seer_deploy.service import Prompt, Service, ServiceOptions
 
 KINDS = ("checkpoint", "export", "engine", "multimodal-checkpoint", "multimodal-export", "multimodal-engine")
 TORCH_KINDS = ("checkpoint", "multimodal-checkpoint")
@@ -51,17 +51,17 @@ def targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "multimodal-export": vl_export, "multimodal-engine": vl_engine, "root": root}
 
 
-def requests_for(kind: str, targets: dict[str, Path]) -> list[Request]:
+def requests_for(kind: str, targets: dict[str, Path]) -> list[Prompt]:
     if kind.startswith("multimodal"):
         tasks = ("colors", "count", "shapes")
-        return [Request(f"<image> {t}", (str(targets["root"] / f"pic{i}.png"),)) for i, t in enumerate(tasks)]
-    return [Request(p) for p in ("reverse 12", "sort 987", "count 5")]
+        return [Prompt(f"<image> {t}", (str(targets["root"] / f"pic{i}.png"),)) for i, t in enumerate(tasks)]
+    return [Prompt(p) for p in ("reverse 12", "sort 987", "count 5")]
 
 
 def run(kind: str, targets: dict[str, Path], **options: object) -> tuple[Service, list[list[int]], int, list]:
     service = Service(targets[kind], ServiceOptions(generation=options.pop("generation", CONFIG), **options))  # type: ignore[arg-type]
     out = service.generate(requests_for(kind, targets))
-    return service, [a.tokens for a in out.answers], out.steps_run, out.reports
+    return service, [a.tokens for a in out.answers], out.passes, out.reports
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -167,7 +167,7 @@ def test_a_prompt_too_long_fails_before_any_batch_runs(targets: dict[str, Path])
     service.backend.step0 = lambda inputs: calls.append(1) or original(inputs)  # type: ignore[method-assign]
     too_long = "reverse " + "1" * (service.info.config.max_seq_len + 1)
     with pytest.raises(ConfigError, match="exceeds the model's"):
-        service.generate([Request("reverse 12"), Request(too_long)])
+        service.generate([Prompt("reverse 12"), Prompt(too_long)])
     assert calls == []  # the first, valid batch did not run either
 
 
@@ -175,8 +175,8 @@ def test_a_prompt_too_long_fails_before_any_batch_runs(targets: dict[str, Path])
 def test_a_text_only_request_runs_on_a_multimodal_target(kind: str, targets: dict[str, Path]) -> None:
     """A batch without pictures (alone, or beside one with a picture) on a target that takes pictures."""
     service = Service(targets[kind], ServiceOptions(generation=CONFIG, seer=False, batch_size=2))
-    alone = service.generate([Request("colors")])
-    mixed = service.generate([Request("colors"), *requests_for(kind, targets)[:1]])
+    alone = service.generate([Prompt("colors")])
+    mixed = service.generate([Prompt("colors"), *requests_for(kind, targets)[:1]])
     assert alone.answers[0].tokens == mixed.answers[0].tokens and len(alone.answers[0].tokens) == CONFIG.gen_length
 
 

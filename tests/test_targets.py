@@ -13,13 +13,13 @@ import pytest
 from conftest import tiny_model
 
 from seer_deploy.core.errors import ArtifactError, ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.engines.tensorrt_engine import tensorrt_available
 from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.models.checkpoint import save_checkpoint
-from seer_deploy.models.demo_tasks import write_tokenizer
+from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
+from seer_deploy.models.demos.demo_tasks import write_tokenizer
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.openers import open_target
 from seer_deploy.runtime.targets import TargetOptions, find_seer_config, target_kind
@@ -80,7 +80,7 @@ def test_every_target_gives_the_same_tokens(artifacts: dict[str, Path]) -> None:
     for target in ("ckpt", "export", "engine"):
         backend, info = open_target(str(artifacts[target]), options=CPU if target == "export" else None)
         seer = SeerConfig(detector="eos", eos_floor=0.0, margin=2)
-        out = run_generation(backend, prompts, config, mask_id=info.mask_id, pad_id=info.pad_id, eos_id=info.eos_id,
+        out = run_generation(backend, prompts, config, ids=SpecialIds(mask=info.mask_id, pad=info.pad_id, eos=info.eos_id),
                              seer=seer)
         tokens.append(out.tokens)
     np.testing.assert_array_equal(tokens[0], tokens[1])
@@ -180,13 +180,13 @@ def test_seer_configs_and_tensorrt_buckets(artifacts: dict[str, Path], tmp_path:
         (artifacts["export"] / "seer.json").unlink(missing_ok=True)
     # On TensorRT the kept lengths round up to the engine's buckets, unless the config has its own.
     seer = SeerConfig()
-    assert info.seer_for_engine(seer) == seer
+    assert info.seer_for(seer) == seer
     trt_info = replace(info, backend="tensorrt")
-    assert trt_info.seer_for_engine(seer) == seer.with_(buckets=info.buckets)
-    assert trt_info.seer_for_engine(seer.with_(buckets=(8, 16))) == seer.with_(buckets=(8, 16))
-    assert trt_info.seer_for_engine(None) is None
+    assert trt_info.seer_for(seer) == seer.with_(buckets=info.buckets)
+    assert trt_info.seer_for(seer.with_(buckets=(8, 16))) == seer.with_(buckets=(8, 16))
+    assert trt_info.seer_for(None) is None
     # torch targets report the layers the Seer config reads.
-    backend, _ = open_target(str(artifacts["ckpt"]), options=TargetOptions(seer=SeerConfig(stats_layers=(0,))))
+    backend, _ = open_target(str(artifacts["ckpt"]), seer=SeerConfig(stats_layers=(0,)))
     assert {layer for layer, _ in backend.sparsity_rows} == {0}
 
 
@@ -217,7 +217,7 @@ def test_export_build_then_generate_on_any_target(artifacts: dict[str, Path], tm
         assert code == 0, err
         rows[name] = [json.loads(line) for line in stdout.splitlines()]
         assert "3 prompts on" in err and "tokens processed" in err
-    same = {name: [(r["prompt"], r["tokens"], r["seer"]["kept"], r["seer"]["steps"]) for r in v] for name, v in rows.items()}
+    same = {name: [(r["prompt"], r["tokens"], r["seer"]["kept"], r["seer"]["passes"]) for r in v] for name, v in rows.items()}
     assert same["ckpt"] == same["export"] == same["engine"]
     report = rows["engine"][0]["seer"]
     assert {"boundary", "kept", "steps", "tokens_processed", "full_tokens_processed"} <= set(report)

@@ -10,8 +10,8 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
 from seer_deploy.core.errors import CheckpointError, ConfigError
-from seer_deploy.models.demo_tasks import VOCAB, write_tokenizer
-from seer_deploy.models.tokenizer import Tokenizer, check_prompt, special_ids_from_tokenizer_file
+from seer_deploy.models.demos.demo_tasks import VOCAB, write_tokenizer
+from seer_deploy.models.text.tokenizer import Tokenizer, check_prompt, special_ids_from_tokenizer_file
 
 
 def test_demo_tokenizer_round_trip(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ def test_answer_weight_covers_the_answer_and_its_first_eos_only(train_demo: Modu
 
 
 def test_revealed_tail_masks_the_tail_less_than_the_answer(train_demo: ModuleType, tmp_path: Path) -> None:
-    from seer_deploy.models.tokenizer import Tokenizer
+    from seer_deploy.models.text.tokenizer import Tokenizer
 
     train_demo.write_tokenizer(tmp_path / "tokenizer.json")
     cfg = train_demo.demo_config()

@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from seer_deploy.core.errors import CheckpointError, ConfigError
-from seer_deploy.models.image import ImageConfig, expand_to_square, load_image, preprocess
-from seer_deploy.models.vision import VisionConfig
+from seer_deploy.models.networks.vision import VisionConfig
+from seer_deploy.models.pictures.image import ImageConfig, expand_to_square, load_image, preprocess
 
 
 def test_normalisation_uses_the_configs_mean_and_std() -> None:

@@ -115,7 +115,7 @@ def pick_prompt(ckpt: Path, n_tokens: int) -> tuple[str, list[int]]:
 
 def seer_prompt_ids(ckpt: Path, text: str) -> list[int] | None:
     """The ids seer-deploy's own tokenizer gives the prompt (its encode_prompt), in a child process."""
-    code = ("import json,sys; from seer_deploy.models.tokenizer import Tokenizer; "
+    code = ("import json,sys; from seer_deploy.models.text.tokenizer import Tokenizer; "
             f"print(json.dumps(Tokenizer(sys.argv[1], {EOS}).encode_prompt(sys.argv[2])))")
     r = subprocess.run([PY, "-c", code, str(ckpt / "tokenizer.json"), text], capture_output=True, text=True,
                        cwd=REPO, check=False)

@@ -16,7 +16,7 @@ import numpy as np
 
 from seer_deploy.bench.rows import BatchOutput, Runner
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.service import Request
+from seer_deploy.service import Prompt
 
 
 @dataclass
@@ -52,7 +52,7 @@ def batches(n: int, batch_size: int) -> list[list[int]]:
 
 def measure_row(
     runner: Runner,
-    requests: Sequence[Request],
+    requests: Sequence[Prompt],
     batch_size: int,
     repeats: int,
     tick: Callable[[], None] = lambda: None,

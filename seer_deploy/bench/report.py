@@ -29,7 +29,7 @@ FOOTNOTES = (
     "freshly opened service (`generate --json` reports it as first_step_s)."),
     ("**Seer / oracle**: the Seer row's speedup divided by the oracle's on the same engine (= oracle seconds / Seer "
     "seconds); 1.0 would be a perfect detector with a free step zero."),
-    ("**exact**: share of answers equal to the task's answer (`seer_deploy.models.demo_tasks`); **= full**: share of "
+    ("**exact**: share of answers equal to the task's answer (`seer_deploy.models.demos.demo_tasks`); **= full**: share of "
     "answers identical to the reference's full-length answer; **kept**: mean response slots the steps after step zero "
     "decoded (Seer; with a tail context the steps also ran cut slots after them, as committed EOS) or all steps ran on "
     "(oracle); **safe**: share kept at or past the full-length answer's end."),

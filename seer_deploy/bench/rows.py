@@ -29,12 +29,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.runtime.loop import run_planned
 from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import BlockPlan, TruncationPlan, block_plan
-from seer_deploy.service import Request, Service
+from seer_deploy.service import Prompt, Service
 
 ROW_NAMES: tuple[str, ...] = (
     "reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast", "ort-seer-tail", "ort-oracle",
@@ -84,18 +84,18 @@ class BatchOutput:
     first_step_seconds: float | None = None  # service rows: the engine's load + this call up to step zero's end
 
 
-Runner = Callable[[Sequence[Request], Sequence[int]], BatchOutput]  # (requests, their indices) -> output
+Runner = Callable[[Sequence[Prompt], Sequence[int]], BatchOutput]  # (requests, their indices) -> output
 
 
 def reference_row(torch_service: Service, config: GenerationConfig) -> Runner:
     """LLaDA's loop in torch eager on the checkpoint's model (its pictures, if any, encoded by the checkpoint's own
     vision tower through the service)."""
 
-    def run(requests: Sequence[Request], indices: Sequence[int]) -> BatchOutput:
+    def run(requests: Sequence[Prompt], indices: Sequence[int]) -> BatchOutput:
         prompts = torch_service.prompt_ids(requests, config)
         model = torch_service.backend.model  # type: ignore[attr-defined]  # a checkpoint's backend is torch
         out = generate(model, prompts, config, generator=torch.Generator().manual_seed(0))
-        return BatchOutput(out.tokens.numpy().astype(np.int64), out.steps_run, out.tokens_processed, None)
+        return BatchOutput(out.tokens.numpy().astype(np.int64), out.passes, out.tokens_processed, None)
 
     return run
 
@@ -103,11 +103,11 @@ def reference_row(torch_service: Service, config: GenerationConfig) -> Runner:
 def service_row(service: Service, config: GenerationConfig, seer: SeerConfig | None) -> Runner:
     """The generation service on its target, at full length (seer None) or with Seer."""
 
-    def run(requests: Sequence[Request], indices: Sequence[int]) -> BatchOutput:
+    def run(requests: Sequence[Prompt], indices: Sequence[int]) -> BatchOutput:
         out = service.generate(requests, full_length=seer is None, seer=seer, generation=config)
         kept = [a.seer.kept for a in out.answers if a.seer is not None] if seer is not None else None
         tokens = np.array([a.tokens for a in out.answers], dtype=np.int64)
-        return BatchOutput(tokens, out.steps_run, out.tokens_processed, kept, out.step_zero_seconds,
+        return BatchOutput(tokens, out.passes, out.tokens_processed, kept, out.step_zero_seconds,
                            out.first_step_seconds)
 
     return run
@@ -132,11 +132,10 @@ def oracle_row(service: Service, config: GenerationConfig, true_lengths: Sequenc
     those of a run with gen_length = its true length."""
     G, info = config.gen_length, service.info
 
-    def run(requests: Sequence[Request], indices: Sequence[int]) -> BatchOutput:
+    def run(requests: Sequence[Prompt], indices: Sequence[int]) -> BatchOutput:
         lengths = [min(G, max(1, int(true_lengths[i]))) for i in indices]
         plans = [oracle_plan(G, config.steps, config.block_length, n) for n in lengths]
-        out = run_planned(service.backend, service.prompt_ids(requests, config), config, plans, mask_id=info.mask_id,
-                          pad_id=info.pad_id, eos_id=info.eos_id)
-        return BatchOutput(out.tokens, out.steps_run, out.tokens_processed, lengths)
+        out = run_planned(service.backend, service.prompt_ids(requests, config), config, plans, ids=SpecialIds(mask=info.mask_id, pad=info.pad_id, eos=info.eos_id))
+        return BatchOutput(out.tokens, out.passes, out.tokens_processed, lengths)
 
     return run

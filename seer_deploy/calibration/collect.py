@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from seer_deploy.core.generation import GenerationConfig, left_pad
 from seer_deploy.core.sparsity import SparsityRow, StatsSpec, layer_major_rows
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.response_profile import ResponseProfile

@@ -10,7 +10,7 @@ import numpy as np
 from seer_deploy.calibration.collect import step_zero_set, stop_ids
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.core.sparsity import STAT_NAMES
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.detect import Boundary, detect_eos, detect_sparsity, fuse, pooled_signal, split_scores
@@ -60,7 +60,7 @@ def inspect_prompt(model: MaskPredictor, prompt: list[int], config: GenerationCo
     thresholds = (seer.abs_threshold, seer.rel_threshold)
     data = step_zero_set(model, [prompt], G, (thresholds,))
     profile = data.profile(0, thresholds)
-    sp_cfg = seer.with_(stats_layers=seer.layers_for(cfg.n_layers))  # the layers a loop's step zero would report
+    sp_cfg = seer.with_(stats_layers=seer.stats_spec(cfg.n_layers).layers)  # the layers a loop's step zero would report
     eos_b, sp_b = detect_eos(profile, cfg.eos_id, seer), detect_sparsity(profile, sp_cfg)
     found = {"eos": eos_b, "sparsity": sp_b, "fused": fuse(eos_b, sp_b)}
     signal, two_sided = pooled_signal(profile, sp_cfg)

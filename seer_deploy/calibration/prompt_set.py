@@ -1,7 +1,7 @@
 """Calibration prompts, text or with pictures, turned into what calibration runs on: an answer source
 (`calibration.sources`: a checkpoint's torch model, or an export's backend) and prompt ids.
 
-The prompts are requests, as `generate` takes them (a prompts file: `models.requests.read_prompts_file`). For a
+The prompts are requests, as `generate` takes them (a prompts file: `models.prompts.prompt.read_prompts_file`). For a
 multimodal target the vision tower (the checkpoint's, or the export's vision graph) encodes every picture of the set
 once, into one image table: `expand_placeholders` numbers the image ids across the whole prompt list, so a single
 table serves every batch (an ImageConditionedModel over it, or the export backend's image table), and the
@@ -25,16 +25,16 @@ from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
 from seer_deploy.engines.manifest import EngineManifest
-from seer_deploy.models.checkpoint import load_checkpoint
-from seer_deploy.models.image import pixel_batch
-from seer_deploy.models.image_placeholders import MultimodalTokenizer, encode_pictures, expand_placeholders
-from seer_deploy.models.image_prompts import ImageConditionedModel, image_table
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.multimodal import load_multimodal
-from seer_deploy.models.multimodal_files import is_multimodal_checkpoint
-from seer_deploy.models.requests import Request, check_request_images, load_pictures
-from seer_deploy.models.tokenizer import Tokenizer
-from seer_deploy.models.vision import VisionEncoder
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
+from seer_deploy.models.checkpoints.multimodal import load_multimodal
+from seer_deploy.models.checkpoints.multimodal_files import is_multimodal_checkpoint
+from seer_deploy.models.networks.image_prompts import ImageConditionedModel, image_table
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.networks.vision import VisionEncoder
+from seer_deploy.models.pictures.image import pixel_batch
+from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, encode_pictures, expand_placeholders
+from seer_deploy.models.prompts.prompt import Prompt, check_prompt_images, load_pictures
+from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.runtime.openers import open_target
 from seer_deploy.runtime.targets import Description, TargetOptions, describe, engine_export_dir
 
@@ -57,7 +57,7 @@ class PreparedPrompts:
         return self.source.model
 
 
-def prepare_prompts(target: str, prompts: Sequence[Request], config: GenerationConfig,
+def prepare_prompts(target: str, prompts: Sequence[Prompt], config: GenerationConfig,
                     batch_size: int = 64, threads: int | None = None) -> PreparedPrompts:
     """Check `prompts` against TARGET (a text or multimodal checkpoint, 'demo', 'demo-vl', or an export directory of
     one), then load it and turn them into ids, encoding their pictures once; every input error comes before any model
@@ -69,7 +69,7 @@ def prepare_prompts(target: str, prompts: Sequence[Request], config: GenerationC
     if (path / EXPORT_FILE).is_file():
         return prepare_export_prompts(describe(target), prompts, config, batch_size, threads)
     multimodal = is_multimodal_checkpoint(target)
-    check_request_images(prompts, target, multimodal)
+    check_prompt_images(prompts, target, multimodal)
     pictures = load_pictures(prompts)
     if multimodal:
         loaded = load_multimodal(target)
@@ -78,23 +78,23 @@ def prepare_prompts(target: str, prompts: Sequence[Request], config: GenerationC
     ckpt = load_checkpoint(target)
     text_tokenizer = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id, ckpt.config.eot_id)
     ids = [text_tokenizer.encode_prompt(p.prompt) for p in prompts]
-    config.validate(ckpt.config.max_seq_len, max((len(p) for p in ids), default=0))
+    config.check_fits(ckpt.config.max_seq_len, max((len(p) for p in ids), default=0))
     return PreparedPrompts(TorchSource(ckpt.model), ids)
 
 
-def prepare_export_prompts(described: Description, prompts: Sequence[Request], config: GenerationConfig,
+def prepare_export_prompts(described: Description, prompts: Sequence[Prompt], config: GenerationConfig,
                            batch_size: int = 64, threads: int | None = None) -> PreparedPrompts:
     """An export opened on ONNX Runtime, its own tokenizer's ids, and its vision graph's embeddings of every picture
     set once as its image table (ids numbered across the whole set, as a service numbers a batch's). The prompt
     lengths, their pictures' tokens included, are checked before the vision graph runs."""
     assert described.export is not None  # describe() reads an export dir's manifest
     backend, info = open_target(described.target, "ort", TargetOptions(threads=threads), described)
-    check_request_images(prompts, described.target, info.images is not None)
+    check_prompt_images(prompts, described.target, info.images is not None)
     pictures = load_pictures(prompts)
     ids = [info.tokenizer().encode_prompt(p.prompt) for p in prompts]
     images = info.images
     extra = [0 if images is None else sum(images.picture_tokens(p) - 1 for p in per_prompt) for per_prompt in pictures]
-    config.validate(backend.max_seq_len, max((len(p) + n for p, n in zip(ids, extra, strict=True)), default=0))
+    config.check_fits(backend.max_seq_len, max((len(p) + n for p, n in zip(ids, extra, strict=True)), default=0))
     flat = [p for per_prompt in pictures for p in per_prompt]
     if images is not None:
         image_backend = cast(ImageBackend, backend)  # a multimodal export's backend
@@ -110,7 +110,7 @@ def prepare_export_prompts(described: Description, prompts: Sequence[Request], c
 
 @torch.no_grad()
 def prepare_image_prompts(lm: MaskPredictor, vision: VisionEncoder, tokenizer: MultimodalTokenizer,
-                          prompts: Sequence[Request], config: GenerationConfig, batch_size: int = 64,
+                          prompts: Sequence[Prompt], config: GenerationConfig, batch_size: int = 64,
                           pictures: Sequence[Sequence[Image.Image]] | None = None) -> PreparedPrompts:
     """Prompts with pictures -> ids whose image ids index one table of every picture, and `lm` holding that table.
 
@@ -120,7 +120,7 @@ def prepare_image_prompts(lm: MaskPredictor, vision: VisionEncoder, tokenizer: M
     vcfg = vision.cfg
     ids = expand_placeholders([tokenizer.encode_prompt(p.prompt) for p in prompts], [len(p.images) for p in prompts],
                               vcfg.tokens_per_image, vcfg.image_token_index, lm.cfg.n_embed_rows)
-    config.validate(lm.cfg.max_seq_len, max((len(p) for p in ids), default=0))
+    config.check_fits(lm.cfg.max_seq_len, max((len(p) for p in ids), default=0))
     flat = [p for per_prompt in (pictures if pictures is not None else load_pictures(prompts)) for p in per_prompt]
     embeds = [vision(torch.from_numpy(pixel_batch(list(flat[lo : lo + batch_size]), vcfg.image)))
               for lo in range(0, len(flat), batch_size)]

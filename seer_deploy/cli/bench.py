@@ -125,7 +125,7 @@ def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int
                                            mlp_hidden=mlp, vocab_size=vocab,
                                            lengths=parse_ints(scaling_lengths, "--scaling-lengths"))
     if gen_lengths is None:
-        from seer_deploy.models.multimodal_files import is_multimodal_checkpoint
+        from seer_deploy.models.checkpoints.multimodal_files import is_multimodal_checkpoint
 
         gen_lengths = "16,32,64" if is_multimodal_checkpoint(target) else "64,128,256"
     settings = BenchSettings(target=target, gen_lengths=parse_ints(gen_lengths, "--gen-lengths"),

@@ -81,7 +81,7 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
     from seer_deploy.calibration.detector_fit import CalibrationOptions, calibrate_model, split_indices
     from seer_deploy.calibration.identity_fit import check_target_identical, fit_identity_on_split
     from seer_deploy.calibration.prompt_set import prepare_prompts
-    from seer_deploy.models.requests import read_prompts_file
+    from seer_deploy.models.prompts.prompt import read_prompts_file
 
     options = CalibrationOptions(target_safe=target_safe, holdout=holdout, seed=seed, detector=detector,
                                  min_margin=min_margin, buckets=parse_buckets(buckets))

@@ -18,7 +18,7 @@ import click
 
 from seer_deploy.cli.verbs import summary
 from seer_deploy.runtime.targets import find_seer_config
-from seer_deploy.service import Request, Run, Service, ServiceOptions
+from seer_deploy.service import Prompt, Run, Service, ServiceOptions
 
 if TYPE_CHECKING:
     from seer_deploy.export.options import ExportOptions
@@ -53,14 +53,10 @@ def _best(runs: list[Run]) -> Run:
 
 
 def export_options() -> ExportOptions:
-    """Every layer's statistics, at the 'near zero' thresholds of the demo's calibrated Seer config (if any), so
-    the exported step zero reports what that config reads."""
-    from seer_deploy.export.options import ExportOptions, SeerStats
+    """The export's defaults: its step zero reports what the demo's shipped Seer config reads."""
+    from seer_deploy.export.options import ExportOptions
 
-    seer = find_seer_config("demo")
-    if seer is None:
-        return ExportOptions()
-    return ExportOptions(seer=SeerStats(abs_threshold=seer.abs_threshold, rel_threshold=seer.rel_threshold))
+    return ExportOptions()
 
 
 def seer_note(seer: SeerConfig | None) -> str:
@@ -76,7 +72,7 @@ def run_demo(work_dir: Path, gen_length: int, repeats: int, threads: int, say: S
     from seer_deploy.engines.build import BuildOptions, build_engines
     from seer_deploy.engines.ort import OrtSessionOptions
     from seer_deploy.export.exporter import prepare_export
-    from seer_deploy.models.demo_tasks import solve
+    from seer_deploy.models.demos.demo_tasks import solve
 
     session = OrtSessionOptions(providers=("CPUExecutionProvider",), intra_op_threads=threads)
     export = prepare_export("demo", work_dir / "export", export_options())  # refuses a directory that is not ours
@@ -96,7 +92,7 @@ def run_demo(work_dir: Path, gen_length: int, repeats: int, threads: int, say: S
     built = build_engines(exported.out, exported.out / "engine", BuildOptions(backend="ort", ort_session=session),
                           progress=lambda s: stage(f"build: {s}"))
     stage(f"load: {built.out}")
-    requests = [Request(p) for p in DEMO_PROMPTS]
+    requests = [Prompt(p) for p in DEMO_PROMPTS]
     service = Service(built.out, ServiceOptions(GenerationConfig(gen_length, gen_length), batch_size=len(requests),
                                                 seer=True), warn=stage)
     note = seer_note(find_seer_config(built.out))
@@ -123,12 +119,12 @@ def run_multimodal_demo(work_dir: Path, gen_length: int, n: int, say: Say, stage
     through ONNX Runtime with Seer (when calibrated), then the same pictures at full length for the comparison."""
     from seer_deploy.core.generation import GenerationConfig
     from seer_deploy.export.multimodal import prepare_multimodal
-    from seer_deploy.export.options import ExportOptions, SeerStats
-    from seer_deploy.models.demo_vl_tasks import heldout_examples
-    from seer_deploy.models.multimodal import DEMO_VL_NAME, load_multimodal
+    from seer_deploy.export.options import ExportOptions
+    from seer_deploy.models.checkpoints.multimodal import DEMO_VL_NAME, load_multimodal
+    from seer_deploy.models.demos.demo_vl_tasks import heldout_examples
 
     seer = find_seer_config(DEMO_VL_NAME)
-    export = prepare_multimodal(DEMO_VL_NAME, work_dir / "demo-vl-onnx", ExportOptions(seer=SeerStats.for_config(seer)))
+    export = prepare_multimodal(DEMO_VL_NAME, work_dir / "demo-vl-onnx", ExportOptions(seer=seer))
     loaded = load_multimodal(DEMO_VL_NAME)
     n_params = loaded.lm.model.num_parameters() + loaded.vision.num_parameters()
     say(f"demo-vl checkpoint: {loaded.path} ({n_params / 1e6:.2f}M parameters, SigLIP tower + "
@@ -137,7 +133,7 @@ def run_multimodal_demo(work_dir: Path, gen_length: int, n: int, say: Say, stage
     exported = export.start()
     say(f"exported demo-vl to {exported.out} (vision.onnx, step.onnx; checked against torch) in "
         f"{exported.seconds:.1f}s")
-    cases = [(Request(e.prompt, (e.image(),)), e.answer) for e in heldout_examples(n)]  # pictures in memory
+    cases = [(Prompt(e.prompt, (e.image(),)), e.answer) for e in heldout_examples(n)]  # pictures in memory
     requests = [request for request, _ in cases]
     service = Service(exported.out, ServiceOptions(GenerationConfig(gen_length, gen_length), batch_size=n), warn=stage)
     run = service.generate(requests)
@@ -148,8 +144,8 @@ def run_multimodal_demo(work_dir: Path, gen_length: int, n: int, say: Say, stage
         say(f"  picture {i:<3d} {request.prompt:18s} -> {answer.text:40s} {kept} [{mark}]")
     same = sum(a.text == b.text for a, b in zip(run.answers, full.answers, strict=True))
     say(f"{n} pictures as one batch, gen_length {gen_length}, {run.backend}: Seer: {seer_note(run.seer)}: "
-        f"{run.steps_run} passes, {run.tokens_processed} tokens processed, {run.seconds:.2f}s; full length: "
-        f"{full.steps_run} passes, {full.tokens_processed} tokens, {full.seconds:.2f}s "
+        f"{run.passes} passes, {run.tokens_processed} tokens processed, {run.seconds:.2f}s; full length: "
+        f"{full.passes} passes, {full.tokens_processed} tokens, {full.seconds:.2f}s "
         f"({full.tokens_processed / run.tokens_processed:.1f}x the tokens); {same} of {n} answers the same as "
         f"full length's")
     return run
@@ -164,8 +160,8 @@ def report(result: DemoResult, gen_length: int, say: Say, kept_dir: bool) -> Non
     s, f = result.seer, result.full
     say(f"Seer: {result.seer_note}")
     say(f"{'':10s} {'seconds':>9s} {'passes':>7s} {'tokens processed':>17s}")
-    say(f"{'full':10s} {f.seconds:9.3f} {f.steps_run:7d} {f.tokens_processed:17d}")
-    say(f"{'seer':10s} {s.seconds:9.3f} {s.steps_run:7d} {s.tokens_processed:17d}")
+    say(f"{'full':10s} {f.seconds:9.3f} {f.passes:7d} {f.tokens_processed:17d}")
+    say(f"{'seer':10s} {s.seconds:9.3f} {s.passes:7d} {s.tokens_processed:17d}")
     say(f"speedup {f.seconds / s.seconds:.2f}x in time, {f.tokens_processed / s.tokens_processed:.2f}x fewer tokens "
         f"({len(result.answers)} prompts as one batch, gen_length {gen_length}, {result.backend})")
     if kept_dir:
@@ -189,7 +185,7 @@ def command(gen_length: int, work_dir: Path | None, repeats: int, threads: int, 
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")
     OrtSessionOptions(intra_op_threads=threads).check()
-    GenerationConfig(gen_length, gen_length).validate()  # bad settings fail before the export starts
+    GenerationConfig(gen_length, gen_length)  # bad settings fail before the export starts
     start = time.perf_counter()
 
     def stage(message: str) -> None:

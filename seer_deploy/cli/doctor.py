@@ -124,7 +124,7 @@ def diagnose(probe: bool = False) -> Diagnosis:
     import numpy
 
     import seer_deploy
-    from seer_deploy.models.checkpoint_files import resolve_checkpoint
+    from seer_deploy.models.checkpoints.checkpoint_files import resolve_checkpoint
     from seer_deploy.runtime.loopcore import c_core, core_name
 
     return Diagnosis(

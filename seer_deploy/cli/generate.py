@@ -16,13 +16,13 @@ from seer_deploy.cli.options import decoding_options, generation_config, generat
 from seer_deploy.cli.verbs import summary
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.requests import assign_images, image_name, read_prompts_file
+from seer_deploy.models.prompts.prompt import assign_images, image_name, read_prompts_file
 from seer_deploy.runtime.targets import BACKEND_CHOICES, BackendChoice
 from seer_deploy.seer.config import parse_tail_context
-from seer_deploy.service import Request, Run, Service, ServiceOptions
+from seer_deploy.service import Prompt, Run, Service, ServiceOptions
 
 
-def read_requests(prompt: tuple[str, ...], images: tuple[str, ...], prompts_file: Path | None) -> list[Request]:
+def read_requests(prompt: tuple[str, ...], images: tuple[str, ...], prompts_file: Path | None) -> list[Prompt]:
     """Requests from --prompt (repeatable, its --image files handed to the `<image>` placeholders in order) and
     --prompts FILE.jsonl ({"prompt": ..., "image": ...} per line, or plain lines)."""
     requests = assign_images(prompt, images) if prompt or images else []
@@ -59,7 +59,7 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
         request = answer.request
         if as_json:
             record: dict[str, object] = {"prompt": request.prompt, "answer": answer.text, "tokens": answer.tokens,
-                                         "steps": answer.steps, **time_to_first_step(run)}
+                                         "passes": answer.passes, **time_to_first_step(run)}
             if run.generation is not None:
                 record["decode"] = decode_record(run.generation)
             if request.images:
@@ -71,7 +71,7 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
             click.echo(f"{request.prompt} [{', '.join(image_name(p) for p in request.images)}] -> {answer.text}")
         else:
             click.echo(f"{request.prompt} -> {answer.text}")
-    summary = f"{len(run.answers)} prompts on {run.backend}: {run.seconds:.2f}s, {run.steps_run} forward passes"
+    summary = f"{len(run.answers)} prompts on {run.backend}: {run.seconds:.2f}s, {run.passes} forward passes"
     reports = [r for r in run.reports if r is not None]
     if reports:
         kept = sum(r.kept for r in reports) / len(reports)
@@ -126,7 +126,7 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
 @click.option("--image", "images", multiple=True, help="An image for the prompts' <image> placeholders, in order "
               "(repeat); TARGET is then a multimodal checkpoint, 'demo-vl', or an export or engine made from one.")
 @click.option("--json", "as_json", is_flag=True,
-              help="One JSON object per prompt (with Seer: boundary, kept length, steps, tokens processed vs full), "
+              help="One JSON object per prompt (with Seer: boundary, kept length, passes, tokens processed vs full), "
                    "with the run's time to first step on each: load_s (seconds to open the target) and first_step_s "
                    "(seconds from opening it to the end of the first batch's step zero, load_s included).")
 @template_options

@@ -21,7 +21,6 @@ from seer_deploy.contracts.manifest_sections import (
     GraphRecord,
     ModelSpec,
     SectionReader,
-    SeerSpec,
     WeightsSpec,
 )
 from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
@@ -29,12 +28,13 @@ from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.core.atomic import write_text_atomic
 from seer_deploy.core.errors import ArtifactError, CheckpointError
 from seer_deploy.core.files import confined, read_json
-from seer_deploy.models.config import ModelConfig
+from seer_deploy.core.sparsity import StatsSpec
+from seer_deploy.models.families.config import ModelConfig
 
 FORMAT = "seer-deploy-export"
 # 3: one step graph serves step zero, the steps and the cache refresh (it takes `candidates` and `with_stats`); 2 had
 # separate step0 / refresh graphs. 2: the graphs' `confidence` output is the log-probability of the chosen token
-# (models.confidence); 1 returned the probability itself, which the runtime would now misread.
+# (models.networks.confidence); 1 returned the probability itself, which the runtime would now misread.
 FORMAT_VERSION = 3
 MANIFEST_FILE = "manifest.json"
 DTYPES: tuple[str, ...] = ("fp32", "fp16")
@@ -50,7 +50,7 @@ class ExportManifest:
     opset: int
     max_seq_len: int
     graphs: dict[str, GraphRecord]
-    seer: SeerSpec
+    seer: StatsSpec  # the statistics step zero computes
     sampling: dict[str, Any]
     versions: dict[str, str]
     weights: WeightsSpec
@@ -82,7 +82,7 @@ class ExportManifest:
             "opset": self.opset,
             "max_seq_len": self.max_seq_len,
             "graphs": {k: v.to_dict() for k, v in self.graphs.items()},
-            "seer": self.seer.to_dict(),
+            "seer": self.seer.to_manifest(),
             "sampling": self.sampling,
             "weights": self.weights.to_dict(),
             "versions": dict(self.versions),

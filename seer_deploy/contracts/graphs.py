@@ -137,7 +137,7 @@ PROMPT_WIDTH = TensorIO("prompt_width", "int64", (Axis.BATCH,))  # prefix-DLM gr
 PIXEL_VALUES = TensorIO("pixel_values", "float32", (Axis.IMAGES, 3, Size.IMAGE_SIZE, Size.IMAGE_SIZE))
 
 TOKEN_IDS = TensorIO("token_ids", "int64", _BS)  # x0: the argmax (or a sample) per candidate, the input id elsewhere
-CONFIDENCE = TensorIO("confidence", "float32", _BS)  # log softmax probability of x0 (models.confidence); -inf elsewhere
+CONFIDENCE = TensorIO("confidence", "float32", _BS)  # log softmax probability of x0 (models.networks.confidence); -inf elsewhere
 EOS_PROB = TensorIO("eos_prob", "float32", _BS)  # softmax probability of EOS per candidate; 0 elsewhere
 SPARSITY = TensorIO("sparsity", "float32", (Axis.BATCH, Size.STAT_ROWS, Axis.SEQ))  # manifest seer.sparsity_rows
 IMAGE_EMBEDS = TensorIO("image_embeds", "float32", (Axis.IMAGES, Size.TOKENS_PER_IMAGE, Size.D_MODEL))

@@ -16,7 +16,7 @@ from typing import Any
 
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.fields import FieldReader
-from seer_deploy.models.config import ModelConfig
+from seer_deploy.models.families.config import ModelConfig
 
 SCHEMES: dict[str, int] = {"int8": 8, "int4": 4}  # scheme -> bits per weight
 FORMATS: tuple[str, ...] = ("nbits", "qdq")

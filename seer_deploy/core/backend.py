@@ -1,7 +1,7 @@
 """The one small interface every backend implements: run step zero, run a step, on a `StepInput`.
 
 Backends (torch eager = the reference, ONNX Runtime, TensorRT) return compact per-position outputs: the chosen token
-and its log-probability (the commit score, see `models.confidence`), so a step moves B x S numbers to the host
+and its log-probability (the commit score, see `models.networks.confidence`), so a step moves B x S numbers to the host
 rather than B x S x V logits. Step zero also returns the EOS probability and Seer's sparsity statistics.
 """
 

@@ -3,7 +3,7 @@
 A batch's image table holds every image token of its prompts (image_prompts.expand_placeholders numbers them), so its
 rows are at most the batch's pictures times the most tokens one picture becomes: `tokens_per_image` for one view per
 picture, or with LaViDa's anyres the base view plus the largest pinpoint's full grid of crops, each grid row closed by
-image_newline (models.anyres; the cut padding only lowers it). Image tokens sit in the prompts, so the rows never pass
+image_newline (models.pictures.anyres; the cut padding only lowers it). Image tokens sit in the prompts, so the rows never pass
 max_batch x max_prompt either. The vision graph takes every picture of a batch in one call (one view each), or with
 anyres one picture's views per call (its base view and crops).
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from seer_deploy.core.errors import ArtifactError, CheckpointError, ConfigError
 from seer_deploy.engines.profiles import ImageAxes
-from seer_deploy.models.anyres import AnyresConfig
+from seer_deploy.models.pictures.anyres import AnyresConfig
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,6 @@ from seer_deploy.contracts.graphs import (
     GraphIO,
     step_graph,
 )
-from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import (
     RefreshOutput,
     Step0Output,
@@ -69,6 +68,8 @@ class OrtBackend:
     One step graph serves step zero, every later step and the cache refresh, so a text export opens one session
     (two with the cache); each is opened on its first call, so a mode that never runs a graph never pays for it. On
     the CPU the sessions read the weights from one memory map (OrtSessionOptions.share_weights)."""
+
+    takes_pictures = False  # a multimodal export's backend is its own class (engines.ort_multimodal)
 
     def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None, *,
                  kv_cache: bool = True, manifest: ExportManifest | None = None) -> None:
@@ -145,7 +146,7 @@ class OrtBackend:
     def _declared_step_graph(self) -> GraphIO:
         """The declaration of the export's step graph: a multimodal export's also takes the image table, a prefix-DLM
         model's the prompt width, a --kv-cache export's returns the keys and values."""
-        return step_graph(multimodal=MULTIMODAL_KEY in self.manifest.extra,
+        return step_graph(multimodal=self.takes_pictures,
                           prefix_dlm=self.manifest.model_config().prefix_dlm, kv_cache=self.manifest.has_cache)
 
     def _session(self, io: GraphIO) -> ort.InferenceSession:

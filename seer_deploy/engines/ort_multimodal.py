@@ -14,7 +14,7 @@ from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, file_sha256
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, open_session
-from seer_deploy.models.image_placeholders import image_table_np
+from seer_deploy.models.prompts.image_placeholders import image_table_np
 
 
 class MultimodalOrtBackend(OrtBackend):
@@ -23,6 +23,8 @@ class MultimodalOrtBackend(OrtBackend):
     The table holds the embeddings of every image whose ids the batch's prompts carry (image_prompts.expand_placeholders
     numbers them); it stays set for all steps of a generation, whichever rows a step runs.
     """
+
+    takes_pictures = True
 
     def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None, *,
                  kv_cache: bool = True, manifest: ExportManifest | None = None) -> None:

@@ -12,10 +12,10 @@ from typing import Any
 from PIL import Image
 
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.image import to_rgb
-from seer_deploy.models.multimodal_files import IMAGE_TOKEN
+from seer_deploy.models.checkpoints.multimodal_files import IMAGE_TOKEN
+from seer_deploy.models.pictures.image import to_rgb
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.service import Request, Run, Service
+from seer_deploy.service import Prompt, Run, Service
 
 # Why multiple-choice tasks are refused (see docs/evaluation.md, "Multiple-choice (log-likelihood) tasks").
 LOGLIKELIHOOD_REFUSAL = (
@@ -39,13 +39,13 @@ def stops(gen_kwargs: Any) -> list[str]:
     return [until] if isinstance(until, str) else list(until or [])
 
 
-def picture_request(context: str, pictures: Sequence[Image.Image] = ()) -> Request:
+def picture_request(context: str, pictures: Sequence[Image.Image] = ()) -> Prompt:
     """A prompt and its pictures (in RGB, as a picture file is read) as a service request. A prompt with no `<image>`
     gets one per picture in front, as lmms-eval's own models place them (DocVQA's and ChartQA's prompts carry none);
     one that has them keeps its own."""
     if pictures and IMAGE_TOKEN not in context:
         context = " ".join([IMAGE_TOKEN] * len(pictures)) + "\n" + context
-    return Request(context, tuple(to_rgb(p, "a task's picture") for p in pictures))
+    return Prompt(context, tuple(to_rgb(p, "a task's picture") for p in pictures))
 
 
 class ServiceAnswers:
@@ -57,7 +57,7 @@ class ServiceAnswers:
         self.seer = seer
         self.runs: list[Run] = []
 
-    def answer(self, requests: Sequence[Request], stop_lists: Sequence[Sequence[str]]) -> list[str]:
+    def answer(self, requests: Sequence[Prompt], stop_lists: Sequence[Sequence[str]]) -> list[str]:
         """Every request through the service in its batches; each answer cut at its own stop sequences. The task's
         max_gen_toks / max_new_tokens is not used: a diffusion model fills a canvas of --gen-length (as LLaDA's own
         evaluation sets it)."""

@@ -18,13 +18,13 @@ DEMO_VL_FILE = TASKS_DIR / "demo_vl" / "demo_vl.jsonl"
 
 
 def demo_records(n: int = DOCUMENTS) -> list[dict[str, Any]]:
-    from seer_deploy.models.demo_tasks import heldout_examples
+    from seer_deploy.models.demos.demo_tasks import heldout_examples
 
     return [{"task": e.task, "digits": e.digits, "prompt": e.prompt, "answer": e.answer} for e in heldout_examples(n)]
 
 
 def demo_vl_records(n: int = DOCUMENTS) -> list[dict[str, Any]]:
-    from seer_deploy.models.demo_vl_tasks import heldout_examples
+    from seer_deploy.models.demos.demo_vl_tasks import heldout_examples
 
     return [{"task": e.task, "shapes": [dataclasses.asdict(s) for s in e.shapes], "prompt": e.prompt,
              "answer": e.answer} for e in heldout_examples(n)]
@@ -33,7 +33,7 @@ def demo_vl_records(n: int = DOCUMENTS) -> list[dict[str, Any]]:
 def picture(doc: dict[str, Any]) -> list[Any]:
     """A demo-vl document's picture, drawn from its shapes as the bench draws it: both harnesses' doc_to_image /
     doc_to_visual (the bundled demo_vl YAMLs)."""
-    from seer_deploy.models.demo_vl_tasks import Shape, render
+    from seer_deploy.models.demos.demo_vl_tasks import Shape, render
 
     shapes = tuple(Shape(**{**s, "tint": tuple(s["tint"])}) for s in doc["shapes"])
     return [render(shapes)]

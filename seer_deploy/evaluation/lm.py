@@ -12,10 +12,10 @@ from lm_eval.api.model import LM
 
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.evaluation.answering import LOGLIKELIHOOD_REFUSAL, ServiceAnswers, picture_request, stops
-from seer_deploy.service import Request
+from seer_deploy.service import Prompt
 
 
-def _request(args: tuple[Any, ...]) -> Request:
+def _request(args: tuple[Any, ...]) -> Prompt:
     visual = args[2].get("visual") if len(args) > 2 and isinstance(args[2], dict) else None
     pictures = () if visual is None else tuple(visual) if isinstance(visual, list | tuple) else (visual,)
     return picture_request(args[0], pictures)

@@ -15,7 +15,7 @@ from PIL import Image
 
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.evaluation.answering import LOGLIKELIHOOD_REFUSAL, ServiceAnswers, picture_request, stops
-from seer_deploy.service import Request
+from seer_deploy.service import Prompt
 
 
 class ServiceLMMS(lmms):  # type: ignore[misc]  # lmms_eval ships no type information
@@ -25,7 +25,7 @@ class ServiceLMMS(lmms):  # type: ignore[misc]  # lmms_eval ships no type inform
         super().__init__()
         self.answers = answers
 
-    def _request(self, args: tuple[Any, ...]) -> Request:
+    def _request(self, args: tuple[Any, ...]) -> Prompt:
         context, _, doc_to_visual, doc_id, task, split = args
         visuals = doc_to_visual(self.task_dict[task][split][doc_id]) if doc_to_visual is not None else []
         visuals = visuals if isinstance(visuals, list | tuple) else [visuals]

@@ -121,7 +121,7 @@ def run_cell(service: Service, harness: Harness, manager: Any, task: str, mode: 
     runs = answers.runs
     kept = [a.seer.kept for r in runs for a in r.answers if a.seer is not None]
     return Cell(task, mode.name, key, metrics[key], scores, texts, metrics,
-                tokens_processed=sum(r.tokens_processed for r in runs), passes=sum(r.steps_run for r in runs),
+                tokens_processed=sum(r.tokens_processed for r in runs), passes=sum(r.passes for r in runs),
                 seconds=sum(r.seconds for r in runs), mean_kept=sum(kept) / len(kept) if kept else None,
                 gen_length=generation.gen_length)
 

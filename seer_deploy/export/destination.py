@@ -9,7 +9,7 @@ from pathlib import Path
 from seer_deploy.core.atomic import OWNER_FILE, OWNER_FORMAT, check_replaceable, remove_stale_temporaries
 from seer_deploy.core.errors import SeerDeployError
 from seer_deploy.core.files import read_json
-from seer_deploy.models.checkpoint_files import checkpoint_fingerprint
+from seer_deploy.models.checkpoints.checkpoint_files import checkpoint_fingerprint
 
 ARTIFACT_KIND = "export"  # the ownership marker's kind (core.atomic.claim)
 NESTED_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.\w+-\d+-[0-9a-f]{8}(?:\.old)?$")  # core.atomic.temp_dir_beside's

@@ -22,7 +22,7 @@ pass returned (Fast-dLLM's dual cache, refreshed by the loop at each block's fir
 
 A prefix-DLM model's step graph (ModelConfig.prefix_dlm, LaViDa) takes `prompt_width` [B] last; a multimodal one
 takes the image table before it: prompt ids at and above the LM's embedding rows select a row of it in-graph
-(models.image_prompts.embed_with_images). The vision graph folds in the SigLIP tower, the selected layer, the
+(models.networks.image_prompts.embed_with_images). The vision graph folds in the SigLIP tower, the selected layer, the
 projector and LLaVA's image_newline, and outputs float32 whatever the export dtype.
 """
 
@@ -32,10 +32,10 @@ import torch
 from torch import Tensor, nn
 
 from seer_deploy.core.sparsity import StatsSpec
-from seer_deploy.models.confidence import greedy_head, log_prob_of
-from seer_deploy.models.image_prompts import embed_with_images
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.vision import VisionEncoder
+from seer_deploy.models.networks.confidence import greedy_head, log_prob_of
+from seer_deploy.models.networks.image_prompts import embed_with_images
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.networks.vision import VisionEncoder
 
 
 def _keep_greedy(logits: Tensor, temperature: Tensor, uniform: Tensor, ids: Tensor, conf: Tensor, top: Tensor,

@@ -62,11 +62,16 @@ from seer_deploy.export.validate import (
 )
 from seer_deploy.export.validate_quantized import compare_quantized
 from seer_deploy.export.validation_twin import probe_logits
-from seer_deploy.models.checkpoint import read_config
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.image_prompts import ImageConditionedModel
-from seer_deploy.models.multimodal import DEMO_VL_NAME, load_multimodal, resolve_multimodal, vision_config_from_dict
-from seer_deploy.models.vision import VisionConfig
+from seer_deploy.models.checkpoints.checkpoint import read_config
+from seer_deploy.models.checkpoints.multimodal import (
+    DEMO_VL_NAME,
+    checkpoint_directory,
+    load_multimodal,
+    vision_config_from_dict,
+)
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.networks.image_prompts import ImageConditionedModel
+from seer_deploy.models.networks.vision import VisionConfig
 
 STAGES: tuple[str, ...] = (
     "loading checkpoint",
@@ -101,7 +106,7 @@ def prepare_multimodal(checkpoint: str | os.PathLike[str], out: str | os.PathLik
     and room for one image and a response); `.start()` runs it."""
     options = options or ExportOptions()
     options.validate()  # flags first: before the checkpoint is read
-    path = resolve_multimodal(checkpoint)
+    path = checkpoint_directory(checkpoint)
     tokens = vision_config_from_dict(read_config(path), path).tokens_per_image
     source = DEMO_VL_NAME if str(checkpoint) == DEMO_VL_NAME else str(path.absolute())
     why = f"it cannot hold one image ({tokens} tokens) and a response; raise it"

@@ -24,8 +24,8 @@ from torch import nn
 from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.export.quantize import positive_scales, signed_rows
 from seer_deploy.export.validate import ExportValidationError
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.weight_sources import WeightSource
+from seer_deploy.models.checkpoints.weight_sources import WeightSource
+from seer_deploy.models.networks.llada import MaskPredictor
 
 PARAMETER_PREFIX = "model."  # the step modules hold the MaskPredictor as `model` (export.graphs)
 _QUANTIZED_INPUT = {"MatMulNBits": 1, "DequantizeLinear": 0}  # which input of each op is the quantized weight

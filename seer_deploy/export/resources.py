@@ -22,7 +22,7 @@ import torch
 
 from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.models.weight_sources import WeightSource
+from seer_deploy.models.checkpoints.weight_sources import WeightSource
 
 GiB = 2**30
 BASELINE_BYTES = 1 * GiB  # torch, onnx, onnxruntime and the traced graphs (measured: ~1 GiB resident while tracing)

@@ -20,9 +20,9 @@ import torch
 
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.export.validate import Probe, ProbeReference, torch_references
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.weight_sources import WeightSource, materialized
+from seer_deploy.models.checkpoints.weight_sources import WeightSource, materialized
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.networks.llada import MaskPredictor
 
 TOP_LEVEL = ("embed.", "final_norm.", "lm_head.")
 

@@ -18,7 +18,7 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
-from seer_deploy.models.weight_sources import WeightSource
+from seer_deploy.models.checkpoints.weight_sources import WeightSource
 
 PARAMETER_PREFIX = "model."  # the step modules hold the MaskPredictor as `model` (export.graphs)
 FOLD_INPUT_LIMIT = 8192  # onnxscript's default: the optimizer folds nodes whose constant inputs are at most this big

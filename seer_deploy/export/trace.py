@@ -23,7 +23,7 @@ from seer_deploy.contracts.graphs import Axis, GraphIO
 from seer_deploy.contracts.manifest_sections import TensorSpec
 from seer_deploy.export.options import check_opset
 from seer_deploy.export.streamed_weights import bind_weights, keeps_weights_lazy
-from seer_deploy.models.weight_sources import WeightSource
+from seer_deploy.models.checkpoints.weight_sources import WeightSource
 
 _DTYPE_NAMES = {
     ir.DataType.INT64: "int64",

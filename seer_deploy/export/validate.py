@@ -40,8 +40,8 @@ from seer_deploy.core.backend import (
 from seer_deploy.core.errors import ArtifactError
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.export.distributions import Distances, ProbeLogits, rows
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.networks.llada import MaskPredictor
 
 
 class ExportValidationError(ArtifactError):

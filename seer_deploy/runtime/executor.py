@@ -119,13 +119,13 @@ class LoopContext:
 class Tally:
     """What the forward passes cost."""
 
-    steps_run: int = 0  # forward passes made (a guided step counts once)
+    passes: int = 0  # forward passes made (a guided step counts once)
     tokens_processed: int = 0  # real (non-padding) positions over those passes, guidance's copy included
     positions_computed: int = 0  # all positions over those passes, padding included (what the cost model trades)
     batch_sizes: list[int] = field(default_factory=list)  # rows per pass
 
     def count(self, ctx: LoopContext, real: np.ndarray) -> None:
-        self.steps_run += 1
+        self.passes += 1
         self.tokens_processed += int(real.sum()) * ctx.passes_per_step
         self.positions_computed += real.size * ctx.passes_per_step
         self.batch_sizes.append(real.shape[0])

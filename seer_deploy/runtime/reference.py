@@ -5,7 +5,7 @@ blocks of `block_length`; `steps` are split evenly across blocks; inside a block
 over its steps by an even split (the remainder goes to the first steps). Each step runs the whole sequence, picks
 x0 = argmax (Gumbel-max in float64 when temperature > 0), scores masked positions of the current block by the
 softmax probability of x0 (`low_confidence`; ranked as its log-probability, which orders the same but does not
-saturate near 1.0 in float32, see `models.confidence`) or a uniform number (`random`), and commits the top-k.
+saturate near 1.0 in float32, see `models.networks.confidence`) or a uniform number (`random`), and commits the top-k.
 Committed tokens never change. Ties in confidence go to the lower position, so every backend and the C core agree
 exactly.
 
@@ -25,11 +25,12 @@ import torch
 from torch import Tensor
 
 from seer_deploy.core.backend import Step0Output
-from seer_deploy.core.generation import GenerationConfig, left_pad, transfer_schedule
+from seer_deploy.core.generation import GenerationConfig, SpecialIds, left_pad
 from seer_deploy.core.sparsity import SparsityRow, StatsSpec, layer_major_rows
-from seer_deploy.models.confidence import greedy_head, log_prob_of, token_log_prob
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.llada import MaskPredictor
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.networks.confidence import greedy_head, log_prob_of, token_log_prob
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.runtime.loopcore import transfer_schedule
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import SeerReport, group_rows, plan_batch
 
@@ -71,7 +72,7 @@ def select_confident(confidence: Tensor, candidate: Tensor, thresholds: Tensor) 
 @dataclass
 class GenerationResult:
     tokens: Tensor  # [B, gen_length] response ids
-    steps_run: int  # forward passes of the loop
+    passes: int  # forward passes of the loop
     tokens_processed: int  # sum over forward passes of the real (non-padding) tokens they ran
     seer: list[SeerReport] | None = None  # per request, when Seer (or a forced kept length) truncated the loop
 
@@ -153,7 +154,7 @@ def _run_block(
     if n_steps == 0:
         return 0
     n_masked = (batch.x[:, lo:hi] == model.cfg.mask_id).sum(-1).tolist()
-    schedules = torch.tensor([transfer_schedule(n, n_steps) for n in n_masked], device=batch.x.device)
+    schedules = torch.from_numpy(transfer_schedule(np.array(n_masked, np.int64), n_steps)).to(batch.x.device)
     row_hi = torch.full((batch.x.shape[0],), hi, device=batch.x.device)
     for i in range(n_steps):
         batch.x = _step(model, batch, row_hi, schedules[:, i], config, generator).x
@@ -213,7 +214,7 @@ def generate(
     studies; the tail context is still the seer config's, 0 without one).
     """
     cfg = model.cfg
-    config.validate(cfg.max_seq_len, max(len(p) for p in prompts))
+    config.check_fits(cfg.max_seq_len, max(len(p) for p in prompts))
     if seer is not None or kept_lengths is not None:
         return _generate_seer(model, prompts, config, generator, seer, kept_lengths)
     device = next(model.parameters()).device
@@ -221,15 +222,15 @@ def generate(
     batch = _start(prompts, torch.full((len(prompts), G), cfg.mask_id, dtype=torch.long), cfg, device)
     P = batch.prompt_width
     steps_per_block = config.steps_per_block
-    steps_run = 0
+    n_passes = 0
     if config.parallel:
-        steps_run = _run_parallel(model, batch, [(P + s, P + s + block) for s in range(0, G, block)], config,
+        n_passes = _run_parallel(model, batch, [(P + s, P + s + block) for s in range(0, G, block)], config,
                                   generator)[0]
     for b in range(0 if config.parallel else G // block):
-        steps_run += _run_block(model, batch, P + b * block, P + (b + 1) * block, steps_per_block, config, generator)
+        n_passes += _run_block(model, batch, P + b * block, P + (b + 1) * block, steps_per_block, config, generator)
     passes = 2 if config.cfg_scale > 0 else 1
     return GenerationResult(
-        tokens=batch.x[:, P:].cpu(), steps_run=steps_run, tokens_processed=steps_run * batch.real_tokens * passes
+        tokens=batch.x[:, P:].cpu(), passes=n_passes, tokens_processed=n_passes * batch.real_tokens * passes
     )
 
 
@@ -250,7 +251,7 @@ def _generate_seer(
     P = batch.prompt_width
     steps_per_block = config.steps_per_block
     spec = seer.stats_spec(cfg.n_layers) if seer is not None and seer.needs_sparsity else None
-    first = None if config.parallel else torch.tensor([transfer_schedule(block, steps_per_block)[0]] * B, device=device)
+    first = None if config.parallel else torch.tensor([int(transfer_schedule(np.array([block]), steps_per_block)[0, 0])] * B, device=device)
     zero = _step(model, batch, torch.full((B,), P + block, device=device), first, config, generator, spec)
     passes = 2 if config.cfg_scale > 0 else 1
     tokens_processed = batch.real_tokens * passes
@@ -258,14 +259,12 @@ def _generate_seer(
     # The prompts as step zero left them: masks inside a prompt are candidates too, and its commits stand.
     after_zero = [zero.x[b, P - len(p) : P].tolist() for b, p in enumerate(prompts)]
     step0, rows = _step0_output(zero, cfg.eos_id, spec)
-    plans = plan_batch(
-        step0, rows, P, responses.numpy(), seer=seer, eos_id=cfg.eos_id, mask_id=cfg.mask_id, gen_length=G,
-        steps=config.steps, block_length=config.block_length, kept_lengths=kept_lengths,
-    )
+    plans = plan_batch(step0, rows, P, responses.numpy(), config, SpecialIds(cfg.mask_id, cfg.eos_id), seer=seer,
+                       kept_lengths=kept_lengths)
     # Rows with the same plan run together: padded to the group's longest prompt, the padding masked out.
     tokens = torch.full((B, G), cfg.eos_id, dtype=torch.long)
-    steps_run = 1
-    per_row_steps: dict[int, int] = {}  # parallel decoding: the passes each row's group made, step zero included
+    n_passes = 1
+    per_row_passes: dict[int, int] = {}  # parallel decoding: the passes each row's group made, step zero included
     for blocks, rows_of_group in group_rows(plans):
         kept = blocks[-1].end
         context = plans[rows_of_group[0]].context
@@ -276,21 +275,21 @@ def _generate_seer(
         if config.parallel:
             ran, row_ran = _run_parallel(model, sub, [(Pg + bp.start, Pg + bp.end) for bp in blocks], config,
                                          generator)
-            steps_run += ran
+            n_passes += ran
             tokens_processed += ran * sub.real_tokens * passes
-            per_row_steps.update({b: 1 + r for b, r in zip(rows_of_group, row_ran, strict=True)})
+            per_row_passes.update({b: 1 + r for b, r in zip(rows_of_group, row_ran, strict=True)})
         for j, bp in enumerate(blocks if not config.parallel else ()):
             n_steps = bp.steps - 1 if j == 0 else bp.steps  # step zero was the first block's first step
             ran = _run_block(model, sub, Pg + bp.start, Pg + bp.end, n_steps, config, generator)
-            steps_run += ran
+            n_passes += ran
             tokens_processed += ran * sub.real_tokens * passes
         tokens[rows_of_group, :kept] = sub.x[:, Pg : Pg + kept].cpu()
     reports = [
         SeerReport.from_plan(plan, len(prompts[b]), passes, forced=kept_lengths is not None,
-                             steps=per_row_steps.get(b))
+                             passes=per_row_passes.get(b))
         for b, plan in enumerate(plans)
     ]
-    return GenerationResult(tokens=tokens, steps_run=steps_run, tokens_processed=tokens_processed, seer=reports)
+    return GenerationResult(tokens=tokens, passes=n_passes, tokens_processed=tokens_processed, seer=reports)
 
 
 def _step0_output(zero: _StepOut, eos_id: int, spec: StatsSpec | None) -> tuple[Step0Output, list[SparsityRow]]:

@@ -21,14 +21,15 @@ from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
 from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import ArtifactError, CheckpointError, ConfigError
+from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
 from seer_deploy.engines.manifest import EngineManifest
-from seer_deploy.models.anyres import AnyresConfig, anyres_tokens
-from seer_deploy.models.config import ModelConfig
-from seer_deploy.models.image import ImageConfig
-from seer_deploy.models.multimodal_files import DEMO_VL_NAME, is_multimodal_checkpoint, resolve_multimodal
-from seer_deploy.models.tokenizer import Tokenizer
-from seer_deploy.models.tokenizer_files import TokenizerFacts
+from seer_deploy.models.checkpoints.multimodal_files import DEMO_VL_NAME, checkpoint_directory, is_multimodal_checkpoint
+from seer_deploy.models.families.config import ModelConfig
+from seer_deploy.models.pictures.anyres import AnyresConfig, anyres_tokens
+from seer_deploy.models.pictures.image import ImageConfig
+from seer_deploy.models.text.tokenizer import Tokenizer
+from seer_deploy.models.text.tokenizer_files import TokenizerFacts
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
 
 TargetKind = Literal["checkpoint", "export", "engine"]
@@ -49,7 +50,6 @@ class TargetOptions:
     device: str | None = None
     io_binding: bool = False  # ONNX Runtime: IO binding (engines.ort_binding)
     cuda_graph: bool = False  # ONNX Runtime on CUDA: one CUDA graph per call shape (implies io_binding)
-    seer: SeerConfig | None = None  # torch: step zero reports the statistics this config reads (default: every layer)
 
     def check(self) -> None:
         """ConfigError for a malformed device, before anything loads."""
@@ -107,7 +107,7 @@ class TargetInfo:
     eos_id: int
     pad_id: int  # what left padding holds (EOS when the model has no pad token)
     eot_id: int | None
-    tokenizer_dir: Path | None  # the directory whose tokenizer files are read (models.tokenizer_files)
+    tokenizer_dir: Path | None  # the directory whose tokenizer files are read (models.text.tokenizer_files)
     checkpoint: str | None  # the source checkpoint ('demo' or a path) when known
     export_dir: Path | None = None
     buckets: tuple[int, ...] = ()  # engine dirs: the kept-length buckets the engine was built for
@@ -115,6 +115,9 @@ class TargetInfo:
     images: ImageSupport | None = None  # multimodal targets
     # What the opener read about the tokenizer (an export's manifest): None, read from the tokenizer's own files
     tokenizer_facts: TokenizerFacts | None = None
+    # The statistics the export's step zero computes (its manifest); None: a checkpoint, whose torch backend
+    # computes what the run's Seer config reads
+    stats: StatsSpec | None = None
 
     def tokenizer(self, template: TemplateChoice | None = None) -> Tokenizer:
         """The target's tokenizer with its chat template, or the one `template` chooses (--chat-template FILE,
@@ -125,20 +128,28 @@ class TargetInfo:
                 f"no tokenizer in {where} (needs {TOKENIZER_FILE}, or vocab.json + merges.txt); copy the "
                 f"checkpoint's tokenizer files into {self.path}"
             )
-        chat = None
-        if template is not None:
-            probe = Tokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, described=self.tokenizer_facts)
-            chat = probe.template.replaced(template.text, template.source)
+        chat = None if template is None else (template.text, template.source)
         if self.images is not None:
-            from seer_deploy.models.image_placeholders import MultimodalTokenizer
+            from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer
 
             return MultimodalTokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, self.images.image_token_index,
                                        template=chat, described=self.tokenizer_facts)
         return Tokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, template=chat, described=self.tokenizer_facts)
 
-    def seer_for_engine(self, seer: SeerConfig | None) -> SeerConfig | None:
-        """Seer as this target runs it: on TensorRT kept lengths round up to the engine's buckets (its profiles)."""
-        if seer is None or self.backend != "tensorrt" or seer.buckets:
+    def seer_for(self, seer: SeerConfig | None) -> SeerConfig | None:
+        """Seer as this target runs it: on TensorRT kept lengths round up to the engine's buckets (its profiles).
+        ConfigError when the config reads statistics the export does not compute (other thresholds or layers): its
+        floors were calibrated on other numbers, so its cuts would be wrong, not just different."""
+        if seer is None:
+            return None
+        if self.stats is not None and seer.needs_sparsity:
+            why = self.stats.missing_for(seer.stats_spec(self.config.n_layers))
+            if why is not None:
+                raise ConfigError(
+                    f"the Seer config reads MLP statistics at {why} by the export {self.export_dir}; give a "
+                    f"--seer-config calibrated on it (seer-deploy calibrate {self.target}) or re-export with "
+                    f"--seer-config FILE")
+        if self.backend != "tensorrt" or seer.buckets:
             return seer
         return seer.with_(buckets=self.buckets)
 
@@ -169,12 +180,15 @@ def target_kind(target: str | os.PathLike[str]) -> TargetKind:
 
 @dataclass(frozen=True)
 class Description:
-    """What TARGET is, decided once: its kind and directory, and for an export or engine dir its manifests, each read
-    and checked once, for the Seer config's search (`find_seer_config`) and the opener (`runtime.openers`)."""
+    """What TARGET is, decided once: its kind and directory, whether it takes pictures, the checkpoint it comes from
+    (itself, or an export's source where it still exists), and for an export or engine dir its manifests, each read
+    and checked once. Everything downstream (the Seer config's search, the opener, the tokenizer) takes it."""
 
     target: str
     kind: TargetKind
     path: Path
+    multimodal: bool
+    checkpoint: Path | None  # the checkpoint directory: TARGET itself, or the export's source (None: gone)
     engine: EngineManifest | None = None  # engine dirs
     export_dir: Path | None = None  # export dirs, and the export an engine was built from
     export: ExportManifest | None = None
@@ -182,19 +196,22 @@ class Description:
 
 def describe(target: str | os.PathLike[str]) -> Description:
     """TARGET's kind and manifests (ConfigError / ArtifactError for what is not a target, or a damaged manifest)."""
+    from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
+
     kind = target_kind(target)
     path = Path(target).expanduser()
     if kind == "checkpoint":
-        return Description(str(target), kind, path)
+        return Description(str(target), kind, path, is_multimodal_checkpoint(target), checkpoint_directory(target))
     engine = EngineManifest.load(path) if kind == "engine" else None
     export_dir = path if engine is None else engine_export_dir(path, engine)
-    return Description(str(target), kind, path, engine, export_dir, ExportManifest.load(export_dir))
+    export = ExportManifest.load(export_dir)
+    return Description(str(target), kind, path, MULTIMODAL_KEY in export.extra, source_checkpoint(export.model.source),
+                       engine, export_dir, export)
 
 
 def checkpoint_seer(checkpoint: str | os.PathLike[str]) -> SeerConfig | None:
     """A checkpoint's calibrated Seer config (`<dir>/seer.json`, the shipped one for the demos), or None."""
-    file = resolve_multimodal(checkpoint) / CHECKPOINT_CONFIG_NAME
-    return SeerConfig.load(file) if file.is_file() else None
+    return SeerConfig.shipped_in(checkpoint_directory(checkpoint))
 
 
 def find_seer_config(target: str | os.PathLike[str], described: Description | None = None) -> SeerConfig | None:
@@ -202,26 +219,11 @@ def find_seer_config(target: str | os.PathLike[str], described: Description | No
     then beside its export dir, then the source checkpoint's own; None when there is none. `described`: TARGET's
     description when the caller has it (its manifests are not read again)."""
     d = described if described is not None else describe(target)
-    if d.kind == "checkpoint":
-        return checkpoint_seer(target)
-    assert d.export_dir is not None and d.export is not None  # describe() reads both for an export or engine dir
-    for directory in (d.path, d.export_dir):
-        if (directory / CHECKPOINT_CONFIG_NAME).is_file():
+    beside = [] if d.kind == "checkpoint" else [d.path, d.export_dir]
+    for directory in beside:
+        if directory is not None and (directory / CHECKPOINT_CONFIG_NAME).is_file():
             return SeerConfig.load(directory / CHECKPOINT_CONFIG_NAME)
-    source = d.export.model.source
-    return checkpoint_seer(source) if checkpoint_exists(source) else None
-
-
-def is_multimodal_target(target: str | os.PathLike[str]) -> bool:
-    """Whether TARGET takes pictures (a LLaDA-V-style checkpoint, or an export / engine made from one)."""
-    from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
-
-    kind = target_kind(target)
-    if kind == "checkpoint":
-        return is_multimodal_checkpoint(target)
-    path = Path(target).expanduser()
-    export_dir = path if kind == "export" else engine_export_dir(path, EngineManifest.load(path))
-    return MULTIMODAL_KEY in ExportManifest.load(export_dir).extra
+    return SeerConfig.shipped_in(d.checkpoint) if d.checkpoint is not None else None
 
 
 def engine_export_dir(engine_dir: Path, manifest: EngineManifest) -> Path:
@@ -238,8 +240,10 @@ def engine_export_dir(engine_dir: Path, manifest: EngineManifest) -> Path:
     )
 
 
-def checkpoint_exists(source: str) -> bool:
+def source_checkpoint(source: str) -> Path | None:
+    """The directory of an export's source checkpoint ('demo', 'demo-vl' or a path), or None where it is gone."""
     try:
-        return (resolve_multimodal(source) / "config.json").is_file()
+        directory = checkpoint_directory(source)
     except CheckpointError:
-        return False
+        return None
+    return directory if (directory / "config.json").is_file() else None

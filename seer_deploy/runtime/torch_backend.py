@@ -14,11 +14,11 @@ from torch import Tensor
 from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.sparsity import SparsityRow, StatsSpec
-from seer_deploy.models.confidence import greedy_head, token_log_prob
-from seer_deploy.models.image_placeholders import image_table_np
-from seer_deploy.models.image_prompts import ImageConditionedModel
-from seer_deploy.models.llada import MaskPredictor
-from seer_deploy.models.multimodal import LoadedMultimodal
+from seer_deploy.models.checkpoints.multimodal import LoadedMultimodal
+from seer_deploy.models.networks.confidence import greedy_head, token_log_prob
+from seer_deploy.models.networks.image_prompts import ImageConditionedModel
+from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.models.prompts.image_placeholders import image_table_np
 from seer_deploy.runtime.reference import guided_logits, gumbel_argmax, prefix_width
 
 

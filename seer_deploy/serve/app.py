@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as RoutingError
 from starlette.requests import ClientDisconnect
 
 from seer_deploy.core.errors import ConfigError, SeerDeployError
-from seer_deploy.models.requests import Request as Prompt
+from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.seer.config import parse_tail_context
 from seer_deploy.serve import protocol
 from seer_deploy.serve.batcher import Batcher, Closed, DeadlineExceeded, Job, QueueFull

@@ -15,7 +15,7 @@ from typing import Any
 
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.models.requests import Request
+from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.seer.config import SeerConfig, TailContext
 from seer_deploy.service import Answer, Prepared, Service
 
@@ -42,7 +42,7 @@ class Row:
     on_text: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     @property
-    def request(self) -> Request:
+    def request(self) -> Prompt:
         return self.prepared.requests[0]
 
     @property
@@ -90,7 +90,7 @@ class Engine:
     def multimodal(self) -> bool:
         return self.service.info.images is not None
 
-    def prepare(self, request: Request, generation: GenerationConfig, seer: SeerChoice, *, max_tokens: int | None,
+    def prepare(self, request: Prompt, generation: GenerationConfig, seer: SeerChoice, *, max_tokens: int | None,
                 stop: tuple[str, ...], seed: int | None) -> Row:
         """A checked row, prepared by the service as the CLI's requests are (its pictures match its placeholders,
         its prompt leaves room for gen_length; the CLI's one-line messages, as ConfigError)."""
@@ -168,4 +168,4 @@ class Engine:
             if at >= 0:
                 text, reason = text[:at], "stop"
         report = dataclasses.asdict(answer.seer) if answer.seer is not None else None
-        return Result(text, reason, row.prompt_tokens, len(tokens), answer.steps, row.generation.gen_length, report)
+        return Result(text, reason, row.prompt_tokens, len(tokens), answer.passes, row.generation.gen_length, report)

@@ -10,7 +10,7 @@ import re
 from PIL import Image, UnidentifiedImageError
 
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.models.image import MAX_IMAGE_PIXELS, to_rgb
+from seer_deploy.models.pictures.image import MAX_IMAGE_PIXELS, to_rgb
 
 DATA_URL = re.compile(r"data:(?P<mime>image/[\w.+-]+)?(?P<params>(;[\w-]+=[\w.-]+)*);base64,(?P<data>.*)", re.DOTALL)
 

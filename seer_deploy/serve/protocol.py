@@ -5,7 +5,7 @@ ignored), except the OpenAI sampling fields that have no meaning for this model 
 clients send by default and which are accepted and ignored; and types are not coerced, as OpenAI's API refuses them
 (pydantic's strict mode: `max_tokens: true`, `"16"` or `16.0` is not an integer, `stream: 1` not a boolean). A chat
 request's messages (a system message, several turns, ending with a user turn) go through the model's own chat template
-(models.tokenizer.Tokenizer.encode_chat); image_url parts become `<image>` placeholders where they stand, unless the
+(models.text.tokenizer.Tokenizer.encode_chat); image_url parts become `<image>` placeholders where they stand, unless the
 text already places them (as `seer-deploy generate --prompt '<image> ...'` does).
 """
 
@@ -19,9 +19,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.models.multimodal_files import IMAGE_TOKEN
-from seer_deploy.models.requests import Request
-from seer_deploy.models.tokenizer import check_prompt
+from seer_deploy.models.checkpoints.multimodal_files import IMAGE_TOKEN
+from seer_deploy.models.prompts.prompt import Prompt
+from seer_deploy.models.text.tokenizer import check_prompt
 from seer_deploy.serve.engine import Result
 from seer_deploy.serve.images import decode_data_url
 
@@ -69,7 +69,7 @@ class CompletionBody(Body):
     echo: bool = False
     logprobs: int | None = None
 
-    def requests(self, max_prompts: int) -> list[Request]:
+    def requests(self, max_prompts: int) -> list[Prompt]:
         prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
         if not prompts:
             raise ConfigError("prompt is an empty list; give a prompt or a list of prompts")
@@ -80,7 +80,7 @@ class CompletionBody(Body):
             raise ConfigError("echo and logprobs are not supported (the model's graphs return only the chosen "
                               "tokens); drop them")
         where = "prompt" if len(prompts) == 1 else "prompt[{}]"
-        return [Request(check_prompt(p, where.format(i)), where=where.format(i)) for i, p in enumerate(prompts)]
+        return [Prompt(check_prompt(p, where.format(i)), where=where.format(i)) for i, p in enumerate(prompts)]
 
 
 class ImageURL(BaseModel):
@@ -106,7 +106,7 @@ class ChatBody(Body):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
 
-    def request(self) -> Request:
+    def request(self) -> Prompt:
         """The conversation (a system message, several turns) as one request, rendered by the model's chat template
         when it is encoded; image parts become `<image>` placeholders where they stand in their message."""
         if not self.messages:
@@ -126,7 +126,7 @@ class ChatBody(Body):
             raise ConfigError(f"the last message has role {turns[-1][0]!r}; end the conversation with a user message "
                               "(the model answers it)")
         prompt = "\n".join(content for _, content in turns)
-        return Request(prompt, tuple(images), "messages", messages=tuple(turns))
+        return Prompt(prompt, tuple(images), "messages", messages=tuple(turns))
 
 
 def _content(content: str | list[Part], where: str) -> tuple[str, list[Any]]:

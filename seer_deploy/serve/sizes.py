@@ -56,5 +56,4 @@ def request_generation(base: GenerationConfig, gen_length: int, steps: int | Non
         steps = max(n_blocks, math.ceil(gen_length / per_step / n_blocks) * n_blocks)
     config = dataclasses.replace(base, gen_length=gen_length, steps=steps, block_length=block,
                                  temperature=base.temperature if temperature is None else temperature)
-    config.validate()
-    return config
+    return config  # checked when made

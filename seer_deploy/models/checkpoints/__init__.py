@@ -1,0 +1,1 @@
+"""Checkpoint directories: finding them, reading their files and weights, writing them as they ship."""

@@ -1,0 +1,1 @@
+"""The bundled demo models' synthetic tasks and their data folders (demo/, demo_vl/)."""

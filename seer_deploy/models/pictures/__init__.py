@@ -1,0 +1,1 @@
+"""Image files to pixel tensors (LLaVA's preprocessing, LaViDa's anyres views)."""

@@ -1,0 +1,1 @@
+"""Tokenizers as checkpoints ship them and the checkpoint's own chat template."""
