@@ -73,29 +73,35 @@ def main() -> None:
         shapes = {shape: random_checkpoint(root / "models", peaked=shape == "peaked") for shape in ("flat", "peaked")}
         families = {family: family_checkpoint(root / family, family, layout="llada" if family == "llada" else "llama")[1]
                     for family in FAMILIES}
-        for scheme in ("int8", "int4"):
-            for form in ("nbits", "qdq"):
-                cases: list[tuple[str, str | Path, ExportOptions, bool]] = [
-                    (f"demo {scheme} {form}", "demo", options(scheme, form), False),
-                    (f"demo-vl {scheme} {form}", "demo-vl", options(scheme, form), False)]
-                for shape, checkpoint in shapes.items():
-                    cases.append((f"{shape} {scheme} {form}", checkpoint, options(scheme, form), False))
+        cases: list[tuple[str, str | Path, ExportOptions, bool]] = []
+        for shape, checkpoint in shapes.items():  # the acceptance first: the noise graph in every form
+            for scheme in ("int8", "int4"):
+                for form in ("nbits", "qdq"):
                     cases.append((f"{shape} {scheme} {form}, {NOISE} replaced by noise", checkpoint,
                                   options(scheme, form), True))
-                if form == "nbits":
-                    cases += [(f"{family} {scheme} {form} (blocks of 16)", checkpoint, options(scheme, form, 16), False)
-                              for family, checkpoint in families.items()]
-                for label, source, export_options, noisy in cases:
-                    out = root / label.replace(" ", "_").replace(",", "")
-                    started = time.perf_counter()
-                    record = measured(source, out, export_options, noisy)
-                    runs.append({"export": label, "seconds": round(time.perf_counter() - started, 1), **record})
-                    print(label, "verified" if record["verified"] else "REFUSED", flush=True)
+        for scheme in ("int8", "int4"):
+            cases += [(f"demo {scheme} nbits", "demo", options(scheme, "nbits"), False),
+                      *((f"{shape} {scheme} nbits", checkpoint, options(scheme, "nbits"), False)
+                        for shape, checkpoint in shapes.items()),
+                      (f"demo-vl {scheme} nbits", "demo-vl", options(scheme, "nbits"), False),
+                      *((f"{family} {scheme} nbits (blocks of 16)", checkpoint, options(scheme, "nbits", 16), False)
+                        for family, checkpoint in families.items())]
+        for index, (label, source, export_options, noisy) in enumerate(cases):
+            out = root / label.replace(" ", "_").replace(",", "")
+            started = time.perf_counter()
+            record = measured(source, out, export_options, noisy)
+            runs.append({"export": label, "seconds": round(time.perf_counter() - started, 1), **record})
+            print(label, "verified" if record["verified"] else "REFUSED", flush=True)
+            _write(args.out, commit, runs, complete=index == len(cases) - 1)  # after each: a long run keeps its part
+
+
+def _write(out: Path, commit: str, runs: list[dict[str, object]], complete: bool) -> None:
     result = {"commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": f"{platform.processor() or platform.machine()}, other sessions were running",
-              "command": "PYTHONPATH=. python benchmarks/export_check.py --out " + str(args.out), "runs": runs}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+              "command": f"PYTHONPATH=. python benchmarks/export_check.py --out {out}", "complete": complete,
+              "runs": runs}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
