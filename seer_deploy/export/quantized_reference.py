@@ -21,10 +21,15 @@ import onnx
 import torch
 from torch import nn
 
+from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.graphs import STEP
 from seer_deploy.contracts.quantization import Quantization
+from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.export.quantize import positive_scales, signed_rows
-from seer_deploy.export.validate import ExportValidationError
+from seer_deploy.export.streamed_reference import streamed_references
+from seer_deploy.export.validate import ExportValidationError, Probe, ProbeReference
 from seer_deploy.models.checkpoints.weight_sources import WeightSource
+from seer_deploy.models.families.config import ModelConfig
 from seer_deploy.models.networks.llada import MaskPredictor
 
 PARAMETER_PREFIX = "model."  # the step modules hold the MaskPredictor as `model` (export.graphs)
@@ -103,3 +108,11 @@ def dequantized_model(model: MaskPredictor, names: set[str], quant: Quantization
     for name in names:
         parameters[name].copy_(dequantized(parameters[name], quant).to(parameters[name].dtype))
     return twin
+
+
+def own_references(staged: Path, quant: Quantization, cfg: ModelConfig, sources: dict[str, WeightSource],
+                   spec: StatsSpec, probes: list[Probe]) -> list[ProbeReference]:
+    """The probes' torch references with every weight the staged export's step graph quantized read quantized,
+    one layer at a time (a streamed export: export.streamed_reference)."""
+    names = quantized_parameters(staged / ExportManifest.load(staged).graphs[STEP.name].file)
+    return streamed_references(cfg, dequantized_sources(sources, names, quant), spec, probes)[torch.float32]

@@ -25,7 +25,7 @@ from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.contracts.graph_calls import graph_feed, window_feed
 from seer_deploy.core.backend import StepInput, WindowInput
 from seer_deploy.core.files import file_sha256
-from seer_deploy.engines.ort import OrtBackend
+from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.export.distributions import ProbeLogits
 from seer_deploy.export.validate import (
     ExportValidationError,
@@ -85,6 +85,11 @@ def _link(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         target.symlink_to(source)
+
+
+def cpu_backend(directory: Path) -> OrtBackend:
+    """ONNX Runtime on the CPU over an export directory (what an export's check runs)."""
+    return OrtBackend(directory, OrtSessionOptions(providers=("CPUExecutionProvider",)))
 
 
 def probe_logits(staged: Path, open_backend: Callable[[Path], OrtBackend],
