@@ -180,6 +180,9 @@ def _export_check() -> list[str]:
     lines = [title, "", f"<!-- source: {path.relative_to(ROOT)} -->", "",
              (f"Command: `{data['command']}` (at {data['commit']}, {data['date']}; {data['machine']}). Each export's "
               "own check (manifest.json, validation); the bounds are in README.md, \"Smaller weights\"."), "",
+             *([] if data.get("complete") else [
+                 ("The run was stopped before the end of its list (the session's time): the exports below are what it "
+                 "measured; the honest int4, demo-vl and family-checkpoint exports were not measured in it."), ""]),
              "| export | verdict | KL share | top-10 overlap | token agreement | logit error vs the scheme in torch |",
              "|---|---|---|---|---|---|"]
     for run in data["runs"]:
