@@ -220,7 +220,7 @@ def test_export_build_then_generate_on_any_target(artifacts: dict[str, Path], tm
     same = {name: [(r["prompt"], r["tokens"], r["seer"]["kept"], r["seer"]["passes"]) for r in v] for name, v in rows.items()}
     assert same["ckpt"] == same["export"] == same["engine"]
     report = rows["engine"][0]["seer"]
-    assert {"boundary", "kept", "steps", "tokens_processed", "full_tokens_processed"} <= set(report)
+    assert {"boundary", "kept", "passes", "tokens_processed", "full_tokens_processed"} <= set(report)
     code, stdout, err = cli(["generate", str(out), "--backend", "tensorrt", "-p", "reverse 1"], capsys)
     assert code == 2 and "build a TensorRT engine from it first" in err
     code, stdout, err = cli(["generate", str(artifacts["ckpt"]), *args, *ort], capsys)
