@@ -149,12 +149,13 @@ def test_export_memory_stays_near_the_weights(tmp_path: Path) -> None:
     # copy and the traced graphs' copies added 1298 MiB (2.7x the weights) before streaming; streamed, 389 MiB (what
     # tracing holds, whatever the model's size, and one tensor being converted).
     assert written["peak"] - written["before"] < 0.5 * weights + 300 * MiB, written
-    # With the check against torch (one layer at a time, then ONNX Runtime on the mapped weights, 1130 MiB added when
-    # alone; more when the allocator's arenas fragment under load), the peak stays under the estimate the export
-    # checks before it starts.
+    # With the check against torch: the reference holds one layer at a time in float32 and float16 (a layer is half
+    # the weights here: 1.5x the float16 weights at most), then ONNX Runtime maps the weights file and casts one
+    # weight at a time (1x, and its validation twin's sessions are closed before the export's open). Measured 1130
+    # MiB added when alone (2.35x the weights); more when the allocator's arenas fragment under load. Bounded by the
+    # weights, not by the export's own estimate: 3x the float16 weights and what tracing holds.
     checked = measure_export(checkpoint, tmp_path / "checked", verify=True)
-    estimate = footprint(weight_sources(checkpoint_weights(checkpoint)), torch.float16, verify=True)
-    assert checked["peak"] < estimate.memory + checked["before"], (checked, estimate)
+    assert checked["peak"] - checked["before"] < 3 * weights + 300 * MiB, checked
 
 
 def measure_export(checkpoint: Path, out: Path, verify: bool) -> dict[str, int]:

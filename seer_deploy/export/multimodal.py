@@ -17,6 +17,7 @@ weights.bin.
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from seer_deploy.contracts.graphs import (
     IMAGE_TABLE,
     INPUT_IDS,
     PIXEL_VALUES,
+    STEP,
     VISION,
     WINDOW_STEP,
     Size,
@@ -49,6 +51,7 @@ from seer_deploy.export.exporter import (
 )
 from seer_deploy.export.graphs import VisionGraph, WindowStepGraph, step_module
 from seer_deploy.export.options import ExportOptions
+from seer_deploy.export.quantized_reference import dequantized_model, quantized_parameters
 from seer_deploy.export.validate import (
     ExportValidationError,
     Probe,
@@ -58,6 +61,7 @@ from seer_deploy.export.validate import (
     with_cast_references,
 )
 from seer_deploy.export.validate_quantized import compare_quantized
+from seer_deploy.export.validation_twin import probe_logits
 from seer_deploy.models.checkpoints.checkpoint import read_config
 from seer_deploy.models.checkpoints.multimodal import (
     DEMO_VL_NAME,
@@ -135,18 +139,28 @@ def _load_multimodal(run: ExportRun, report: Progress) -> Loaded:
     table = ref_embeds.reshape(-1, cfg.d_model)
     probes = image_probes(cfg, max_seq_len, table.shape[0])
     refs = torch_references(ImageConditionedModel(lm, table), stats, probes) if run.options.verify else []
+    lm32 = copy.deepcopy(lm) if dtype == "fp16" and run.options.quantization else lm  # the scheme's own reference
     if dtype == "fp16":
         lm, vision = lm.to(torch.float16), vision.to(torch.float16)
         if refs:  # the same model in float16: how far the dtype alone moves each output
             refs = with_cast_references(refs, ImageConditionedModel(lm, table), stats)
 
     def validate(staged: Path) -> dict[str, float]:
-        backend = MultimodalOrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
+        def open_backend(directory: Path) -> MultimodalOrtBackend:
+            backend = MultimodalOrtBackend(directory, OrtSessionOptions(providers=("CPUExecutionProvider",)))
+            backend.set_image_table(table.numpy())
+            return backend
+
+        logits = probe_logits(staged, open_backend, refs)  # from the validation twin, closed before the export opens
+        backend = open_backend(staged)
         max_diff = {VISION.name: _check_vision(backend, pixels.numpy(), ref_embeds.numpy(), dtype)}
-        backend.set_image_table(table.numpy())
         quant = run.options.quantization
-        return max_diff | (compare_quantized(backend, refs, quant) if quant else compare_with_torch(backend, refs, cfg,
-                                                                                                    dtype))
+        if quant:
+            names = quantized_parameters(staged / STEP.file, lm32, quant, (cfg.vocab_size, cfg.n_embed_rows))
+            quantized = dequantized_model(lm32, names, quant)
+            own = torch_references(ImageConditionedModel(quantized, table), stats, probes)
+            return max_diff | compare_quantized(backend, refs, quant, logits, own)
+        return max_diff | compare_with_torch(backend, refs, cfg, dtype, logits)
 
     def manifest_section(records: dict[str, GraphRecord]) -> dict[str, Any]:
         return {
