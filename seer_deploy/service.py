@@ -27,7 +27,7 @@ from seer_deploy.models.families.families import IMAGES_UNSUPPORTED
 from seer_deploy.models.prompts.image_placeholders import encode_pictures, expand_placeholders
 from seer_deploy.models.prompts.prompt import Prompt, check_prompt_images, load_pictures
 from seer_deploy.models.text.chat_template import read_template_file
-from seer_deploy.runtime.loop import check_supported, run_generation
+from seer_deploy.runtime.loop import check_supported, guidance_refused, run_generation
 from seer_deploy.runtime.openers import open_target
 from seer_deploy.runtime.targets import (
     BackendChoice,
@@ -182,11 +182,7 @@ class Service:
         guidance = self.options.generation.cfg_scale
         described = describe(target)  # the target's kind and manifests, read once for the Seer config and the opener
         if guidance > 0 and (self.options.backend not in (None, "torch") or described.kind != "checkpoint"):
-            raise ConfigError(
-                f"cfg_scale {guidance} (classifier-free guidance) mixes two full logit tensors, which only the torch "
-                f"backend has; exported graphs return just the chosen token and its probability: run the "
-                f"checkpoint itself (torch), or set cfg_scale to 0"
-            )
+            raise guidance_refused(guidance, self.options.backend or f"the {described.kind}'s backend")
         seer = resolve_seer(target, self.options, warn, described)
         self.backend: Backend
         self.backend, self.info = open_target(
@@ -199,6 +195,22 @@ class Service:
         self.seer = self.info.seer_for_engine(seer)
         self.tokenizer = self.info.tokenizer(self.options.template_choice())
         self.load_seconds = time.perf_counter() - opening  # the start of time to first step (`Run`)
+
+    def seer_for(self, on: bool | None, tail_context: TailContext | None = None) -> SeerConfig | None:
+        """The Seer config one request runs with, settled here only (None: full length): on or off (None: the
+        service's default), the built-in defaults where Seer is asked for and no calibrated config was found, the
+        request's tail context instead of the config's; fitted to the engine. ConfigError for a tail context
+        without Seer."""
+        if tail_context is not None and on is False:
+            raise ConfigError("tail_context applies to Seer runs; drop \"seer\": false (--no-seer) or tail_context")
+        if on is False or (on is None and self.seer is None):
+            if tail_context is not None:
+                raise ConfigError("tail_context applies to Seer runs, and this target runs at full length by default; "
+                                  "add \"seer\": true (--seer: built-in defaults) or drop tail_context")
+            return None
+        seer = self.seer if self.seer is not None else self.info.seer_for_engine(SeerConfig())
+        assert seer is not None
+        return seer if tail_context is None else seer.with_(tail_context=tail_context)
 
     @property
     def batch_size(self) -> int:

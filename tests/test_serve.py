@@ -123,7 +123,7 @@ def test_the_openai_client_gets_the_solo_answers_streaming_and_not(server: Backg
         plain = oa.completions.create(model="demo", prompt=prompt, max_tokens=64)
         assert plain.choices[0].text == expected.text and plain.choices[0].finish_reason == "stop"
         usage: Any = plain.usage
-        assert usage.seer["kept"] == expected.seer.kept and usage.passes == expected.steps
+        assert usage.seer["kept"] == expected.seer.kept and usage.passes == expected.passes
         assert usage.seer["tokens_processed"] == expected.seer.tokens_processed < usage.seer["full_tokens_processed"]
         assert usage.completion_tokens == expected.tokens.index(reference.info.eos_id)
         chat = oa.chat.completions.create(model="demo", messages=[{"role": "user", "content": prompt}])
@@ -317,8 +317,8 @@ def test_max_tokens_rounds_up_to_a_supported_size_and_steps_keep_the_servers_rat
     assert request_generation(base, 16, None, None, 0.5) == replace(base, gen_length=16, steps=4, block_length=None,
                                                                     temperature=0.5)
     assert request_generation(base, 64, 8, 16, None) == replace(base, steps=8, block_length=16)
-    with pytest.raises(ConfigError, match="cannot be split evenly"):
-        request_generation(base, 64, 6, 16, None)
+    with pytest.raises(ConfigError, match="cannot be split evenly"):  # refused once, where the request is prepared
+        request_generation(base, 64, 6, 16, None).validate()
 
 
 def test_bad_serve_flags_are_one_line_before_anything_loads(capsys: pytest.CaptureFixture[str]) -> None:

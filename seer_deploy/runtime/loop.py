@@ -55,14 +55,19 @@ class LoopResult:
     step_zero_done_at: float = 0.0  # time.perf_counter() when step zero ended: where time to first step stops
 
 
+def guidance_refused(scale: float, backend: str) -> ConfigError:
+    """The one refusal of classifier-free guidance on a backend without full logits (before or after it opens)."""
+    return ConfigError(
+        f"cfg_scale {scale} (classifier-free guidance) mixes two full logit tensors, which only the torch backend "
+        f"has; '{backend}' returns just the chosen token and its probability: run the checkpoint itself (torch), or "
+        "set cfg_scale to 0"
+    )
+
+
 def check_supported(config: GenerationConfig, backend: Backend) -> None:
     """ConfigError for settings this backend cannot run."""
     if config.cfg_scale > 0 and not supports_guidance(backend):
-        raise ConfigError(
-            f"cfg_scale {config.cfg_scale} (classifier-free guidance) mixes two full logit tensors, which only the "
-            f"torch backend has; '{backend.name}' returns just the chosen token and its probability: run the "
-            f"checkpoint itself (torch), or set cfg_scale to 0"
-        )
+        raise guidance_refused(config.cfg_scale, backend.name)
     if config.kv_cache and not supports_cache(backend):
         raise ConfigError(
             f"--kv-cache needs the cache graphs (refresh, window_step), which '{backend.name}' does not have; "
