@@ -121,22 +121,27 @@ def run_open_loop(args: argparse.Namespace, start_server: Callable[..., Any], pr
                         capacity = row["throughput"]
                     print(json.dumps({k: row[k] for k in ("round", "rate_name", "mode", "throughput", "short",
                                                           "all")}), flush=True)
-                pair = [r for r in runs[-2:]]
+                pair = runs[-2:]
                 same = sum(a == b for a, b in zip(pair[0]["answers"], pair[1]["answers"], strict=True))
                 for r in pair:
                     r["answers_equal_across_modes"] = f"{same}/{len(batch)}"
+                save(args, before, machine, rates, runs)  # after every pair: a long run keeps what it measured
     finally:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(60)
+    print(report(runs))
+    return 0
+
+
+def save(args: argparse.Namespace, before: dict[str, Any], machine: Callable[[], dict[str, Any]], rates: list[str],
+         runs: list[dict[str, Any]]) -> None:
     command = "python benchmarks/load_generator.py " + shlex.join(sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"command": command, "machine": {**before, "load_average_after": machine()["load_average_before"]},
               "rates": rates, "requests": args.requests, "rounds": args.rounds, "runs": runs}
     (args.out / "open-loop.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "open-loop.md").write_text(f"```\n{command}\n```\n\n{report(runs)}")
-    print(report(runs))
-    return 0
 
 
 def report(runs: list[dict[str, Any]]) -> str:

@@ -381,7 +381,10 @@ def test_the_row_balance_holds_in_every_scrape(export_dir: Path) -> None:
         admitted = total(sample, "seer_serve_rows_admitted_total")
         settled = total(sample, "seer_serve_rows_settled_total")
         assert admitted == settled + total(sample, "seer_serve_rows_in_flight"), sample
-    assert total(final, "seer_serve_rows_admitted_total") == total(final, "seer_serve_rows_settled_total") == 96
+    # Every request answered was admitted; one whose client left within 0.05 s may have left before its body was
+    # read (a 499, never admitted: on a loaded machine the event loop may not get to it in time).
+    admitted = total(final, "seer_serve_rows_admitted_total")
+    assert admitted == total(final, "seer_serve_rows_settled_total") and outcomes.count(200) <= admitted <= 96
     assert total(final, "seer_serve_rows_settled_total", outcome="refused") == 0
     served = total(final, "seer_serve_requests_total", route="/v1/completions", status="200")
     left = total(final, "seer_serve_requests_total", route="/v1/completions", status="499")

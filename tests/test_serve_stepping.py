@@ -46,6 +46,11 @@ def reference(export_dir: Path) -> Service:
     return Service(export_dir, ServiceOptions(generation=GEN, batch_size=1, threads=1))
 
 
+def options(**given: Any) -> ServeOptions:
+    """The servers' options: a deadline far beyond what a loaded machine needs (no 504 in these tests)."""
+    return ServeOptions(model_name="demo", timeout_s=3600, **given)
+
+
 def open_service(export_dir: Path, generation: GenerationConfig = GEN) -> Service:
     return Service(export_dir, ServiceOptions(generation=generation, batch_size=32, threads=1))
 
@@ -122,7 +127,7 @@ def test_a_request_arriving_while_a_long_one_runs_is_answered_first(export_dir: 
     waiting when the gate holds: the same check fails on the old batcher."""
     service = open_service(export_dir)
     gate = PassGate(service)
-    with BackgroundServer(create_app(service, ServeOptions(model_name="demo", batching=batching))) as server, \
+    with BackgroundServer(create_app(service, options(batching=batching))) as server, \
             ThreadPoolExecutor(2) as pool:
         long = pool.submit(post, server.url, {"prompt": PROMPTS[0], **LONG})
         gate.held()
@@ -149,7 +154,7 @@ def test_a_cancelled_row_leaves_at_the_next_pass_and_its_slot_is_used(export_dir
     pass in flight finishes, then every pass is the short row's (its input shape), and it answers as alone."""
     service = open_service(export_dir)
     gate = PassGate(service)
-    with BackgroundServer(create_app(service, ServeOptions(model_name="demo", max_batch=1))) as server, \
+    with BackgroundServer(create_app(service, options(max_batch=1))) as server, \
             ThreadPoolExecutor(1) as pool:
         leaving = socket.create_connection(server.sock.getsockname()[:2])
         data = httpx.Request("POST", f"{server.url}/v1/completions", json={"prompt": PROMPTS[2], **LONG})
@@ -183,7 +188,7 @@ def test_rows_of_different_temperatures_and_sizes_share_passes(export_dir: Path,
               {"prompt": PROMPTS[5], "max_tokens": 16},
               {"prompt": PROMPTS[6], "max_tokens": 32, "temperature": 6.0, "seed": 3},
               {"prompt": PROMPTS[7], "max_tokens": 32, "temperature": 0.5, "seer": False}]
-    with BackgroundServer(create_app(service, ServeOptions(model_name="demo"))) as server, \
+    with BackgroundServer(create_app(service, options())) as server, \
             ThreadPoolExecutor(len(bodies)) as pool:
         first = pool.submit(post, server.url, bodies[0])
         gate.held()
@@ -222,6 +227,7 @@ def test_the_balance_holds_under_a_burst_with_clients_leaving(export_dir: Path, 
                     response = await (asyncio.wait_for(sending, 0.05 * (i % 5)) if i % 3 == 2 else sending)
                 except TimeoutError:
                     return None
+                assert response.status_code == 200, response.text
                 if bodies[i].get("stream"):
                     return "".join(chunk["choices"][0]["text"] for chunk in _events(response.text))
                 return str(response.json()["choices"][0]["text"])
@@ -240,7 +246,7 @@ def test_the_balance_holds_under_a_burst_with_clients_leaving(export_dir: Path, 
             finally:
                 watcher.cancel()
 
-    with BackgroundServer(create_app(service, ServeOptions(model_name="demo"))) as server:
+    with BackgroundServer(create_app(service, options())) as server:
         answers = asyncio.run(burst(server.url))
         until(lambda: metric(server.url, "seer_serve_rows_in_flight") == 0, "every row settled")
         admitted = metric(server.url, "seer_serve_rows_admitted_total")

@@ -346,9 +346,10 @@ def create_app(service: Service, options: ServeOptions | None = None) -> FastAPI
         try:
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not first.done():
-                first.cancel()
-        if first.cancelled():
+            told_first = first.done() and not first.cancelled()
+            if not told_first:
+                first.cancel()  # (a task is cancelled only once it runs again: read told_first, not first)
+        if not told_first:  # the answers were done before any text was told
             results = await waiter  # raises the request's HTTP error, if any
             return Streaming(finished_events(rid, options.model_name, chat, results), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
