@@ -35,7 +35,7 @@ from seer_deploy.core.atomic import write_atomic
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.multimodal import export_multimodal
-from seer_deploy.export.options import ExportOptions, SeerStats
+from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demos import demo_tasks, demo_vl_tasks
 from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.runtime.targets import checkpoint_seer
@@ -193,7 +193,7 @@ def main() -> None:
         for name in args.variants if w.checkpoint == "demo" else args.vl_variants:
             t0 = time.perf_counter()
             where = args.work / w.checkpoint / name.replace(" ", "-")
-            options = ExportOptions(seer=SeerStats.for_config(shipped), quantization=VARIANTS[name], verify=False)
+            options = ExportOptions(seer=shipped, quantization=VARIANTS[name], verify=False)
             export = w.export(w.checkpoint, where, options).out
             results[name] = measure(w, export, args, full_length=name == "fp32" or args.full_length_all,
                                     recalibrate=name in args.recalibrate)

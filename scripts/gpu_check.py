@@ -48,11 +48,12 @@ from seer_deploy.core.backend import Backend, StepInput
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.export.options import ExportOptions, SeerStats
+from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.models.families.config import ModelConfig
 from seer_deploy.models.networks.llada import MaskPredictor
+from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.metrics import true_lengths
 from seer_deploy.service import Prompt, Run, Service, ServiceOptions
 
@@ -331,7 +332,7 @@ def large_model(record: dict[str, Any], work: Path, export_dir: Path, device: st
     n_params = model.num_parameters()
     del model
     export = export_checkpoint(ckpt, work / "large-fp16",
-                               ExportOptions(dtype="fp16", verify=False, seer=SeerStats(stats_layers=())))
+                               ExportOptions(dtype="fp16", verify=False, seer=SeerConfig()))
     record["model"] = {"d_model": d_model, "layers": layers, "heads": heads, "mlp_hidden": mlp, "vocab": vocab,
                        "parameters": n_params, "fp16_gb": round(2 * n_params / 1e9, 2),
                        "build_and_export_s": round(time.perf_counter() - start, 1)}

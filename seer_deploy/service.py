@@ -188,11 +188,11 @@ class Service:
         self.backend, self.info = open_target(
             target, self.options.backend,
             TargetOptions(providers=self.options.providers, threads=self.options.threads, device=self.options.device,
-                          io_binding=self.options.io_binding, cuda_graph=self.options.cuda_graph, seer=seer),
-            described,
+                          io_binding=self.options.io_binding, cuda_graph=self.options.cuda_graph),
+            described, seer,
         )
         check_supported(self.options.generation, self.backend)
-        self.seer = self.info.seer_for_engine(seer)
+        self.seer = self.info.seer_for(seer)
         self.tokenizer = self.info.tokenizer(self.options.template_choice())
         self.load_seconds = time.perf_counter() - opening  # the start of time to first step (`Run`)
 
@@ -208,7 +208,7 @@ class Service:
                 raise ConfigError("tail_context applies to Seer runs, and this target runs at full length by default; "
                                   "add \"seer\": true (--seer: built-in defaults) or drop tail_context")
             return None
-        seer = self.seer if self.seer is not None else self.info.seer_for_engine(SeerConfig())
+        seer = self.seer if self.seer is not None else self.info.seer_for(SeerConfig())
         assert seer is not None
         return seer if tail_context is None else seer.with_(tail_context=tail_context)
 
@@ -238,7 +238,7 @@ class Service:
         else:
             prepared = self.prepare(requests, generation)  # every input error before any model runs
         requests, ids, pictures, generation = prepared.requests, prepared.ids, prepared.pictures, prepared.generation
-        seer = None if full_length else self.info.seer_for_engine(seer) if seer is not None else self.seer
+        seer = None if full_length else self.info.seer_for(seer) if seer is not None else self.seer
         answers: list[Answer] = []
         passes = tokens_processed = 0
         step_zero_seconds = first_step_seconds = 0.0

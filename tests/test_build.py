@@ -17,11 +17,12 @@ from onnx import TensorProto, helper
 from seer_deploy.cli import main
 from seer_deploy.contracts import sampling
 from seer_deploy.contracts.export_manifest import ExportManifest
-from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
+from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, TensorSpec, WeightsSpec
 from seer_deploy.core.atomic import claim
 from seer_deploy.core.backend import StepInput, WindowInput, supports_cache
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.engines import tensorrt_library
 from seer_deploy.engines.buckets import power_of_two_buckets
 from seer_deploy.engines.build import BuildOptions, build_engines, file_sha256, parse_size
@@ -140,7 +141,7 @@ def make_export(root: Path, fingerprint: str = "1" * 64, kv_cache: bool = False)
         opset=20,
         max_seq_len=MAX_SEQ_LEN,
         graphs=graphs,
-        seer=SeerSpec([1], ["frac"], 0.05, 0.05, [(1, "frac")]),
+        seer=StatsSpec((1,)),
         sampling=sampling.manifest_entry(),
         versions={"onnx": onnx.__version__},
         weights=WeightsSpec("weights.bin", "0" * 64, 64),

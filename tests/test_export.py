@@ -19,17 +19,18 @@ from seer_deploy.contracts.graphs import STEP, Size, export_graphs
 from seer_deploy.contracts.manifest_sections import TensorSpec
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError, UnverifiedExport
-from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
+from seer_deploy.core.sparsity import STAT_NAMES, StatsError, StatsSpec
 from seer_deploy.engines.ort import OrtBackend
 from seer_deploy.export import exporter as exporter_module
 from seer_deploy.export import validate as validate_module
 from seer_deploy.export.destination import destination_fingerprint
 from seer_deploy.export.exporter import ExportResult, export_checkpoint
 from seer_deploy.export.graphs import StepGraph
-from seer_deploy.export.options import ExportOptions, SeerStats, load_seer_stats
+from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.validate import ExportValidationError, check_interface
 from seer_deploy.models.checkpoints.checkpoint import Layout, checkpoint_fingerprint, load_checkpoint, save_checkpoint
 from seer_deploy.models.demos.demo_tasks import write_tokenizer
+from seer_deploy.seer.config import SeerConfig
 
 EXPORT_FILES = {"manifest.json", "step.onnx", "weights.bin", "tokenizer.json"}  # the tokenizer as read (issue 36)
 
@@ -115,7 +116,7 @@ def test_export_writes_graphs_weights_and_a_complete_manifest(exports: dict[str,
         assert [i.name for i in proto.graph.input] == list(spec.inputs)
         assert [o.name for o in proto.graph.output] == list(spec.outputs)
     # Sparsity rows: layer-major flatten of [L, F].
-    assert m.seer.stats_layers == list(range(cfg.n_layers)) and m.seer.stat_names == list(STAT_NAMES)
+    assert m.seer.layers == tuple(range(cfg.n_layers))  # no Seer config anywhere: every layer
     assert m.seer.sparsity_rows == [(layer, s) for layer in range(cfg.n_layers) for s in STAT_NAMES]
     assert m.weights.sha256 == sha256(out / "weights.bin") and m.weights.bytes == (out / "weights.bin").stat().st_size
     assert m.sampling["method"] == "inverse_cdf"
@@ -420,29 +421,29 @@ def test_bad_settings_are_config_errors(root: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="exceeds the model's 128"):
         export_checkpoint(ckpt, tmp_path / "b", ExportOptions(max_seq_len=4096))
     with pytest.raises(ConfigError, match="2-layer"):
-        export_checkpoint(ckpt, tmp_path / "c", ExportOptions(seer=SeerStats(stats_layers=(5,))))
+        export_checkpoint(ckpt, tmp_path / "c", ExportOptions(seer=SeerConfig(stats_layers=(5,))))
     assert list(tmp_path.iterdir()) == []
 
 
-def test_seer_config_keys(tmp_path: Path) -> None:
+def test_one_rule_for_statistics_layers(tmp_path: Path) -> None:
+    """StatsSpec.resolve is the one rule: None every layer, () the last, negatives from the end; a Seer config file
+    (what `export --seer-config` reads) resolves through it."""
+    assert StatsSpec.resolve(None, 3) == StatsSpec((0, 1, 2))
+    assert StatsSpec.resolve((), 3).layers == (2,)
+    assert StatsSpec.resolve((-1, 0), 4).layers == (3, 0)
+    with pytest.raises(StatsError, match="twice"):
+        StatsSpec.resolve((1, -2), 3)
+    with pytest.raises(StatsError, match="3-layer model lacks"):
+        StatsSpec.resolve((3,), 3)
     file = tmp_path / "seer.json"
     file.write_text(json.dumps({"stats_layers": [-1], "abs_threshold": 0.1, "detector": "fused", "margin": 4}))
-    stats = load_seer_stats(file)
-    assert stats.spec(4) == StatsSpec((3,), 0.1, 0.05)
-    file.write_text(json.dumps({"rel_threshold": 0.2}))
-    assert load_seer_stats(file).spec(3) == StatsSpec((0, 1, 2), 0.05, 0.2)  # no stats_layers: every layer
-    file.write_text(json.dumps({"stats_layers": []}))
-    assert load_seer_stats(file).spec(3).layers == (2,)  # empty: the last layer, as SeerConfig reads it
-    for bad, match in (({"abs_threshold": -1}, "positive"), ({"stats_layers": "3"}, "list"), ([1], "object")):
+    assert SeerConfig.load(file).stats_spec(4) == StatsSpec((3,), 0.1, 0.05)
+    assert StatsSpec.from_config(None, 3) == StatsSpec((0, 1, 2), 0.05, 0.05)  # no config: every layer
+    for bad, match in (({"abs_threshold": -1}, "abs_threshold"), ({"stats_layers": [0.5]}, "layer indices"),
+                       ([1], "object")):
         file.write_text(json.dumps(bad))
         with pytest.raises(ConfigError, match=match):
-            load_seer_stats(file)
-    file.write_text(json.dumps({"stats_layers": [1, 1]}))
-    with pytest.raises(ConfigError, match="twice"):
-        load_seer_stats(file).spec(3)
-    file.write_text("{not json")
-    with pytest.raises(ConfigError, match="not valid JSON"):
-        load_seer_stats(file)
+            SeerConfig.load(file)
 
 
 def test_cli_export_with_a_seer_config(root: Path, tmp_path: Path, cli_exit: Any) -> None:
@@ -453,7 +454,7 @@ def test_cli_export_with_a_seer_config(root: Path, tmp_path: Path, cli_exit: Any
     assert code == 0, err
     assert "exported" in out and "max |diff|" in out
     m = ExportManifest.load(tmp_path / "x")
-    assert m.seer.stats_layers == [1] and (m.seer.abs_threshold, m.seer.rel_threshold) == (0.02, 0.1)
+    assert m.seer.layers == (1,) and (m.seer.abs_threshold, m.seer.rel_threshold) == (0.02, 0.1)
     assert m.seer.sparsity_rows == [(1, s) for s in STAT_NAMES]
     assert m.graphs["step"].outputs["sparsity"].shape == ["batch", len(STAT_NAMES), "seq"]
     # The sparsity rows follow the thresholds of the config, computed in the graph.

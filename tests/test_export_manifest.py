@@ -12,9 +12,9 @@ from conftest import tiny_config
 
 from seer_deploy.contracts import sampling
 from seer_deploy.contracts.export_manifest import FORMAT_VERSION, MANIFEST_FILE, ExportManifest
-from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, SeerSpec, TensorSpec, WeightsSpec
+from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, TensorSpec, WeightsSpec
 from seer_deploy.core.errors import ArtifactError
-from seer_deploy.core.sparsity import STAT_NAMES
+from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 
 BS: list[int | str] = ["batch", "seq"]
 
@@ -32,7 +32,7 @@ def manifest() -> ExportManifest:
             "step": GraphRecord("step.onnx", "2" * 64, ids, {"token_ids": TensorSpec("int64", BS),
                                                              "sparsity": TensorSpec("float32", ["batch", 4, "seq"])}),
         },
-        seer=SeerSpec([1], list(STAT_NAMES), 0.05, 0.1, [(1, s) for s in STAT_NAMES]),
+        seer=StatsSpec((1,), 0.05, 0.1),
         sampling=sampling.manifest_entry(),
         versions={"seer_deploy": "0.1.0"},
         weights=WeightsSpec("weights.bin", "3" * 64, 1234),

@@ -123,6 +123,9 @@ def test_bad_configs_name_the_problem(tmp_path: Path, raw: dict, message: str) -
 
 
 def test_stats_layers_must_exist_in_the_model() -> None:
-    assert SeerConfig().layers_for(4) == (3,)
-    with pytest.raises(ConfigError, match="do not exist in a 2-layer model"):
+    assert SeerConfig().stats_spec(4).layers == (3,)  # () = the last layer
+    assert SeerConfig(stats_layers=(-1, 0)).stats_spec(4).layers == (3, 0)  # negatives count from the end
+    with pytest.raises(ConfigError, match="a 2-layer model lacks"):
         SeerConfig(stats_layers=(3,)).stats_spec(2)
+    with pytest.raises(ConfigError, match="read layers outside stats_layers"):
+        SeerConfig(stats_layers=(1,), rows=((0, "frac_h_rel"),)).stats_spec(4)

@@ -22,6 +22,7 @@ import torch
 from conftest import tiny_model
 
 from seer_deploy.contracts.graphs import Size, step_graph
+from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.export import resources
 from seer_deploy.export.exporter import (
     STAGES,
@@ -90,7 +91,7 @@ def loaded_trace(checkpoint: Path, tmp: Path) -> Path:
     """The step graph traced the way a loaded model is: real float16 weights, the exporter's optimizer folding them."""
     ckpt = load_checkpoint(checkpoint, dtype=torch.float16)
     options = ExportOptions(dtype="fp16")
-    stats = options.seer.spec(ckpt.config.n_layers)
+    stats = StatsSpec.from_config(None, ckpt.config.n_layers)
     plan = GraphPlan(modules=((step_graph(), step_module(ckpt.model, stats)),),
                      examples=step_examples(ckpt.config, SIZE["max_seq_len"]),
                      sizes={Size.STAT_ROWS: len(stats.sparsity_rows), **cache_sizes(ckpt.config)},
@@ -131,7 +132,7 @@ def run(graph: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def test_layer_streamed_reference_equals_the_loaded_models(checkpoint: Path) -> None:
     weights = checkpoint_weights(checkpoint)
-    stats = ExportOptions().seer.spec(weights.config.n_layers)
+    stats = StatsSpec.from_config(None, weights.config.n_layers)
     probes = make_probes(weights.config, SIZE["max_seq_len"])
     streamed_refs = streamed_references(weights.config, weight_sources(weights), stats, probes)[torch.float32]
     loaded_refs = torch_references(load_checkpoint(checkpoint).model, stats, probes)

@@ -180,13 +180,13 @@ def test_seer_configs_and_tensorrt_buckets(artifacts: dict[str, Path], tmp_path:
         (artifacts["export"] / "seer.json").unlink(missing_ok=True)
     # On TensorRT the kept lengths round up to the engine's buckets, unless the config has its own.
     seer = SeerConfig()
-    assert info.seer_for_engine(seer) == seer
+    assert info.seer_for(seer) == seer
     trt_info = replace(info, backend="tensorrt")
-    assert trt_info.seer_for_engine(seer) == seer.with_(buckets=info.buckets)
-    assert trt_info.seer_for_engine(seer.with_(buckets=(8, 16))) == seer.with_(buckets=(8, 16))
-    assert trt_info.seer_for_engine(None) is None
+    assert trt_info.seer_for(seer) == seer.with_(buckets=info.buckets)
+    assert trt_info.seer_for(seer.with_(buckets=(8, 16))) == seer.with_(buckets=(8, 16))
+    assert trt_info.seer_for(None) is None
     # torch targets report the layers the Seer config reads.
-    backend, _ = open_target(str(artifacts["ckpt"]), options=TargetOptions(seer=SeerConfig(stats_layers=(0,))))
+    backend, _ = open_target(str(artifacts["ckpt"]), seer=SeerConfig(stats_layers=(0,)))
     assert {layer for layer, _ in backend.sparsity_rows} == {0}
 
 

@@ -155,7 +155,7 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
     """Open the checkpoint, resolve Seer, export once into `work_dir` and open a service on each engine."""
     from seer_deploy.export.exporter import export_checkpoint
     from seer_deploy.export.multimodal import export_multimodal
-    from seer_deploy.export.options import ExportOptions, SeerStats
+    from seer_deploy.export.options import ExportOptions
 
     settings.validate()
     if target_kind(settings.target) != "checkpoint":
@@ -194,14 +194,14 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
     start = time.perf_counter()
     export = export_multimodal if multimodal else export_checkpoint
     exported = export(settings.target, work_dir / "export",
-                      ExportOptions(seer=SeerStats.for_config(seer), kv_cache=True))  # the fast rows run the cache
+                      ExportOptions(seer=seer, kv_cache=True))  # the fast rows run the cache
     export_seconds = time.perf_counter() - start
     services = {"torch": torch_service,
                 "ort": service(exported.out, io_binding=settings.io_binding, cuda_graph=settings.cuda_graph)}
     for scheme in settings.quantize:
         say(f"exporting {settings.target} quantized to {scheme}")
         quantized = export(settings.target, work_dir / f"export-{scheme}",
-                           ExportOptions(seer=SeerStats.for_config(seer), kv_cache=True,
+                           ExportOptions(seer=seer, kv_cache=True,
                                          quantization=Quantization(scheme)))
         services[f"ort-{scheme}"] = service(quantized.out, io_binding=settings.io_binding,
                                             cuda_graph=settings.cuda_graph)

@@ -126,9 +126,10 @@ def run_scaling(
     """Build the random model, export it into `work_dir`, time one step per (backend, length)."""
     from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
     from seer_deploy.export.exporter import export_checkpoint
-    from seer_deploy.export.options import ExportOptions, SeerStats
+    from seer_deploy.export.options import ExportOptions
     from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
     from seer_deploy.runtime.torch_backend import TorchBackend
+    from seer_deploy.seer.config import SeerConfig
 
     settings.validate()
     cfg = settings.model_config()
@@ -139,7 +140,7 @@ def run_scaling(
     ckpt = save_checkpoint(model, work_dir / "scaling-checkpoint")
     start = time.perf_counter()
     export = export_checkpoint(ckpt, work_dir / "scaling-export",
-                               ExportOptions(verify=False, seer=SeerStats(stats_layers=()), kv_cache=True))
+                               ExportOptions(verify=False, seer=SeerConfig(), kv_cache=True))
     export_seconds = time.perf_counter() - start
     ort = OrtBackend(export.out, OrtSessionOptions(intra_op_threads=threads))
     backends: dict[str, Backend] = {"torch": TorchBackend(model), "ort": ort}

@@ -60,7 +60,7 @@ def inspect_prompt(model: MaskPredictor, prompt: list[int], config: GenerationCo
     thresholds = (seer.abs_threshold, seer.rel_threshold)
     data = step_zero_set(model, [prompt], G, (thresholds,))
     profile = data.profile(0, thresholds)
-    sp_cfg = seer.with_(stats_layers=seer.layers_for(cfg.n_layers))  # the layers a loop's step zero would report
+    sp_cfg = seer.with_(stats_layers=seer.stats_spec(cfg.n_layers).layers)  # the layers a loop's step zero would report
     eos_b, sp_b = detect_eos(profile, cfg.eos_id, seer), detect_sparsity(profile, sp_cfg)
     found = {"eos": eos_b, "sparsity": sp_b, "fused": fuse(eos_b, sp_b)}
     signal, two_sided = pooled_signal(profile, sp_cfg)

@@ -53,14 +53,10 @@ def _best(runs: list[Run]) -> Run:
 
 
 def export_options() -> ExportOptions:
-    """Every layer's statistics, at the 'near zero' thresholds of the demo's calibrated Seer config (if any), so
-    the exported step zero reports what that config reads."""
-    from seer_deploy.export.options import ExportOptions, SeerStats
+    """The export's defaults: its step zero reports what the demo's shipped Seer config reads."""
+    from seer_deploy.export.options import ExportOptions
 
-    seer = find_seer_config("demo")
-    if seer is None:
-        return ExportOptions()
-    return ExportOptions(seer=SeerStats(abs_threshold=seer.abs_threshold, rel_threshold=seer.rel_threshold))
+    return ExportOptions()
 
 
 def seer_note(seer: SeerConfig | None) -> str:
@@ -123,12 +119,12 @@ def run_multimodal_demo(work_dir: Path, gen_length: int, n: int, say: Say, stage
     through ONNX Runtime with Seer (when calibrated), then the same pictures at full length for the comparison."""
     from seer_deploy.core.generation import GenerationConfig
     from seer_deploy.export.multimodal import prepare_multimodal
-    from seer_deploy.export.options import ExportOptions, SeerStats
+    from seer_deploy.export.options import ExportOptions
     from seer_deploy.models.checkpoints.multimodal import DEMO_VL_NAME, load_multimodal
     from seer_deploy.models.demos.demo_vl_tasks import heldout_examples
 
     seer = find_seer_config(DEMO_VL_NAME)
-    export = prepare_multimodal(DEMO_VL_NAME, work_dir / "demo-vl-onnx", ExportOptions(seer=SeerStats.for_config(seer)))
+    export = prepare_multimodal(DEMO_VL_NAME, work_dir / "demo-vl-onnx", ExportOptions(seer=seer))
     loaded = load_multimodal(DEMO_VL_NAME)
     n_params = loaded.lm.model.num_parameters() + loaded.vision.num_parameters()
     say(f"demo-vl checkpoint: {loaded.path} ({n_params / 1e6:.2f}M parameters, SigLIP tower + "

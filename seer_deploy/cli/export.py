@@ -76,7 +76,9 @@ class StageProgress:
 @click.option(
     "--seer-config",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="JSON with stats_layers / abs_threshold / rel_threshold for the step-zero statistics [default: all layers].",
+    help="A Seer config (seer.json from `seer-deploy calibrate`): step zero computes the statistics it reads "
+         "(stats_layers, abs_threshold, rel_threshold) [default: the checkpoint's own seer.json, else every layer "
+         "at 0.05 / 0.05].",
 )
 @click.option("--force", is_flag=True, help="Replace an export of another model in --out (never a directory holding "
               "files seer-deploy did not write).")
@@ -127,15 +129,16 @@ def command(
     from seer_deploy.engines.build import BuildOptions, build_engines
     from seer_deploy.export.exporter import prepare_export
     from seer_deploy.export.multimodal import prepare_multimodal
-    from seer_deploy.export.options import DEFAULT_OPSET, ExportOptions, SeerStats, load_seer_stats
+    from seer_deploy.export.options import DEFAULT_OPSET, ExportOptions
     from seer_deploy.models.checkpoints.multimodal_files import is_multimodal_checkpoint
+    from seer_deploy.seer.config import SeerConfig
 
     quantization = quantization_option(quantize, block_size, quant_format, keep_head, build)
     options = ExportOptions(
         dtype=dtype,
         opset=opset or (QDQ_MIN_OPSET if quantization is not None and quantization.format == "qdq" else DEFAULT_OPSET),
         max_seq_len=max_seq_len,
-        seer=load_seer_stats(seer_config) if seer_config is not None else SeerStats(),
+        seer=SeerConfig.load(seer_config) if seer_config is not None else None,
         verify=not no_verify,
         force=force,
         kv_cache=kv_cache,

@@ -21,7 +21,6 @@ from seer_deploy.contracts.manifest_sections import (
     GraphRecord,
     ModelSpec,
     SectionReader,
-    SeerSpec,
     WeightsSpec,
 )
 from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
@@ -29,6 +28,7 @@ from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.core.atomic import write_text_atomic
 from seer_deploy.core.errors import ArtifactError, CheckpointError
 from seer_deploy.core.files import confined, read_json
+from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.models.families.config import ModelConfig
 
 FORMAT = "seer-deploy-export"
@@ -50,7 +50,7 @@ class ExportManifest:
     opset: int
     max_seq_len: int
     graphs: dict[str, GraphRecord]
-    seer: SeerSpec
+    seer: StatsSpec  # the statistics step zero computes
     sampling: dict[str, Any]
     versions: dict[str, str]
     weights: WeightsSpec
@@ -82,7 +82,7 @@ class ExportManifest:
             "opset": self.opset,
             "max_seq_len": self.max_seq_len,
             "graphs": {k: v.to_dict() for k, v in self.graphs.items()},
-            "seer": self.seer.to_dict(),
+            "seer": self.seer.to_manifest(),
             "sampling": self.sampling,
             "weights": self.weights.to_dict(),
             "versions": dict(self.versions),

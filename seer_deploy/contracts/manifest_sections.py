@@ -13,6 +13,7 @@ from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.core.checks import int_in
 from seer_deploy.core.errors import ArtifactError, SeerDeployError
 from seer_deploy.core.fields import FieldReader
+from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.models.families.config import ModelConfig
 from seer_deploy.models.pictures.image import ImageConfig
 
@@ -62,26 +63,6 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
-class SeerSpec:
-    """The statistics the step-zero graph reports: sparsity row r is (layer, stat_name) = sparsity_rows[r]."""
-
-    stats_layers: list[int]
-    stat_names: list[str]
-    abs_threshold: float
-    rel_threshold: float
-    sparsity_rows: list[tuple[int, str]]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "stats_layers": list(self.stats_layers),
-            "stat_names": list(self.stat_names),
-            "abs_threshold": self.abs_threshold,
-            "rel_threshold": self.rel_threshold,
-            "sparsity_rows": [[layer, stat] for layer, stat in self.sparsity_rows],
-        }
-
-
-@dataclass(frozen=True)
 class WeightsSpec:
     """The one external-data file both graphs read their initializers from."""
 
@@ -114,27 +95,23 @@ class SectionReader(FieldReader):
                 )
         return dict(special)
 
-    def seer(self, seer: dict[str, Any], n_layers: int) -> SeerSpec:
-        """The statistics section: layers the model has, and [layer, stat_name] rows over them."""
+    def seer(self, seer: dict[str, Any], n_layers: int) -> StatsSpec:
+        """The statistics section: layers the model has, this seer-deploy's statistics, rows over them."""
         layers = self.array(seer, "stats_layers", "seer.stats_layers")
         names = self.array(seer, "stat_names", "seer.stat_names")
         rows = self.array(seer, "sparsity_rows", "seer.sparsity_rows")
-        if not all(int_in(v, 0, n_layers - 1) for v in layers):
-            raise ArtifactError(f"{self.where}: seer.stats_layers {layers} must be layers of the {n_layers}-layer "
-                                "model; re-export the model")
-        if not all(isinstance(v, str) for v in names):
-            raise ArtifactError(f"{self.where}: seer.stat_names must be a list of names; re-export the model")
-        if not all(isinstance(row, list) and len(row) == 2 and int_in(row[0], 0, n_layers - 1) and row[1] in names
-                   for row in rows):
-            raise ArtifactError(f"{self.where}: seer.sparsity_rows must be [layer, stat_name] pairs over the model's "
-                                f"{n_layers} layers and seer.stat_names; re-export the model")
-        return SeerSpec(
-            stats_layers=list(layers),
-            stat_names=list(names),
-            abs_threshold=self.number(seer, "abs_threshold", "seer.abs_threshold"),
-            rel_threshold=self.number(seer, "rel_threshold", "seer.rel_threshold"),
-            sparsity_rows=[(layer, stat) for layer, stat in rows],
-        )
+        if not all(int_in(v, 0, n_layers - 1) for v in layers) or len(set(layers)) != len(layers):
+            raise ArtifactError(f"{self.where}: seer.stats_layers {layers} must be distinct layers of the "
+                                f"{n_layers}-layer model; re-export the model")
+        if names != list(STAT_NAMES):
+            raise ArtifactError(f"{self.where}: seer.stat_names {names} are not this seer-deploy's statistics "
+                                f"{list(STAT_NAMES)}; re-export the model")
+        spec = StatsSpec(tuple(layers), self.number(seer, "abs_threshold", "seer.abs_threshold"),
+                         self.number(seer, "rel_threshold", "seer.rel_threshold"))
+        if rows != [[layer, stat] for layer, stat in spec.sparsity_rows]:
+            raise ArtifactError(f"{self.where}: seer.sparsity_rows must be the [layer, stat_name] pairs of "
+                                "seer.stats_layers and seer.stat_names, layer-major; re-export the model")
+        return spec
 
     def multimodal(self, section: Any, cfg: ModelConfig) -> None:
         """extra.multimodal: the vision graph's record, image ids above the vocabulary's rows, the image settings."""

@@ -51,7 +51,7 @@ from seer_deploy.contracts.graphs import (
     Size,
     step_graph,
 )
-from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, SeerSpec, WeightsSpec
+from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, WeightsSpec
 from seer_deploy.core.atomic import (
     check_replaceable,
     claim,
@@ -60,7 +60,7 @@ from seer_deploy.core.atomic import (
 )
 from seer_deploy.core.errors import ConfigError, UnverifiedExport
 from seer_deploy.core.files import file_sha256
-from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
+from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.export.destination import ARTIFACT_KIND, destination_fingerprint
 from seer_deploy.export.graphs import WindowStepGraph, step_module
 from seer_deploy.export.options import ExportOptions
@@ -87,6 +87,7 @@ from seer_deploy.models.checkpoints.checkpoint import (
 from seer_deploy.models.checkpoints.weight_sources import shaped_model, weight_sources
 from seer_deploy.models.families.config import ModelConfig, config_from_dict
 from seer_deploy.models.text.tokenizer import export_tokenizer, special_ids_from_tokenizer_file
+from seer_deploy.seer.config import SeerConfig
 
 STAGES: tuple[str, ...] = (
     "loading checkpoint",
@@ -253,7 +254,8 @@ class ExportRun:
                               f"most {config.max_seq_len}")
         if max_seq_len < shortest[0]:
             raise ConfigError(f"--max-seq-len {max_seq_len} is too short: {shortest[1]}")
-        stats = options.seer.spec(config.n_layers)
+        seer = options.seer or SeerConfig.shipped_in(checkpoint)  # the checkpoint's own calibration by default
+        stats = seer.stats_spec(config.n_layers) if seer is not None else StatsSpec.from_config(None, config.n_layers)
         if options.kv_cache and config.shift_logits:
             raise ConfigError(f"--kv-cache is not supported for {config.family} (shifted logits: a window's first token "
                               "is read from the column before the window, which the block-wise cache does not "
@@ -288,13 +290,7 @@ class ExportRun:
                 opset=options.opset,
                 max_seq_len=max_seq_len,
                 graphs={name: records[name] for name in STEP_GRAPH_NAMES + CACHE_GRAPH_NAMES if name in records},
-                seer=SeerSpec(
-                    stats_layers=list(stats.layers),
-                    stat_names=list(STAT_NAMES),
-                    abs_threshold=stats.abs_threshold,
-                    rel_threshold=stats.rel_threshold,
-                    sparsity_rows=stats.sparsity_rows,
-                ),
+                seer=stats,
                 sampling=sampling.manifest_entry(),
                 versions=export_versions(),
                 weights=WeightsSpec(store.name, store.sha256(), store.size, quantization),

@@ -35,6 +35,7 @@ from seer_deploy.runtime.targets import (
     describe,
     parse_device,
 )
+from seer_deploy.seer.config import SeerConfig
 
 if TYPE_CHECKING:
     import torch
@@ -44,11 +45,12 @@ if TYPE_CHECKING:
 
 def open_target(
     target: str | os.PathLike[str], backend: BackendChoice | None = None, options: TargetOptions | None = None,
-    described: Description | None = None,
+    described: Description | None = None, seer: SeerConfig | None = None,
 ) -> tuple[Backend, TargetInfo]:
     """The backend that runs TARGET and what it needs (ids, tokenizer, image settings); `backend` None picks the
     target's own (checkpoint: torch, export: ort, engine: what it was built for). `described`: TARGET's description
-    (`targets.describe`) when the caller has it, so its manifests are read once."""
+    (`targets.describe`) when the caller has it, so its manifests are read once. `seer`: the Seer config the run
+    reads, whose statistics a checkpoint's torch step zero computes (an export's are fixed: `TargetInfo.seer_for`)."""
     options = options or TargetOptions()
     if backend is not None and backend not in BACKEND_CHOICES:
         raise ConfigError(f"backend '{backend}' is unknown; use one of {', '.join(BACKEND_CHOICES)}")
@@ -57,13 +59,14 @@ def open_target(
     options.check()
     d = described if described is not None else describe(target)
     if d.kind == "checkpoint":
-        return open_checkpoint(str(target), backend, options)
+        return open_checkpoint(str(target), backend, options, seer)
     if d.kind == "export":
         return open_export(d, backend, options)
     return open_engine(d, backend, options)
 
 
-def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetOptions) -> tuple[Backend, TargetInfo]:
+def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetOptions, seer: SeerConfig | None = None
+                    ) -> tuple[Backend, TargetInfo]:
     """torch eager on a checkpoint (LLaDA or LLaDA-V layout)."""
     import torch
 
@@ -91,14 +94,14 @@ def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetO
         loaded.lm.model.to(device)
         loaded.vision.to(device)
         ckpt = loaded.lm
-        stats = options.seer.stats_spec(ckpt.config.n_layers) if options.seer is not None else None
+        stats = seer.stats_spec(ckpt.config.n_layers) if seer is not None else None
         torch_backend = MultimodalTorchBackend(loaded, stats)
         vcfg = loaded.vision_config
         images = ImageSupport(vcfg.image, vcfg.tokens_per_image, vcfg.image_token_index, ckpt.config.n_embed_rows,
                               vcfg.anyres)
     else:
         ckpt = load_checkpoint(target)
-        stats = options.seer.stats_spec(ckpt.config.n_layers) if options.seer is not None else None
+        stats = seer.stats_spec(ckpt.config.n_layers) if seer is not None else None
         torch_backend = TorchBackend(ckpt.model.to(device), stats)
     cfg = ckpt.config
     info = TargetInfo(
@@ -172,7 +175,7 @@ def _export_info(target: str, kind: TargetKind, backend: BackendChoice, path: Pa
         target=target, kind=kind, backend=backend, path=path, config=cfg, mask_id=mask, eos_id=eos,
         pad_id=pad if pad is not None else eos, eot_id=ids.get("eot"),
         tokenizer_dir=tokenizer,
-        checkpoint=source if has_source else None, export_dir=export_dir, tokenizer_facts=facts,
+        checkpoint=source if has_source else None, export_dir=export_dir, tokenizer_facts=facts, stats=export.seer,
     )
 
 

@@ -21,6 +21,7 @@ from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
 from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import ArtifactError, CheckpointError, ConfigError
+from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
 from seer_deploy.engines.manifest import EngineManifest
 from seer_deploy.models.checkpoints.multimodal_files import DEMO_VL_NAME, is_multimodal_checkpoint, resolve_multimodal
@@ -49,7 +50,6 @@ class TargetOptions:
     device: str | None = None
     io_binding: bool = False  # ONNX Runtime: IO binding (engines.ort_binding)
     cuda_graph: bool = False  # ONNX Runtime on CUDA: one CUDA graph per call shape (implies io_binding)
-    seer: SeerConfig | None = None  # torch: step zero reports the statistics this config reads (default: every layer)
 
     def check(self) -> None:
         """ConfigError for a malformed device, before anything loads."""
@@ -115,6 +115,9 @@ class TargetInfo:
     images: ImageSupport | None = None  # multimodal targets
     # What the opener read about the tokenizer (an export's manifest): None, read from the tokenizer's own files
     tokenizer_facts: TokenizerFacts | None = None
+    # The statistics the export's step zero computes (its manifest); None: a checkpoint, whose torch backend
+    # computes what the run's Seer config reads
+    stats: StatsSpec | None = None
 
     def tokenizer(self, template: TemplateChoice | None = None) -> Tokenizer:
         """The target's tokenizer with its chat template, or the one `template` chooses (--chat-template FILE,
@@ -136,9 +139,20 @@ class TargetInfo:
                                        template=chat, described=self.tokenizer_facts)
         return Tokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, template=chat, described=self.tokenizer_facts)
 
-    def seer_for_engine(self, seer: SeerConfig | None) -> SeerConfig | None:
-        """Seer as this target runs it: on TensorRT kept lengths round up to the engine's buckets (its profiles)."""
-        if seer is None or self.backend != "tensorrt" or seer.buckets:
+    def seer_for(self, seer: SeerConfig | None) -> SeerConfig | None:
+        """Seer as this target runs it: on TensorRT kept lengths round up to the engine's buckets (its profiles).
+        ConfigError when the config reads statistics the export does not compute (other thresholds or layers): its
+        floors were calibrated on other numbers, so its cuts would be wrong, not just different."""
+        if seer is None:
+            return None
+        if self.stats is not None and seer.needs_sparsity:
+            why = self.stats.missing_for(seer.stats_spec(self.config.n_layers))
+            if why is not None:
+                raise ConfigError(
+                    f"the Seer config reads MLP statistics at {why} by the export {self.export_dir}; give a "
+                    f"--seer-config calibrated on it (seer-deploy calibrate {self.target}) or re-export with "
+                    f"--seer-config FILE")
+        if self.backend != "tensorrt" or seer.buckets:
             return seer
         return seer.with_(buckets=self.buckets)
 
@@ -193,8 +207,7 @@ def describe(target: str | os.PathLike[str]) -> Description:
 
 def checkpoint_seer(checkpoint: str | os.PathLike[str]) -> SeerConfig | None:
     """A checkpoint's calibrated Seer config (`<dir>/seer.json`, the shipped one for the demos), or None."""
-    file = resolve_multimodal(checkpoint) / CHECKPOINT_CONFIG_NAME
-    return SeerConfig.load(file) if file.is_file() else None
+    return SeerConfig.shipped_in(resolve_multimodal(checkpoint))
 
 
 def find_seer_config(target: str | os.PathLike[str], described: Description | None = None) -> SeerConfig | None:

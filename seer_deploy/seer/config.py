@@ -16,7 +16,7 @@ from seer_deploy.core.atomic import write_text_atomic
 from seer_deploy.core.checks import ascii_int, int_in, number_in
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.files import read_json
-from seer_deploy.core.sparsity import STAT_NAMES, SparsityRow, StatsSpec
+from seer_deploy.core.sparsity import STAT_NAMES, SparsityRow, StatsError, StatsSpec
 
 Detector = Literal["sparsity", "eos", "fused"]
 Score = Literal["t", "snr"]
@@ -118,8 +118,9 @@ class SeerConfig:
         if not (number_in(self.abs_threshold, 0.0, 1e6, above_lo=True)
                 and number_in(self.rel_threshold, 0.0, 1.0, above_lo=True) and self.rel_threshold < 1):
             raise ConfigError("seer abs_threshold must be a finite number > 0 and rel_threshold one in (0, 1)")
-        if not all(int_in(layer, 0, MAX_LAYER) for layer in self.stats_layers):
-            raise ConfigError(f"seer stats_layers {list(self.stats_layers)} must be layer indices (whole numbers >= 0)")
+        if not all(int_in(layer, -MAX_LAYER, MAX_LAYER) for layer in self.stats_layers):
+            raise ConfigError(f"seer stats_layers {list(self.stats_layers)} must be layer indices (whole numbers; "
+                              "negative ones count from the last layer)")
         if not all(number_in(w, -1e6, 1e6) for w in self.weights):
             raise ConfigError(f"seer weights {list(self.weights)} must be finite numbers")
         if not all(int_in(b, 1, MAX_SLOTS) for b in self.buckets):
@@ -129,8 +130,6 @@ class SeerConfig:
                 raise ConfigError(f"seer row ({layer!r}, {stat!r}) names no layer; a row is [layer index, statistic]")
             if stat not in STAT_NAMES:
                 raise ConfigError(f"seer row ({layer}, '{stat}') names an unknown statistic; use one of {STAT_NAMES}")
-            if self.stats_layers and layer not in self.stats_layers:
-                raise ConfigError(f"seer row ({layer}, '{stat}') reads layer {layer}, which is not in stats_layers")
         if self.weights and len(self.weights) != len(self.rows):
             raise ConfigError(f"seer weights has {len(self.weights)} entries for {len(self.rows)} rows; give one per row")
         for trend in self.trends:
@@ -149,16 +148,18 @@ class SeerConfig:
         return cut if self.tail_context == "all" else min(int(self.tail_context), cut)
 
     # -- what step zero has to report ------------------------------------------------------------------------
-    def layers_for(self, n_layers: int) -> tuple[int, ...]:
-        """The layers step zero reports statistics for (the last layer unless set)."""
-        layers = self.stats_layers or (n_layers - 1,)
-        bad = [i for i in layers if not 0 <= i < n_layers]
-        if bad:
-            raise ConfigError(f"seer stats_layers {bad} do not exist in a {n_layers}-layer model; recalibrate for it")
-        return layers
-
     def stats_spec(self, n_layers: int) -> StatsSpec:
-        return StatsSpec(self.layers_for(n_layers), self.abs_threshold, self.rel_threshold)
+        """The statistics this config reads from a model of n_layers (`StatsSpec.resolve`'s rule: () = the last
+        layer, negative indices from the end); ConfigError for layers the model lacks or rows outside them."""
+        try:
+            spec = StatsSpec.from_config(self, n_layers)
+        except StatsError as exc:
+            raise ConfigError(f"seer {exc}; recalibrate for this model (seer-deploy calibrate)") from exc
+        outside = [(layer, stat) for layer, stat in self.rows if layer not in spec.layers]
+        if outside:
+            raise ConfigError(f"seer rows {outside} read layers outside stats_layers {list(spec.layers)}; add them "
+                              "to stats_layers or recalibrate")
+        return spec
 
     @property
     def needs_sparsity(self) -> bool:
@@ -211,6 +212,12 @@ class SeerConfig:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the config as JSON through a temp file renamed into place."""
         return write_text_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def shipped_in(cls, checkpoint_dir: Path) -> SeerConfig | None:
+        """The calibration a checkpoint directory ships (`seer.json` inside it), or None."""
+        file = checkpoint_dir / CHECKPOINT_CONFIG_NAME
+        return cls.load(file) if file.is_file() else None
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> SeerConfig:
