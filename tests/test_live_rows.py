@@ -124,3 +124,26 @@ def test_explicit_uniforms_are_checked() -> None:
         with pytest.raises(ConfigError, match="uniform must be float32"):
             StepInput(ids, uniform=bad).checked(16)
 
+
+
+def test_a_short_row_gets_its_share_beside_a_long_one(service: Service) -> None:
+    """Fair share of the model's work: a short row (16 narrow passes) beside a long one (64 wide passes) makes
+    several passes for each of the long row's, so it finishes after fewer than half as many long passes; the long
+    row is never starved (it finishes), and both answer as alone."""
+    ids = service.prepare([Prompt(PROMPTS[0])]).ids[0]
+    long_config, short_config = GenerationConfig(gen_length=64, steps=64), GenerationConfig(gen_length=16, steps=16)
+    live = live_rows(service)
+    long, short = live.admit(RowRequest(ids, long_config)), live.admit(RowRequest(ids, short_config))
+    passes, done = 0, dict[int, FinishedRow]()
+    while short not in done:
+        made = live.round()
+        passes += sum(c.rows for c in made.calls)
+        done.update((f.handle, f) for f in made.finished)
+    assert done[short].passes == 16 and passes - 16 < 8, passes  # the long row: ~16 * (P + 16) / (P + 64) passes
+    while long not in done:
+        done.update((f.handle, f) for f in live.round().finished)
+    info = service.info
+    for handle, config in ((long, long_config), (short, short_config)):
+        want = run_generation(service.backend, [ids], config, mask_id=info.mask_id, pad_id=info.pad_id,
+                              eos_id=info.eos_id)
+        assert done[handle].tokens.tolist() == want.tokens[0].tolist() and done[handle].passes == want.row_passes[0]

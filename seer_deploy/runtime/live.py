@@ -1,9 +1,16 @@
 """Rows that join and leave between passes: the runtime side of step-level continuous batching.
 
 `LiveRows` holds the rows being answered, each with its own prompt, plan, cursor, KV slice and random generator,
-and runs them in rounds: in a round every live row makes its next forward pass, the one `run_generation` would make
-for it alone, in the same order. Rows admitted since the last round make their step zero in it, beside the other
-rows' later steps; a row leaves as soon as its last pass is made, and `drop` takes one out between rounds.
+and runs them in rounds: in a round every row that is due makes its next forward pass, the one `run_generation`
+would make for it alone, in the same order. Rows admitted since the last round make their step zero in the next
+round they are due, beside the other rows' later steps; a row leaves as soon as its last pass is made, and `drop`
+takes one out between rounds.
+
+Who is due: every live row gets an equal share of the model's work (start-time fair queueing over the positions
+its passes compute; a row joins at the least share used). A row is due while its share used is within one pass of
+the cheapest live row of the least used: so a short row (narrow passes: Seer's cut) makes several passes for each
+of a long row's wide ones instead of waiting for the long row's pace, and the least served row is always due, so
+none starves.
 
 A row's pass in a shared call is its pass alone: left-padded to the call's prompt width and right-padded
 (attention mask 0) to its widest row, its candidates its own, and where it samples (temperature > 0) or scores at
@@ -17,8 +24,8 @@ lane's rows, ordered by width (Seer's cut: kept slots + tail context; full lengt
 pass by pass. A group makes one call of each kind its rows need: `step0` for rows at step zero whose cut Seer reads
 (the step graph computes the statistics for the call), with the group's other uncached steps beside them; `step`
 for the uncached steps left (a backend whose step zero is greedy only: the sampled ones); `refresh` for rows
-entering a block with the KV cache; `window_step` per window width. Every lane makes its calls in every round, so
-no row waits more than a round whatever the others ask.
+entering a block with the KV cache; `window_step` per window width. Every lane's due rows make their calls in the
+round, so rows that cannot share a call still get their share.
 """
 
 from __future__ import annotations
@@ -99,7 +106,9 @@ class LiveRows:
             raise ValueError("progressive step zero (first_canvas) rows run per call, not live")
         handle = self._handles
         self._handles += 1
-        self._rows[handle] = LiveRow(handle, request, self._context(request.config), handle)
+        row = LiveRow(handle, request, self._context(request.config), handle)
+        row.virtual = min((r.virtual for r in self._rows.values()), default=0.0)  # an equal share from now on
+        self._rows[handle] = row
         return handle
 
     def drop(self, handle: int) -> None:
@@ -107,9 +116,12 @@ class LiveRows:
         self._rows.pop(handle, None)
 
     def round(self) -> Round:
-        """Every live row's next pass, in the calls the lanes and the cost model choose; the rows that finished."""
+        """The next pass of every row due (`due`), in the calls the lanes and the cost model choose; the rows that
+        finished."""
         lanes: dict[Hashable, list[LiveRow]] = {}
-        for row in sorted(self._rows.values(), key=lambda r: r.order):
+        due = sorted(self.due(), key=lambda r: r.order)
+        for row in due:
+            row.virtual += row.cost  # the share this pass uses
             lanes.setdefault(self._lane(row), []).append(row)
         calls: list[Call] = []
         for rows in lanes.values():
@@ -122,6 +134,18 @@ class LiveRows:
                 finished.append(row.finished(self._contexts[lane_of(row.config, self.backend)]))
                 del self._rows[handle]
         return Round(tuple(calls), tuple(finished))
+
+    def due(self) -> list[LiveRow]:
+        """The rows that make a pass this round: an equal share of the model's work for every live row (start-time
+        fair queueing over positions computed). A row is due while its share used is within the cheapest live row's
+        pass of the least used, so a short row (a few narrow passes) makes several passes for each of a long row's
+        wide ones, every row's share grows, and the least served row is always due: none starves. Rows due together
+        share calls."""
+        if not self._rows:
+            return []
+        least = min(r.virtual for r in self._rows.values())
+        quantum = min(r.cost for r in self._rows.values())
+        return [r for r in self._rows.values() if r.virtual < least + quantum]
 
     def _lane(self, row: LiveRow) -> Hashable:
         """The row's lane; a sampled row on a backend that draws one noise per call is alone in its own (so that its

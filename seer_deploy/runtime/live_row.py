@@ -94,6 +94,7 @@ class LiveRow:
         self.passes = 0  # after step zero
         self.settled = 0
         self.pending: RowPass | None = self._zero_pass(config)
+        self.virtual = 0.0  # positions computed for the row since it joined, from the live rows' least (fair share)
 
     @property
     def config(self) -> GenerationConfig:
@@ -109,6 +110,12 @@ class LiveRow:
             return RowPass("step0", self.first_end, self.zero_k, commits=config.temperature == 0, stats=True,
                          greedy=True)
         return RowPass("refresh" if config.kv_cache else "step", self.first_end, self.zero_k)
+
+    @property
+    def cost(self) -> int:
+        """Positions the row's next pass computes (a window step: its window)."""
+        p = self.pending
+        return len(self.seq) if p is None or p.kind != "window_step" else p.hi - p.lo
 
     def work(self) -> RowWork:
         """What the row still has to run, for the cost model."""
