@@ -68,7 +68,7 @@ def start_server(target: str, args: argparse.Namespace, *extra: str, log: list[s
 
     threading.Thread(target=read, daemon=True).start()
     while True:
-        line = lines.get(timeout=120)
+        line = lines.get(timeout=900)  # a loaded machine may take minutes to import and open the model
         if line.startswith("{") and '"serving"' in line:
             return proc, json.loads(line)["url"]
 
