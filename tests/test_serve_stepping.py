@@ -178,6 +178,23 @@ def test_a_cancelled_row_leaves_at_the_next_pass_and_its_slot_is_used(export_dir
         assert metric(server.url, "seer_serve_rows_settled_total", outcome="answered") == 1
 
 
+def test_a_row_past_its_deadline_is_504_and_leaves_at_the_next_pass(export_dir: Path) -> None:
+    """The gate holds the worker inside a round; the request's deadline passes (504); once the gate opens, the pass
+    in flight ends and the row makes no further pass (settled as expired)."""
+    service = open_service(export_dir)
+    gate = PassGate(service)
+    app = create_app(service, ServeOptions(model_name="demo", timeout_s=1.0))
+    with BackgroundServer(app) as server, ThreadPoolExecutor(1) as pool:
+        late = pool.submit(post, server.url, {"prompt": PROMPTS[8], **LONG})
+        gate.held()
+        answer = late.result(timeout=120)
+        assert answer.status_code == 504 and "deadline" in answer.json()["error"]["message"]
+        gate.allow(10**6)
+        until(lambda: metric(server.url, "seer_serve_rows_in_flight") == 0, "the row settled")
+        assert gate.made == 1  # its step zero, in flight when the deadline passed; nothing after it
+        assert metric(server.url, "seer_serve_rows_settled_total", outcome="expired") == 1
+
+
 def test_rows_of_different_temperatures_and_sizes_share_passes(export_dir: Path, reference: Service) -> None:
     """Greedy and sampled rows, three sizes, Seer on and off, one with the KV cache off and on: held until all are
     queued, then they run together; passes mixing settings and mixing step zero with later steps are counted, and
