@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 
 from seer_deploy.core.backend import Backend
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.models.demos.demo_tasks import heldout_examples
-from seer_deploy.runtime.loop import run_generation
+from seer_deploy.runtime.loop import LoopOptions, run_generation
 from seer_deploy.runtime.openers import open_target
 from seer_deploy.runtime.scheduler import StepCost, measure_step_cost
 from seer_deploy.runtime.targets import TargetInfo, TargetOptions, find_seer_config
@@ -52,8 +52,7 @@ def run_mode(backend: Backend, info: TargetInfo, prompts: list[list[int]], batch
     start = time.perf_counter()
     for lo in range(0, len(prompts), batch):
         forced = None if kept is None else kept[lo : lo + batch]
-        out = run_generation(backend, prompts[lo : lo + batch], config, mask_id=info.mask_id, pad_id=info.pad_id,
-                             eos_id=info.eos_id, seer=seer, kept_lengths=forced, cost=cost)
+        out = run_generation(backend, prompts[lo : lo + batch], config, ids=SpecialIds(mask=info.mask_id, pad=info.pad_id, eos=info.eos_id), seer=seer, kept_lengths=forced, options=LoopOptions(cost=cost))
         passes, positions, tokens = passes + out.passes, positions + out.positions_computed, tokens + out.tokens_processed
     return Measured(time.perf_counter() - start, passes, positions, tokens)
 
@@ -62,8 +61,7 @@ def detected_kept(backend: Backend, info: TargetInfo, prompts: list[list[int]], 
                   seer: SeerConfig) -> list[int]:
     kept: list[int] = []
     for lo in range(0, len(prompts), batch):
-        out = run_generation(backend, prompts[lo : lo + batch], config, mask_id=info.mask_id, pad_id=info.pad_id,
-                             eos_id=info.eos_id, seer=seer)
+        out = run_generation(backend, prompts[lo : lo + batch], config, ids=SpecialIds(mask=info.mask_id, pad=info.pad_id, eos=info.eos_id), seer=seer)
         assert out.seer is not None
         kept.extend(r.kept for r in out.seer)
     return kept

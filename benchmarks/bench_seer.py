@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.models.networks.llada import MaskPredictor
@@ -45,8 +45,8 @@ def run(model: MaskPredictor, loop: str, prompts: list[list[int]], config: Gener
             out = generate(model, chunk, config, seer=seer, kept_lengths=forced)
             tokens.append(out.tokens.numpy())
         else:
-            out = run_generation(backend, chunk, config, mask_id=cfg.mask_id, pad_id=cfg.eos_id, seer=seer,  # type: ignore[assignment]
-                                 kept_lengths=forced, eos_id=cfg.eos_id)
+            out = run_generation(backend, chunk, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.eos_id, eos=cfg.eos_id), seer=seer,  # type: ignore[assignment]
+                                 kept_lengths=forced)
             tokens.append(out.tokens)  # type: ignore[arg-type]
         steps += out.passes
         processed += out.tokens_processed

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.models.text.tokenizer import Tokenizer
@@ -64,8 +64,7 @@ def main() -> None:
         passes = 0
         start = time.perf_counter()
         for lo in range(0, len(prompts), args.batch):
-            out = run_generation(backend, prompts[lo : lo + args.batch], config, mask_id=cfg.mask_id,
-                                 pad_id=cfg.pad_id, eos_id=cfg.eos_id, seer=seer_config)
+            out = run_generation(backend, prompts[lo : lo + args.batch], config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id), seer=seer_config)
             answers += [tok.decode_answer(row.tolist()) for row in out.tokens]
             passes += out.passes
         seconds = time.perf_counter() - start

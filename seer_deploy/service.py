@@ -22,12 +22,12 @@ from PIL import Image
 
 from seer_deploy.core.backend import Backend, ImageBackend
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.models.families.families import IMAGES_UNSUPPORTED
 from seer_deploy.models.prompts.image_placeholders import encode_pictures, expand_placeholders
 from seer_deploy.models.prompts.prompt import Prompt, check_prompt_images, load_pictures
 from seer_deploy.models.text.chat_template import read_template_file
-from seer_deploy.runtime.loop import check_supported, guidance_refused, run_generation
+from seer_deploy.runtime.loop import LoopOptions, check_supported, guidance_refusal, run_generation
 from seer_deploy.runtime.openers import open_target
 from seer_deploy.runtime.targets import (
     BackendChoice,
@@ -72,8 +72,8 @@ class ServiceOptions:
         return None
 
     def check(self) -> None:
-        """ConfigError for settings no target can run, before anything loads."""
-        self.generation.validate()
+        """ConfigError for settings no target can run, before anything loads (the generation settings checked
+        themselves when they were made)."""
         if self.raw_prompts and self.chat_template is not None:
             raise ConfigError("--chat-template and --no-chat-template contradict each other; give one")
         if self.chat_template is not None:
@@ -182,7 +182,7 @@ class Service:
         guidance = self.options.generation.cfg_scale
         described = describe(target)  # the target's kind and manifests, read once for the Seer config and the opener
         if guidance > 0 and (self.options.backend not in (None, "torch") or described.kind != "checkpoint"):
-            raise guidance_refused(guidance, self.options.backend or f"the {described.kind}'s backend")
+            raise guidance_refusal(guidance, self.options.backend or described.kind)  # before anything loads
         seer = resolve_seer(target, self.options, warn, described)
         self.backend: Backend
         self.backend, self.info = open_target(
@@ -247,10 +247,9 @@ class Service:
             batch = slice(lo, lo + self.batch_size)
             prompts = self._with_images(ids[batch], requests[batch], pictures[batch])
             hook = None if on_settled is None else partial(_report_settled, on_settled, lo)
-            out = run_generation(self.backend, prompts, generation, mask_id=self.info.mask_id,
-                                 pad_id=self.info.pad_id, eos_id=self.info.eos_id,
+            out = run_generation(self.backend, prompts, generation, ids=SpecialIds(mask=self.info.mask_id, pad=self.info.pad_id, eos=self.info.eos_id),
                                  seed=(self.options.seed if seed is None else seed) + n,
-                                 seer=seer, on_settled=hook)
+                                 seer=seer, options=LoopOptions(on_settled=hook))
             reports: list[SeerReport | None] = list(out.seer) if out.seer else [None] * len(prompts)
             for request, row, report, passes_made in zip(requests[batch], out.tokens.tolist(), reports, out.row_passes,
                                                    strict=True):
@@ -278,10 +277,9 @@ class Service:
         if not requests:
             raise ConfigError("no prompt given; pass --prompt TEXT or --prompts FILE.jsonl")
         if generation is None:
-            generation = self.options.generation  # validated and checked against the backend when the service opened
-        else:
-            generation.validate()
-            check_supported(generation, self.backend)
+            generation = self.options.generation  # checked against the backend when the service opened
+        elif generation != self.options.generation:
+            check_supported(generation, self.backend)  # its own settings were checked when it was made
         reason = IMAGES_UNSUPPORTED.get(self.info.config.family)
         if reason is not None and any(r.images for r in requests):
             raise ConfigError(reason)
@@ -289,7 +287,7 @@ class Service:
         pictures = load_pictures(requests)
         ids = [self.tokenizer.encode_request(r.prompt, r.messages) for r in requests]
         counts = [len(t) + self._picture_tokens(p) for t, p in zip(ids, pictures, strict=True)]
-        generation.validate(self.backend.max_seq_len, max(counts), image_tokens=self.info.images is not None)
+        generation.check_fits(self.backend.max_seq_len, max(counts), image_tokens=self.info.images is not None)
         return Prepared(tuple(requests), ids, pictures, counts, generation)
 
     def _picture_tokens(self, pictures: list[Image.Image]) -> int:

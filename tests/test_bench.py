@@ -15,7 +15,7 @@ from seer_deploy.bench.report import render_markdown
 from seer_deploy.bench.results import load_json
 from seer_deploy.bench.rows import oracle_row
 from seer_deploy.cli import main
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.service import Prompt, Service, ServiceOptions
@@ -144,8 +144,7 @@ def test_oracle_rows_match_runs_at_their_true_length(make_checkpoint: Callable[.
     assert out.kept == lengths
     assert out.forward_passes <= sum(lengths)  # rows share passes when the scheduler groups them
     for b, n in enumerate(lengths):
-        solo = run_generation(backend, [prompts[b]], GenerationConfig(n, n), mask_id=info.mask_id,
-                              pad_id=info.pad_id, eos_id=info.eos_id)
+        solo = run_generation(backend, [prompts[b]], GenerationConfig(n, n), ids=SpecialIds(mask=info.mask_id, pad=info.pad_id, eos=info.eos_id))
         np.testing.assert_array_equal(out.tokens[b, :n], solo.tokens[0])
         assert np.all(out.tokens[b, n:] == info.eos_id)
     alone = oracle_row(service, GenerationConfig(G, G), [5])(requests[:1], [0])

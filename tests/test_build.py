@@ -21,7 +21,7 @@ from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, Tens
 from seer_deploy.core.atomic import claim
 from seer_deploy.core.backend import StepInput, WindowInput, supports_cache
 from seer_deploy.core.errors import ArtifactError, ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.engines import tensorrt_library
 from seer_deploy.engines.buckets import power_of_two_buckets
@@ -383,7 +383,7 @@ def test_an_ort_engine_dir_of_a_kv_cache_export_runs_refresh_and_window_step(kv_
     calls: list[int] = []
     window_step = engine.window_step  # type: ignore[attr-defined]
     engine.window_step = lambda inputs: calls.append(inputs.window_ids.shape[1]) or window_step(inputs)  # type: ignore[attr-defined]
-    runs = [run_generation(b, prompts, config, mask_id=info.mask_id, pad_id=info.pad_id) for b in (engine, export)]
+    runs = [run_generation(b, prompts, config, ids=SpecialIds(mask=info.mask_id, pad=info.pad_id)) for b in (engine, export)]
     assert calls and set(calls) == {8}  # the engine dir's cached passes ran, over one block each
     np.testing.assert_array_equal(runs[0].tokens, runs[1].tokens)
     assert runs[0].passes == runs[1].passes

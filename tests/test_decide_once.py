@@ -79,3 +79,56 @@ def test_the_shipped_config_runs_on_its_export_as_on_its_checkpoint(exports: dic
     ort_run = generate(prompts, exports["shipped"], options)
     assert [a.tokens for a in ort_run.answers] == [a.tokens for a in torch_run.answers]
     assert [a.seer.kept for a in ort_run.answers if a.seer] == [a.seer.kept for a in torch_run.answers if a.seer]
+
+
+class Counts:
+    """How often a run opens each file named in `files` (an audit hook: every open, whoever does it) and calls the
+    patched functions."""
+
+    def __init__(self, files: tuple[str, ...]) -> None:
+        import sys
+
+        self.files = files
+        self.seen: dict[str, int] = {}
+        self.on = False
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple[object, ...]) -> None:
+        if self.on and event == "open" and isinstance(args[0], str | Path):
+            name = Path(args[0]).name
+            if name in self.files:
+                self.seen[name] = self.seen.get(name, 0) + 1
+
+    def count(self, monkeypatch: pytest.MonkeyPatch, owner: object, name: str, label: str) -> None:
+        original = getattr(owner, name)
+
+        def counted(*args: object, **kwargs: object) -> object:
+            if self.on:
+                self.seen[label] = self.seen.get(label, 0) + 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+
+
+def test_one_generate_on_an_export_reads_and_builds_each_thing_once(
+        exports: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        cli_exit: Callable[[list[str]], tuple[int, str, str]]) -> None:
+    from seer_deploy.core.generation import GenerationConfig
+    from seer_deploy.models.text.tokenizer import Tokenizer
+    from seer_deploy.runtime import targets
+
+    counts = Counts(("config.json", "manifest.json", "tokenizer.json", "seer.json"))
+    counts.count(monkeypatch, targets.Description, "__init__", "described")
+    counts.count(monkeypatch, Tokenizer, "__init__", "tokenizer built")
+    counts.count(monkeypatch, GenerationConfig, "check_fits", "validated")  # settings: checked when made
+    template = tmp_path / "chat.jinja"
+    template.write_text("{{ messages[0].content }}")
+    for extra in ([], ["--chat-template", str(template)]):  # a chosen template: still one tokenizer
+        counts.seen.clear()
+        counts.on = True
+        code, _, err = cli_exit(["generate", str(exports["shipped"]), "-p", PROMPT, "--gen-length", "16", "--seer",
+                                 *extra])
+        counts.on = False
+        assert code == 0, err
+        assert counts.seen == {"described": 1, "manifest.json": 1, "tokenizer.json": 1, "tokenizer built": 1,
+                               "validated": 1, "seer.json": 1}, extra

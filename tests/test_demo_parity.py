@@ -18,14 +18,14 @@ from conftest import requires_demo
 from seer_deploy.cli.demo import export_options
 from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.core.backend import Backend, StepInput
-from seer_deploy.core.generation import GenerationConfig, left_pad
+from seer_deploy.core.generation import GenerationConfig, SpecialIds, left_pad
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
 from seer_deploy.models.demos.demo_tasks import heldout_examples
-from seer_deploy.runtime.loop import run_generation
+from seer_deploy.runtime.loop import LoopOptions, run_generation
 from seer_deploy.runtime.openers import open_target
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.scheduler import StepCost
@@ -99,8 +99,7 @@ def run_all(backend: Backend, info: TargetInfo, prompts: list[list[int]], batch:
             cost: StepCost | None = None) -> tuple[np.ndarray, list[int]]:
     rows, kept = [], []
     for lo in range(0, len(prompts), batch):
-        out = run_generation(backend, prompts[lo : lo + batch], CONFIG, mask_id=info.mask_id, pad_id=info.pad_id,
-                             eos_id=info.eos_id, seer=seer, cost=cost)
+        out = run_generation(backend, prompts[lo : lo + batch], CONFIG, ids=SpecialIds(mask=info.mask_id, pad=info.pad_id, eos=info.eos_id), seer=seer, options=LoopOptions(cost=cost))
         rows.append(out.tokens)
         kept.extend([r.kept for r in out.seer] if out.seer else [CONFIG.gen_length] * out.tokens.shape[0])
     return np.concatenate(rows), kept

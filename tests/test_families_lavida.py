@@ -22,7 +22,7 @@ from PIL import Image
 from safetensors import safe_open
 
 from seer_deploy.core.errors import CheckpointError, ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
@@ -340,7 +340,7 @@ def test_prefix_dlm_lavida_dream_exports_and_onnx_runtime_equals_torch(tmp_path:
         prefix = [model(t, prompt_width=torch.tensor([width])).logits[0, :width] for t in (x, y)]
         full = [plain(t).logits[0, :width] for t in (x, y)]
     assert torch.equal(prefix[0], prefix[1]) and not torch.allclose(full[0], full[1])
-    common = {"mask_id": cfg.mask_id, "pad_id": cfg.pad_id, "eos_id": cfg.eos_id}
+    common = {"ids": SpecialIds(cfg.mask_id, cfg.pad_id, cfg.eos_id)}
     for seer in (None, SEER_ANY):
         ort = run_generation(backend, ids, CONFIG, seer=seer, **common)  # type: ignore[arg-type]
         ref = run_generation(TorchBackend(model), ids, CONFIG, seer=seer, **common)  # type: ignore[arg-type]
@@ -418,7 +418,7 @@ def test_anyres_pictures_run_on_onnx_runtime_as_on_torch(lavida) -> None:
                               cfg.n_embed_rows)
     backend.set_image_table(ort_embeds)
     model = ImageConditionedModel(loaded.lm.model, torch.from_numpy(np.concatenate(ort_embeds)))
-    common = {"mask_id": cfg.mask_id, "pad_id": cfg.pad_id, "eos_id": cfg.eos_id}
+    common = {"ids": SpecialIds(cfg.mask_id, cfg.pad_id, cfg.eos_id)}
     for seer in (None, SEER_ANY):
         ort = run_generation(backend, ids, CONFIG, seer=seer, **common)  # type: ignore[arg-type]
         ref = run_generation(TorchBackend(model), ids, CONFIG, seer=seer, **common)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from test_cli import run
 
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import CheckpointError, ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
@@ -113,7 +113,7 @@ def ort_equals_torch(model: MaskPredictor, export: Path, config: GenerationConfi
     """ONNX Runtime = torch, token for token, with Seer off, on (a low floor so the random model is cut) and with
     forced kept lengths (cuts whatever the random model predicts); the Seer runs plan identical cuts on both."""
     cfg = model.cfg
-    common = {"mask_id": cfg.mask_id, "pad_id": cfg.pad_id, "eos_id": cfg.eos_id}
+    common = {"ids": SpecialIds(cfg.mask_id, cfg.pad_id, cfg.eos_id)}
     for extra in ({}, {"seer": SeerConfig(detector="eos", eos_floor=0.0)}, {"kept_lengths": [5, 16, 9][: len(prompts)]}):
         runs = [run_generation(b, prompts, config, **common, **extra)  # type: ignore[arg-type]
                 for b in (TorchBackend(model), OrtBackend(export, CPU))]
@@ -305,8 +305,7 @@ def test_llada_1_5_config_loads_as_llada_8b(tmp_path: Path) -> None:
     (ckpt / "config.json").write_text(json.dumps(small))
     loaded = load_checkpoint(ckpt)
     assert loaded.config.family == "llada" and loaded.config.rope_theta == 500000.0
-    run = run_generation(TorchBackend(loaded.model), PROMPTS, PLAIN, mask_id=loaded.config.mask_id,
-                         pad_id=loaded.config.eos_id, seer=SeerConfig(detector="eos", eos_floor=0.0))
+    run = run_generation(TorchBackend(loaded.model), PROMPTS, PLAIN, ids=SpecialIds(mask=loaded.config.mask_id, pad=loaded.config.eos_id), seer=SeerConfig(detector="eos", eos_floor=0.0))
     assert run.tokens.shape == (3, 16) and run.seer is not None
     # ... exports, and runs on ONNX Runtime as on torch, Seer off and on.
     ort_equals_torch(loaded.model, export_checkpoint(ckpt, tmp_path / "export").out)
@@ -442,10 +441,8 @@ def test_dimple_loads_its_language_model_and_generates_text(tmp_path: Path) -> N
     loaded = load_checkpoint(ckpt)
     assert (loaded.config.family, loaded.config.shift_logits, loaded.config.qkv_bias) == ("dimple", True, True)
     cfg = loaded.config
-    run = run_generation(TorchBackend(loaded.model), PROMPTS, PLAIN, mask_id=cfg.mask_id, pad_id=cfg.eos_id,
-                         eos_id=cfg.eos_id, seer=SeerConfig(detector="eos", eos_floor=0.0))
-    ref = run_generation(TorchBackend(model), PROMPTS, PLAIN, mask_id=cfg.mask_id, pad_id=cfg.eos_id,
-                         eos_id=cfg.eos_id, seer=SeerConfig(detector="eos", eos_floor=0.0))
+    run = run_generation(TorchBackend(loaded.model), PROMPTS, PLAIN, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.eos_id, eos=cfg.eos_id), seer=SeerConfig(detector="eos", eos_floor=0.0))
+    ref = run_generation(TorchBackend(model), PROMPTS, PLAIN, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.eos_id, eos=cfg.eos_id), seer=SeerConfig(detector="eos", eos_floor=0.0))
     np.testing.assert_array_equal(run.tokens, ref.tokens)
     with pytest.raises(ConfigError, match="Qwen2.5-VL"):
         check_images_supported(raw)

@@ -19,7 +19,7 @@ from test_multimodal import pictures, write_tiny_vl
 from seer_deploy.contracts.graphs import STEP, WINDOW_STEP
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines import ort as ort_engine
 from seer_deploy.engines.fixed_shapes import FixedShapes, pad_feed, unpad_outputs
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
@@ -75,7 +75,7 @@ def test_io_binding_gives_the_tokens_of_session_run(exported: tuple[MaskPredicto
     seer = SeerConfig(detector="eos", eos_floor=0.0) if truncation == "seer" else None
     kept = [5, 24, 11] if truncation == "mixed-kept" else None
     backends = [OrtBackend(out, options) for options in (PLAIN, BOUND, PADDED)]
-    runs = [run_generation(b, PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id, eos_id=cfg.eos_id, seer=seer,
+    runs = [run_generation(b, PROMPTS, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id), seer=seer,
                            kept_lengths=kept) for b in backends]
     assert np.array_equal(runs[0].tokens, runs[1].tokens)
     assert np.array_equal(runs[0].tokens, runs[2].tokens)
@@ -100,7 +100,7 @@ def test_device_resident_kv_cache_gives_the_host_cache_tokens(exported: tuple[Ma
     ids = np.array([PROMPTS[0] + [cfg.mask_id] * 8])
     kinds = [type(b.refresh(StepInput(ids)).kv) for b in backends]
     assert kinds == [np.ndarray, torch.Tensor, np.ndarray, torch.Tensor]
-    runs = [run_generation(b, PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id, eos_id=cfg.eos_id,
+    runs = [run_generation(b, PROMPTS, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id),
                            kept_lengths=kept) for b in backends]
     for other in runs[1:]:
         assert np.array_equal(runs[0].tokens, other.tokens)
@@ -265,6 +265,5 @@ def test_ort_cuda_with_io_binding_gives_the_cpu_tokens(exported: tuple[MaskPredi
     cfg = model.cfg
     config = GenerationConfig(24, 24)
     cuda = OrtSessionOptions(providers=("CUDAExecutionProvider", CPU), io_binding=True, cuda_graph=cuda_graph)
-    runs = [run_generation(OrtBackend(out, o), PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id,
-                           eos_id=cfg.eos_id, kept_lengths=[5, 24, 11]) for o in (PLAIN, cuda)]
+    runs = [run_generation(OrtBackend(out, o), PROMPTS, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id), kept_lengths=[5, 24, 11]) for o in (PLAIN, cuda)]
     assert np.array_equal(runs[0].tokens, runs[1].tokens)

@@ -17,7 +17,7 @@ from test_multimodal import pictures, write_tiny_vl
 from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.core.backend import StepInput, WindowInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.multimodal import export_multimodal
@@ -132,7 +132,7 @@ def test_cached_loop_on_ort_equals_torch(exported: tuple[MaskPredictor, Path, Pa
     seer = SeerConfig(detector="eos", eos_floor=0.0) if truncation == "seer" else None
     kept = [5, 24, 11, 17] if truncation == "mixed-kept" else None
     runs = [
-        run_generation(backend, PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id, eos_id=cfg.eos_id,
+        run_generation(backend, PROMPTS, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id),
                        seer=seer, kept_lengths=kept)
         for backend in (TorchBackend(model), OrtBackend(out, CPU))
     ]
@@ -148,7 +148,7 @@ def test_the_cache_is_used(exported: tuple[MaskPredictor, Path, Path]) -> None:
     cfg = model.cfg
     backend = TorchBackend(model)
     plain = GenerationConfig(32, 32, block_length=8)
-    runs = [run_generation(backend, PROMPTS, c, mask_id=cfg.mask_id, pad_id=cfg.pad_id, eos_id=cfg.eos_id)
+    runs = [run_generation(backend, PROMPTS, c, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id))
             for c in (plain, GenerationConfig(32, 32, block_length=8, kv_cache=True))]
     assert runs[0].passes == runs[1].passes == 32
     assert runs[1].positions_computed < runs[0].positions_computed / 2
@@ -165,11 +165,10 @@ def test_cache_requests_are_refused_with_the_fix(tmp_path: Path, exported: tuple
     (plain / manifest["graphs"].pop("window_step")["file"]).unlink()
     (plain / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match="--kv-cache"):
-        run_generation(OrtBackend(plain, CPU), PROMPTS, GenerationConfig(8, 8, kv_cache=True), mask_id=cfg.mask_id,
-                       pad_id=cfg.pad_id)
+        run_generation(OrtBackend(plain, CPU), PROMPTS, GenerationConfig(8, 8, kv_cache=True), ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id))
     with pytest.raises(ConfigError, match="cfg-scale"):
         run_generation(TorchBackend(model), PROMPTS, GenerationConfig(8, 8, kv_cache=True, cfg_scale=1.0),
-                       mask_id=cfg.mask_id, pad_id=cfg.pad_id)
+                       ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id))
     code, _, err = run(["generate", str(plain), "-p", "reverse 12", "--gen-length", "8", "--kv-cache"], capsys)
     assert code != 0 and "export --kv-cache" in err and len(err.strip().splitlines()) == 1
     # A manifest with the window graph but a step graph that returns no keys and values is refused when it is read.
@@ -223,12 +222,11 @@ def test_progressive_step_zero_on_ort_equals_torch(exported: tuple[MaskPredictor
     cfg = model.cfg
     for seer in (SeerConfig(detector="eos", eos_floor=0.0, margin=0), SeerConfig(detector="eos", eos_floor=2.0)):
         canvas = seer.with_(first_canvas=12)
-        runs = [run_generation(backend, PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id, eos_id=cfg.eos_id,
+        runs = [run_generation(backend, PROMPTS, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id),
                                seer=canvas) for backend in (TorchBackend(model), OrtBackend(out, CPU))]
         assert np.array_equal(runs[0].tokens, runs[1].tokens)
         if seer.eos_floor > 1:  # this detector never cuts: every row falls back to step zero at full length
-            full = run_generation(TorchBackend(model), PROMPTS, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id,
-                                  eos_id=cfg.eos_id, seer=seer)
+            full = run_generation(TorchBackend(model), PROMPTS, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id), seer=seer)
             assert np.array_equal(runs[0].tokens, full.tokens)
             assert runs[0].passes == full.passes + 1
 
@@ -247,7 +245,7 @@ def test_progressive_step_zero_plans_from_the_canvas_on_the_demo() -> None:
     prompts = [tok.encode_prompt(e.prompt) for e in heldout_examples(6)]
     config = GenerationConfig(256, 256, block_length=32, kv_cache=True, decode="threshold")
     backend = TorchBackend(ckpt.model, seer.stats_spec(cfg.n_layers))
-    runs = [run_generation(backend, prompts, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id, eos_id=cfg.eos_id,
+    runs = [run_generation(backend, prompts, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id),
                            seer=seer.with_(first_canvas=canvas)) for canvas in (0, 32)]
     assert runs[1].seer is not None and all(r.kept < 32 for r in runs[1].seer)
     assert runs[1].batch_sizes[0] == len(prompts) and runs[1].passes == runs[0].passes

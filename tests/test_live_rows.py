@@ -14,7 +14,7 @@ import pytest
 
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demos.demo_tasks import heldout_examples
@@ -48,9 +48,13 @@ def settings(service: Service, kv_cache: bool) -> list[tuple[GenerationConfig, b
     ]
 
 
-def live_rows(service: Service) -> LiveRows:
+def special_ids(service: Service) -> SpecialIds:
     info = service.info
-    return LiveRows(service.backend, mask_id=info.mask_id, pad_id=info.pad_id, eos_id=info.eos_id)
+    return SpecialIds(info.mask_id, info.pad_id, info.eos_id)
+
+
+def live_rows(service: Service) -> LiveRows:
+    return LiveRows(service.backend, special_ids(service))
 
 
 def run_joining(live: LiveRows, requests: list[RowRequest], per_round: int = 2
@@ -73,7 +77,6 @@ def test_rows_that_join_mid_flight_answer_as_alone(service: Service, kv_cache: b
     """Every row's tokens, passes and Seer report equal its run_generation alone (sampled and random-remasking rows
     too: their uniforms and scores come from their own generator), though rows joined while others ran and rows of
     different settings shared calls; calls that mix step zero with later steps, and settings, happened."""
-    info = service.info
     chosen = settings(service, kv_cache)
     requests, alone = [], []
     for i, prompt in enumerate(PROMPTS[:12]):
@@ -81,8 +84,8 @@ def test_rows_that_join_mid_flight_answer_as_alone(service: Service, kv_cache: b
         ids = service.prepare([Prompt(prompt)]).ids[0]
         seer = service.seer if seer_on else None
         requests.append(RowRequest(ids, config, seer, seed))
-        alone.append(run_generation(service.backend, [ids], config, mask_id=info.mask_id, pad_id=info.pad_id,
-                                    eos_id=info.eos_id, seed=seed, seer=seer))
+        alone.append(run_generation(service.backend, [ids], config, special_ids(service), seed=seed,
+                                    seer=seer))
     finished, rounds = run_joining(live_rows(service), requests)
     for i, want in enumerate(alone):
         got = finished[i]
@@ -110,9 +113,7 @@ def test_a_dropped_row_makes_no_further_pass(service: Service) -> None:
     assert all(c.rows == 1 for r in rest for c in r.calls)
     done = [f for r in rest for f in r.finished]
     assert [f.handle for f in done] == [short] and len(live) == 0
-    info = service.info
-    want = run_generation(service.backend, [ids[1]], config, mask_id=info.mask_id, pad_id=info.pad_id,
-                          eos_id=info.eos_id)
+    want = run_generation(service.backend, [ids[1]], config, special_ids(service))
     assert done[0].tokens.tolist() == want.tokens[0].tolist()
 
 
@@ -142,8 +143,6 @@ def test_a_short_row_gets_its_share_beside_a_long_one(service: Service) -> None:
     assert done[short].passes == 16 and passes - 16 < 8, passes  # the long row: ~16 * (P + 16) / (P + 64) passes
     while long not in done:
         done.update((f.handle, f) for f in live.round().finished)
-    info = service.info
     for handle, config in ((long, long_config), (short, short_config)):
-        want = run_generation(service.backend, [ids], config, mask_id=info.mask_id, pad_id=info.pad_id,
-                              eos_id=info.eos_id)
+        want = run_generation(service.backend, [ids], config, special_ids(service))
         assert done[handle].tokens.tolist() == want.tokens[0].tolist() and done[handle].passes == want.row_passes[0]

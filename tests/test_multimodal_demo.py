@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from seer_deploy.cli.demo import run_multimodal_demo
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.models.checkpoints.multimodal import LoadedMultimodal, load_multimodal
@@ -92,7 +92,7 @@ def test_onnx_runtime_equals_torch_on_100_pictures_seer_on_and_off(demo: LoadedM
     pad = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
     seer = checkpoint_seer("demo-vl")
     for use in (None, seer):
-        ort = run_generation(backend, prompts, GEN, mask_id=cfg.mask_id, pad_id=pad, seer=use, eos_id=cfg.eos_id)
+        ort = run_generation(backend, prompts, GEN, ids=SpecialIds(mask=cfg.mask_id, pad=pad, eos=cfg.eos_id), seer=use)
         ref = generate(model, prompts, GEN, seer=use)
         same = [np.array_equal(a, b) for a, b in zip(ort.tokens, ref.tokens.numpy(), strict=True)]
         assert all(same), f"seer={use is not None}: {same.count(False)} of 100 differ"

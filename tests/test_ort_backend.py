@@ -16,7 +16,7 @@ from conftest import requires_demo, tiny_model
 from seer_deploy.contracts.sampling import draw_uniform
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.models.checkpoints.checkpoint import load_checkpoint, save_checkpoint
@@ -181,21 +181,21 @@ def test_whole_generations_equal_the_torch_reference(exported: tuple[MaskPredict
     prompts = [[10, 15, 3, 1, 4, 13], [10, 16, 2, 7, 1, 8, 2, 8, 1, 8, 13], [10, 17, 5, 13]]
     for config in (GenerationConfig(gen_length=24, steps=24), GenerationConfig(gen_length=32, steps=16, block_length=8)):
         want = generate(model, prompts, config).tokens.numpy()
-        got = run_generation(ort_backend, prompts, config, mask_id=cfg.mask_id, pad_id=cfg.eos_id)
+        got = run_generation(ort_backend, prompts, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.eos_id))
         assert np.array_equal(got.tokens, want)
     # Seer's cut with the tail kept in view as committed EOS (tail_context): ONNX Runtime's tokens are torch's too.
     config, kept = GenerationConfig(gen_length=24, steps=24), [5, 9, 24]
     for context in (3, "all"):
         seer = SeerConfig(tail_context=context)
         want = generate(model, prompts, config, kept_lengths=kept, seer=seer).tokens.numpy()
-        got = run_generation(ort_backend, prompts, config, mask_id=cfg.mask_id, pad_id=cfg.eos_id, kept_lengths=kept,
+        got = run_generation(ort_backend, prompts, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.eos_id), kept_lengths=kept,
                              seer=seer)
         assert np.array_equal(got.tokens, want) and got.seer is not None
         assert [r.context for r in got.seer] == ([3, 3, 0] if context == 3 else [19, 15, 0])
     # random remasking: the host draws the scores, so ORT and torch agree for the same loop seed.
     config = GenerationConfig(gen_length=16, steps=8, remasking="random")
-    a = run_generation(ort_backend, prompts, config, mask_id=cfg.mask_id, pad_id=cfg.eos_id, seed=3)
-    b = run_generation(torch_backend, prompts, config, mask_id=cfg.mask_id, pad_id=cfg.eos_id, seed=3)
+    a = run_generation(ort_backend, prompts, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.eos_id), seed=3)
+    b = run_generation(torch_backend, prompts, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.eos_id), seed=3)
     assert np.array_equal(a.tokens, b.tokens)
 
 
@@ -289,7 +289,7 @@ def test_demo_generations_match_torch_on_200_prompts(tmp_path: Path) -> None:
     for lo in range(0, len(prompts), 50):
         chunk = prompts[lo : lo + 50]
         want = generate(ckpt.model, chunk, config).tokens.numpy()
-        got = run_generation(backend, chunk, config, mask_id=cfg.mask_id, pad_id=pad).tokens
+        got = run_generation(backend, chunk, config, ids=SpecialIds(mask=cfg.mask_id, pad=pad)).tokens
         assert np.array_equal(got, want), f"prompts {lo}..{lo + len(chunk) - 1}"
     assert json.loads((result.out / "manifest.json").read_text())["model"]["source"] == "demo"
     print(f"demo parity: 200 prompts in {time.perf_counter() - start:.1f}s")

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.runtime import loopcore
-from seer_deploy.runtime.loop import run_generation
+from seer_deploy.runtime.loop import LoopOptions, run_generation
 from seer_deploy.runtime.loopcore import c_core, python_core
 from seer_deploy.runtime.reference import generate, select_confident
 from seer_deploy.runtime.torch_backend import TorchBackend
@@ -112,8 +112,7 @@ def test_runtime_loop_equals_the_reference(core: object, config: GenerationConfi
     cfg = model.cfg
     prompts = _prompts()
     ref = generate(model, prompts, config, seer=seer)
-    out = run_generation(TorchBackend(model), prompts, config, mask_id=cfg.mask_id, pad_id=cfg.pad_id,
-                         eos_id=cfg.eos_id, seer=seer, core=core)  # type: ignore[arg-type]
+    out = run_generation(TorchBackend(model), prompts, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id), seer=seer, options=LoopOptions(core=core))  # type: ignore[arg-type]
     assert np.array_equal(out.tokens, ref.tokens.numpy())
     assert len(out.row_passes) == len(prompts) and all(s >= 1 for s in out.row_passes)
     if seer is not None:
@@ -127,14 +126,12 @@ def test_steps_follow_the_models_confidence() -> None:
     cfg = model.cfg
     backend = TorchBackend(model)
     easy = GenerationConfig(24, 24, block_length=8, decode="threshold", threshold=1e-30)
-    out = run_generation(backend, _prompts(), easy, mask_id=cfg.mask_id, pad_id=cfg.pad_id, eos_id=cfg.eos_id)
+    out = run_generation(backend, _prompts(), easy, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id))
     assert out.passes == 3 and out.row_passes == [3, 3, 3]
-    fixed = run_generation(backend, _prompts(), GenerationConfig(24, 24, block_length=8), mask_id=cfg.mask_id,
-                           pad_id=cfg.pad_id, eos_id=cfg.eos_id)
+    fixed = run_generation(backend, _prompts(), GenerationConfig(24, 24, block_length=8), ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id))
     assert fixed.passes == 24
     strict = GenerationConfig(24, 24, block_length=8, decode="threshold", threshold=1.0)
-    one_each = run_generation(backend, _prompts(), strict, mask_id=cfg.mask_id, pad_id=cfg.pad_id,
-                              eos_id=cfg.eos_id)
+    one_each = run_generation(backend, _prompts(), strict, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.pad_id, eos=cfg.eos_id))
     # About one token a pass (a pass whose proposals are all the mask token itself ends its block early).
     assert 3 < one_each.passes <= 24 and max(one_each.row_passes) > 12
 

@@ -87,14 +87,15 @@ def test_random_remasking_and_cfg_run() -> None:
 
 
 @pytest.mark.parametrize(
-    "cfg, message",
+    "settings, message",
     [
-        (GenerationConfig(gen_length=10, steps=10, block_length=4), "not a multiple of block_length"),
-        (GenerationConfig(gen_length=8, steps=3, block_length=4), "cannot be split evenly across 2 blocks"),
-        (GenerationConfig(gen_length=200, steps=200), "exceeds the model's 128 positions"),
-        (GenerationConfig(gen_length=8, steps=8, remasking="top_p"), "remasking 'top_p' is unknown"),  # type: ignore[arg-type]
+        ({"gen_length": 10, "steps": 10, "block_length": 4}, "not a multiple of block_length"),
+        ({"gen_length": 8, "steps": 3, "block_length": 4}, "cannot be split evenly across 2 blocks"),
+        ({"gen_length": 200, "steps": 200}, "exceeds the model's 128 positions"),
+        ({"gen_length": 8, "steps": 8, "remasking": "top_p"}, "remasking 'top_p' is unknown"),
     ],
 )
-def test_bad_settings_are_clear_errors(cfg: GenerationConfig, message: str) -> None:
+def test_bad_settings_are_clear_errors(settings: dict[str, object], message: str) -> None:
+    """A setting is refused when the config is made; a length only against a model's positions."""
     with pytest.raises(ConfigError, match=message):
-        generate(tiny_model(), [[10, 14, 13]], cfg)
+        generate(tiny_model(), [[10, 14, 13]], GenerationConfig(**settings))  # type: ignore[arg-type]

@@ -13,10 +13,10 @@ from conftest import tiny_model
 
 from seer_deploy.core.backend import Step0Output, StepInput, StepOutput
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
 from seer_deploy.models.networks.llada import MaskPredictor
-from seer_deploy.runtime.loop import run_generation
+from seer_deploy.runtime.loop import LoopOptions, check_supported, run_generation
 from seer_deploy.runtime.loopcore import c_core, core_name, python_core
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
@@ -27,7 +27,7 @@ with_cores = pytest.mark.parametrize("core", CORES, ids=lambda c: core_name(c))
 
 def _ids(model: MaskPredictor) -> dict[str, Any]:
     cfg = model.cfg
-    return {"mask_id": cfg.mask_id, "pad_id": cfg.pad_id if cfg.pad_id is not None else cfg.eos_id}
+    return {"ids": SpecialIds(cfg.mask_id, cfg.pad_id if cfg.pad_id is not None else cfg.eos_id)}
 
 
 PARITY_CASES = [
@@ -48,7 +48,7 @@ PARITY_CASES = [
 def test_tokens_match_the_reference_loop(core: Any, prompts: list[list[int]], config: GenerationConfig) -> None:
     model = tiny_model()
     expected = generate(model, prompts, config)
-    got = run_generation(TorchBackend(model), prompts, config, core=core, **_ids(model))
+    got = run_generation(TorchBackend(model), prompts, config, options=LoopOptions(core=core), **_ids(model))
     assert got.tokens.dtype == np.int64
     np.testing.assert_array_equal(got.tokens, expected.tokens.numpy())
     assert got.passes == expected.passes  # every step commits something here: none is skipped
@@ -62,7 +62,7 @@ def test_prompt_masks_stay_candidates_as_in_the_reference(core: Any) -> None:
     prompts = [[10, mask, 3, mask, 13], [10, 14, 13]]
     config = GenerationConfig(gen_length=8, steps=4, block_length=4)
     expected = generate(model, prompts, config).tokens.numpy()
-    got = run_generation(TorchBackend(model), prompts, config, core=core, **_ids(model))
+    got = run_generation(TorchBackend(model), prompts, config, options=LoopOptions(core=core), **_ids(model))
     np.testing.assert_array_equal(got.tokens, expected)
 
 
@@ -72,7 +72,7 @@ def test_steps_that_commit_nothing_are_not_run(core: Any) -> None:
     prompts = [[10, 14, 3, 13]]
     config = GenerationConfig(gen_length=6, steps=20, block_length=3)  # 10 steps per block for 3 masks
     expected = generate(model, prompts, config)
-    got = run_generation(TorchBackend(model), prompts, config, core=core, **_ids(model))
+    got = run_generation(TorchBackend(model), prompts, config, options=LoopOptions(core=core), **_ids(model))
     np.testing.assert_array_equal(got.tokens, expected.tokens.numpy())
     assert expected.passes == 20 and got.passes == 6  # one pass per committed token
     assert got.tokens_processed == 6 * (4 + 6)
@@ -124,7 +124,7 @@ def test_random_remasking_ranks_by_host_uniforms(core: Any) -> None:
     prompts = [[5, 6], [7, 8]]
     config = GenerationConfig(gen_length=8, steps=4, block_length=4, remasking="random")
     backend = ScriptedBackend()  # confidence rises with the position: low_confidence would commit right to left
-    result = run_generation(backend, prompts, config, mask_id=MASK, pad_id=PAD, core=core, seed=7)
+    result = run_generation(backend, prompts, config, ids=SpecialIds(mask=MASK, pad=PAD), options=LoopOptions(core=core), seed=7)
     final = np.concatenate([np.array(prompts), result.tokens], axis=1)
     rng = np.random.default_rng(7)
     expected_x = backend.calls[0]["x"].copy()
@@ -139,7 +139,7 @@ def test_random_remasking_ranks_by_host_uniforms(core: Any) -> None:
     np.testing.assert_array_equal(final, expected_x)
     assert (result.tokens == np.arange(2, 10) + 100).all()  # every slot got the backend's token for it
     reseeded = ScriptedBackend()
-    other = run_generation(reseeded, prompts, config, mask_id=MASK, pad_id=PAD, core=core, seed=8)
+    other = run_generation(reseeded, prompts, config, ids=SpecialIds(mask=MASK, pad=PAD), options=LoopOptions(core=core), seed=8)
     other_final = np.concatenate([np.array(prompts), other.tokens], axis=1)
     orders = [_commits(backend.calls, final), _commits(reseeded.calls, other_final)]
     assert any(not np.array_equal(a, b) for a, b in zip(*orders, strict=True))  # the seed decides the order
@@ -149,7 +149,7 @@ def test_random_remasking_ranks_by_host_uniforms(core: Any) -> None:
 def test_low_confidence_commits_the_most_confident_first(core: Any) -> None:
     backend = ScriptedBackend()  # confidence rises with the position
     config = GenerationConfig(gen_length=6, steps=3)
-    result = run_generation(backend, [[5, 6]], config, mask_id=MASK, pad_id=PAD, core=core)
+    result = run_generation(backend, [[5, 6]], config, ids=SpecialIds(mask=MASK, pad=PAD), options=LoopOptions(core=core))
     commits = _commits(backend.calls, np.concatenate([[[5, 6]], result.tokens], axis=1))
     assert [np.flatnonzero(c[0]).tolist() for c in commits] == [[6, 7], [4, 5], [2, 3]]
 
@@ -157,20 +157,20 @@ def test_low_confidence_commits_the_most_confident_first(core: Any) -> None:
 def test_temperature_and_per_step_seeds_reach_the_backend() -> None:
     backend = ScriptedBackend()
     config = GenerationConfig(gen_length=4, steps=4, temperature=0.7)
-    result = run_generation(backend, [[5, 6]], config, mask_id=MASK, pad_id=PAD, seed=3)
+    result = run_generation(backend, [[5, 6]], config, ids=SpecialIds(mask=MASK, pad=PAD), seed=3)
     kinds = [c["kind"] for c in backend.calls]
     assert kinds == ["step", "step", "step", "step"]  # without Seer nobody reads step zero: its sampled pass alone
     seeds = [c["seed"] for c in backend.calls]
     assert all(c["temperature"] == 0.7 for c in backend.calls) and len(set(seeds)) == 4
     assert result.passes == 4 and result.tokens_processed == 4 * 6
     again = ScriptedBackend()
-    run_generation(again, [[5, 6]], config, mask_id=MASK, pad_id=PAD, seed=3)
+    run_generation(again, [[5, 6]], config, ids=SpecialIds(mask=MASK, pad=PAD), seed=3)
     assert [c["seed"] for c in again.calls] == seeds
     cut = ScriptedBackend()  # with Seer step zero's statistics are read: the greedy step0, then a sampled pass commits
-    run_generation(cut, [[5, 6]], config, mask_id=MASK, pad_id=PAD, seed=3, kept_lengths=[4])
+    run_generation(cut, [[5, 6]], config, ids=SpecialIds(mask=MASK, pad=PAD), seed=3, kept_lengths=[4])
     assert [c["kind"] for c in cut.calls][:2] == ["step0", "step"]
     greedy = ScriptedBackend()
-    run_generation(greedy, [[5, 6]], GenerationConfig(gen_length=4, steps=4), mask_id=MASK, pad_id=PAD)
+    run_generation(greedy, [[5, 6]], GenerationConfig(gen_length=4, steps=4), ids=SpecialIds(mask=MASK, pad=PAD))
     assert [c["kind"] for c in greedy.calls] == ["step0", "step", "step", "step"]
     assert all(c["seed"] is None and c["temperature"] == 0 for c in greedy.calls[1:])
 
@@ -186,7 +186,7 @@ def test_sampling_is_seeded_with_the_torch_backend() -> None:
 def test_left_padding_is_masked_out_for_the_backend() -> None:
     backend = ScriptedBackend()
     config = GenerationConfig(gen_length=4, steps=2)
-    run_generation(backend, [[5, 6, 7], [8]], config, mask_id=MASK, pad_id=PAD)
+    run_generation(backend, [[5, 6, 7], [8]], config, ids=SpecialIds(mask=MASK, pad=PAD))
     first = backend.calls[0]
     assert first["x"].tolist() == [[5, 6, 7, 1, 1, 1, 1], [0, 0, 8, 1, 1, 1, 1]]
     assert first["mask"].tolist() == [[1] * 7, [0, 0, 1, 1, 1, 1, 1]]
@@ -195,13 +195,13 @@ def test_left_padding_is_masked_out_for_the_backend() -> None:
 def test_unsupported_settings_are_config_errors() -> None:
     backend = ScriptedBackend()
     with pytest.raises(ConfigError, match="cfg_scale.*only the torch backend.*scripted"):
-        run_generation(backend, [[5]], GenerationConfig(gen_length=4, steps=4, cfg_scale=1.0), mask_id=MASK, pad_id=PAD)
+        check_supported(GenerationConfig(gen_length=4, steps=4, cfg_scale=1.0), backend)
     with pytest.raises(ConfigError, match="pad_id equals mask_id"):
-        run_generation(backend, [[5]], GenerationConfig(gen_length=4, steps=4), mask_id=MASK, pad_id=MASK)
+        run_generation(backend, [[5]], GenerationConfig(gen_length=4, steps=4), ids=SpecialIds(mask=MASK, pad=MASK))
     with pytest.raises(ConfigError, match="at least one token"):
-        run_generation(backend, [[5], []], GenerationConfig(gen_length=4, steps=4), mask_id=MASK, pad_id=PAD)
-    with pytest.raises(ConfigError, match="exceeds"):
-        run_generation(backend, [[5] * 250], GenerationConfig(gen_length=8, steps=8), mask_id=MASK, pad_id=PAD)
+        run_generation(backend, [[5], []], GenerationConfig(gen_length=4, steps=4), ids=SpecialIds(mask=MASK, pad=PAD))
+    with pytest.raises(ConfigError, match="exceeds"):  # checked once, where prompts are prepared (Service.prepare)
+        GenerationConfig(gen_length=8, steps=8).check_fits(backend.max_seq_len, 250)
 
 
 @pytest.mark.parametrize("kept", [None, [5, 16, 9]], ids=["full-length", "cut"])
@@ -211,7 +211,7 @@ def test_guidance_on_the_torch_backend_equals_the_reference(kept: list[int] | No
     model = tiny_model(seed=5)
     config = GenerationConfig(gen_length=16, steps=8, cfg_scale=1.5)
     prompts = [[10, 14, 1, 2, 3, 13], [10, 15, 4, 13], [10, 16, 5, 6, 7, 13]]
-    out = run_generation(TorchBackend(model), prompts, config, mask_id=model.cfg.mask_id, pad_id=model.cfg.eos_id,
+    out = run_generation(TorchBackend(model), prompts, config, ids=SpecialIds(mask=model.cfg.mask_id, pad=model.cfg.eos_id),
                          kept_lengths=kept)
     ref = generate(model, prompts, config, kept_lengths=kept)
     np.testing.assert_array_equal(out.tokens, ref.tokens.numpy())
@@ -224,7 +224,7 @@ def test_remaining_steps_run_on_a_shorter_kept_length() -> None:
     """The seam Seer uses: step zero at full length, then the later steps on prompt + kept length only."""
     backend = ScriptedBackend()
     config = GenerationConfig(gen_length=8, steps=8, block_length=4)
-    out = run_generation(backend, [[5, 6]], config, mask_id=MASK, pad_id=PAD, core=python_core(), kept_lengths=[5])
+    out = run_generation(backend, [[5, 6]], config, ids=SpecialIds(mask=MASK, pad=PAD), options=LoopOptions(core=python_core()), kept_lengths=[5])
     assert [c["x"].shape[1] for c in backend.calls] == [10, 7, 7, 7, 7]
     assert out.passes == 1 + 4 and out.tokens_processed == 10 + 4 * 7
     assert out.tokens.tolist() == [[102, 103, 104, 105, 106, PAD, PAD, PAD]]
@@ -291,10 +291,8 @@ def test_settled_prefixes_grow_to_the_final_answer(kept: list[int] | None) -> No
     prompts = [[10, 3, 5, 2, 17], [10, 8, 17], [10, 1, 2, 3, 4, 5, 6, 17]]
     config = GenerationConfig(16, 16, block_length=4)
     reports: dict[int, list[list[int]]] = {0: [], 1: [], 2: []}
-    out = run_generation(TorchBackend(model), prompts, config, mask_id=cfg.mask_id, pad_id=cfg.eos_id,
-                         eos_id=cfg.eos_id, kept_lengths=kept, on_settled=lambda b, ids: reports[b].append(ids.tolist()))
-    plain = run_generation(TorchBackend(model), prompts, config, mask_id=cfg.mask_id, pad_id=cfg.eos_id,
-                           eos_id=cfg.eos_id, kept_lengths=kept)
+    out = run_generation(TorchBackend(model), prompts, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.eos_id, eos=cfg.eos_id), kept_lengths=kept, options=LoopOptions(on_settled=lambda b, ids: reports[b].append(ids.tolist())))
+    plain = run_generation(TorchBackend(model), prompts, config, ids=SpecialIds(mask=cfg.mask_id, pad=cfg.eos_id, eos=cfg.eos_id), kept_lengths=kept)
     assert np.array_equal(out.tokens, plain.tokens)  # listening changes nothing
     for b, seen in reports.items():
         final = out.tokens[b].tolist()

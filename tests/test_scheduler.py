@@ -10,9 +10,9 @@ from conftest import tiny_model
 
 from seer_deploy.core.backend import Backend, Step0Output, StepInput, StepOutput
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.runtime.executor import StepSlot, step_slots
-from seer_deploy.runtime.loop import run_generation
+from seer_deploy.runtime.loop import LoopOptions, run_generation
 from seer_deploy.runtime.loopcore import c_core, core_name, python_core
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.scheduler import (
@@ -165,11 +165,11 @@ MIXES = [
 @pytest.mark.parametrize("cost", [MERGE_ALL, APART], ids=["merged", "apart"])
 def test_every_row_gets_its_solo_tokens(core: Any, config: GenerationConfig, kept: list[int], cost: StepCost) -> None:
     model = tiny_model(seed=3)
-    ids = {"mask_id": model.cfg.mask_id, "pad_id": model.cfg.eos_id}
+    ids = {"ids": SpecialIds(model.cfg.mask_id, model.cfg.eos_id)}
     backend = Recorder(TorchBackend(model))
-    batch = run_generation(backend, PROMPTS, config, core=core, kept_lengths=kept, cost=cost, **ids)  # type: ignore[arg-type]
+    batch = run_generation(backend, PROMPTS, config, options=LoopOptions(core=core, cost=cost), kept_lengths=kept, **ids)  # type: ignore[arg-type]
     for b, (prompt, k) in enumerate(zip(PROMPTS, kept, strict=True)):
-        solo = run_generation(TorchBackend(model), [prompt], config, core=core, kept_lengths=[k], **ids)  # type: ignore[arg-type]
+        solo = run_generation(TorchBackend(model), [prompt], config, options=LoopOptions(core=core), kept_lengths=[k], **ids)  # type: ignore[arg-type]
         np.testing.assert_array_equal(batch.tokens[b], solo.tokens[0], err_msg=f"row {b} (kept {k})")
     assert (batch.tokens[0, kept[0] :] == model.cfg.eos_id).all()
     # The torch reference (rows of equal plans grouped) agrees too.
@@ -186,12 +186,12 @@ def test_every_row_gets_its_solo_tokens(core: Any, config: GenerationConfig, kep
 def test_merging_saves_calls_and_pads_only_inside_the_group(core: Any) -> None:
     model = tiny_model(seed=4)
     config = GenerationConfig(gen_length=16, steps=16)
-    ids = {"mask_id": model.cfg.mask_id, "pad_id": model.cfg.eos_id}
+    ids = {"ids": SpecialIds(model.cfg.mask_id, model.cfg.eos_id)}
     kept = [4, 16, 6, 16, 5]
     runs = {}
     for name, cost in (("merged", MERGE_ALL), ("apart", APART)):
         backend = Recorder(TorchBackend(model))
-        runs[name] = (run_generation(backend, PROMPTS, config, core=core, kept_lengths=kept, cost=cost, **ids), backend)  # type: ignore[arg-type]
+        runs[name] = (run_generation(backend, PROMPTS, config, options=LoopOptions(core=core, cost=cost), kept_lengths=kept, **ids), backend)  # type: ignore[arg-type]
     merged, apart = runs["merged"], runs["apart"]
     np.testing.assert_array_equal(merged[0].tokens, apart[0].tokens)
     assert merged[0].passes < apart[0].passes

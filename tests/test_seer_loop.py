@@ -7,8 +7,8 @@ import pytest
 from conftest import tiny_model
 
 from seer_deploy.core.backend import StepInput, StepOutput
-from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.runtime.loop import run_generation
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
+from seer_deploy.runtime.loop import LoopOptions, run_generation
 from seer_deploy.runtime.loopcore import c_core, core_name, python_core
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
@@ -30,8 +30,8 @@ def test_runtime_loop_applies_the_same_seer_plans_as_the_reference(
     # Low floor: the random model is cut. tail_context: the cut slots the later steps still see as committed EOS.
     seer = SeerConfig(detector="fused", floor=2.0, margin=1, abs_threshold=0.1, tail_context=tail_context)  # type: ignore[arg-type]
     backend = TorchBackend(model, seer.stats_spec(model.cfg.n_layers))
-    ids = {"mask_id": model.cfg.mask_id, "pad_id": model.cfg.eos_id}
-    loop = run_generation(backend, PROMPTS, config, core=core, seer=seer, **ids)  # type: ignore[arg-type]
+    ids = {"ids": SpecialIds(model.cfg.mask_id, model.cfg.eos_id)}
+    loop = run_generation(backend, PROMPTS, config, options=LoopOptions(core=core), seer=seer, **ids)  # type: ignore[arg-type]
     ref = generate(model, PROMPTS, config, seer=seer)
     assert loop.seer is not None and ref.seer is not None
     assert [r.kept for r in loop.seer] == [r.kept for r in ref.seer] and any(r.kept < 24 for r in ref.seer)
@@ -55,7 +55,7 @@ def test_runtime_loop_runs_the_tail_context_as_committed_eos() -> None:
             return super().step(inputs)
 
     seer = SeerConfig(tail_context=4)
-    out = run_generation(Recording(model), [PROMPTS[0]], config, mask_id=12, pad_id=11, kept_lengths=[5], seer=seer)
+    out = run_generation(Recording(model), [PROMPTS[0]], config, ids=SpecialIds(mask=12, pad=11), kept_lengths=[5], seer=seer)
     assert out.seer is not None and (out.seer[0].kept, out.seer[0].context) == (5, 4)
     assert len(seen) == 4 and all(x.shape == (1, 6 + 5 + 4) and (x[0, 11:] == 11).all() for x in seen)
     assert not (out.tokens == 12).any() and (out.tokens[0, 5:] == 11).all()
@@ -68,7 +68,7 @@ def test_runtime_loop_with_forced_kept_lengths() -> None:
     model = tiny_model(seed=2)
     config = GenerationConfig(gen_length=16, steps=16)
     backend = TorchBackend(model)
-    out = run_generation(backend, PROMPTS, config, mask_id=12, pad_id=11, kept_lengths=[3, 16, 9])
+    out = run_generation(backend, PROMPTS, config, ids=SpecialIds(mask=12, pad=11), kept_lengths=[3, 16, 9])
     ref = generate(model, PROMPTS, config, kept_lengths=[3, 16, 9])
     np.testing.assert_array_equal(out.tokens, ref.tokens.numpy())
     assert out.seer is not None and [r.kept for r in out.seer] == [3, 16, 9]

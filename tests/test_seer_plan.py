@@ -128,4 +128,4 @@ def test_stats_layers_must_exist_in_the_model() -> None:
     with pytest.raises(ConfigError, match="a 2-layer model lacks"):
         SeerConfig(stats_layers=(3,)).stats_spec(2)
     with pytest.raises(ConfigError, match="read layers outside stats_layers"):
-        SeerConfig(stats_layers=(1,), rows=((0, "frac_h_rel"),)).stats_spec(4)
+        SeerConfig(stats_layers=(-1,), rows=((0, "frac_h_rel"),)).stats_spec(4)  # -1 is layer 3 here

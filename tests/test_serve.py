@@ -318,8 +318,8 @@ def test_max_tokens_rounds_up_to_a_supported_size_and_steps_keep_the_servers_rat
     assert request_generation(base, 16, None, None, 0.5) == replace(base, gen_length=16, steps=4, block_length=None,
                                                                     temperature=0.5)
     assert request_generation(base, 64, 8, 16, None) == replace(base, steps=8, block_length=16)
-    with pytest.raises(ConfigError, match="cannot be split evenly"):  # refused once, where the request is prepared
-        request_generation(base, 64, 6, 16, None).validate()
+    with pytest.raises(ConfigError, match="cannot be split evenly"):
+        request_generation(base, 64, 6, 16, None)
 
 
 def test_bad_serve_flags_are_one_line_before_anything_loads(capsys: pytest.CaptureFixture[str]) -> None:

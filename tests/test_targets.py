@@ -13,7 +13,7 @@ import pytest
 from conftest import tiny_model
 
 from seer_deploy.core.errors import ArtifactError, ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
 from seer_deploy.engines.tensorrt_engine import tensorrt_available
@@ -80,7 +80,7 @@ def test_every_target_gives_the_same_tokens(artifacts: dict[str, Path]) -> None:
     for target in ("ckpt", "export", "engine"):
         backend, info = open_target(str(artifacts[target]), options=CPU if target == "export" else None)
         seer = SeerConfig(detector="eos", eos_floor=0.0, margin=2)
-        out = run_generation(backend, prompts, config, mask_id=info.mask_id, pad_id=info.pad_id, eos_id=info.eos_id,
+        out = run_generation(backend, prompts, config, ids=SpecialIds(mask=info.mask_id, pad=info.pad_id, eos=info.eos_id),
                              seer=seer)
         tokens.append(out.tokens)
     np.testing.assert_array_equal(tokens[0], tokens[1])
@@ -220,7 +220,7 @@ def test_export_build_then_generate_on_any_target(artifacts: dict[str, Path], tm
     same = {name: [(r["prompt"], r["tokens"], r["seer"]["kept"], r["seer"]["passes"]) for r in v] for name, v in rows.items()}
     assert same["ckpt"] == same["export"] == same["engine"]
     report = rows["engine"][0]["seer"]
-    assert {"boundary", "kept", "steps", "tokens_processed", "full_tokens_processed"} <= set(report)
+    assert {"boundary", "kept", "passes", "tokens_processed", "full_tokens_processed"} <= set(report)
     code, stdout, err = cli(["generate", str(out), "--backend", "tensorrt", "-p", "reverse 1"], capsys)
     assert code == 2 and "build a TensorRT engine from it first" in err
     code, stdout, err = cli(["generate", str(artifacts["ckpt"]), *args, *ort], capsys)

@@ -16,7 +16,7 @@ from seer_deploy.contracts.graphs import VISION, Size, export_graphs
 from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
@@ -88,15 +88,15 @@ def test_ort_runtime_tokens_equal_torch(exported) -> None:
     backend.set_image_table([embeds])
     config = GenerationConfig(gen_length=12, steps=12)
     pad = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
-    ort_tokens = run_generation(backend, ids, config, mask_id=cfg.mask_id, pad_id=pad).tokens
+    ort_tokens = run_generation(backend, ids, config, ids=SpecialIds(mask=cfg.mask_id, pad=pad)).tokens
     model = ImageConditionedModel(loaded.lm.model, image_table([torch.from_numpy(embeds)], cfg.d_model))
     ref = generate(model, ids, config).tokens.numpy()
-    torch_backend = run_generation(TorchBackend(model), ids, config, mask_id=cfg.mask_id, pad_id=pad).tokens
+    torch_backend = run_generation(TorchBackend(model), ids, config, ids=SpecialIds(mask=cfg.mask_id, pad=pad)).tokens
     assert np.array_equal(ort_tokens, ref)
     assert np.array_equal(torch_backend, ref)
     # Truncated runs regroup the rows by kept length; each row still reads its own images.
     kept = [4, 12, 8]
-    ort_cut = run_generation(backend, ids, config, mask_id=cfg.mask_id, pad_id=pad, kept_lengths=kept, eos_id=cfg.eos_id)
+    ort_cut = run_generation(backend, ids, config, ids=SpecialIds(mask=cfg.mask_id, pad=pad, eos=cfg.eos_id), kept_lengths=kept)
     ref_cut = generate(model, ids, config, kept_lengths=kept).tokens.numpy()
     assert np.array_equal(ort_cut.tokens, ref_cut)
     assert [r.kept for r in ort_cut.seer or []] == kept

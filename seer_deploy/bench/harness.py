@@ -34,7 +34,7 @@ from seer_deploy.models.demos.demo_tasks import Example
 from seer_deploy.models.demos.demo_vl_tasks import PictureExample
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.models.text.tokenizer import Tokenizer
-from seer_deploy.runtime.targets import TargetInfo, find_seer_config, is_multimodal_target, target_kind
+from seer_deploy.runtime.targets import TargetInfo, describe, find_seer_config
 from seer_deploy.seer.config import SeerConfig, TailContext, parse_tail_context
 from seer_deploy.seer.metrics import true_lengths
 from seer_deploy.service import Prompt, Service, ServiceOptions
@@ -96,7 +96,7 @@ class BenchSettings:
 
 
 @dataclass
-class Prepared:
+class OpenedBench:
     """Everything the measurements need, opened once: a generation service per engine."""
 
     settings: BenchSettings
@@ -151,21 +151,22 @@ def _tensorrt_ready() -> str | None:
     return None
 
 
-def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambda _: None) -> Prepared:
+def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambda _: None) -> OpenedBench:
     """Open the checkpoint, resolve Seer, export once into `work_dir` and open a service on each engine."""
     from seer_deploy.export.exporter import export_checkpoint
     from seer_deploy.export.multimodal import export_multimodal
     from seer_deploy.export.options import ExportOptions
 
     settings.validate()
-    if target_kind(settings.target) != "checkpoint":
+    described = describe(settings.target)
+    if described.kind != "checkpoint":
         raise ConfigError(
             f"TARGET '{settings.target}' is an export or engine directory; bench needs the checkpoint (for the torch "
             f"reference row and its own export): give 'demo', 'demo-vl' or a checkpoint directory"
         )
-    multimodal = is_multimodal_target(settings.target)
+    multimodal = described.multimodal
     notes: list[str] = []
-    calibrated = find_seer_config(settings.target)
+    calibrated = find_seer_config(settings.target, described)
     seer = calibrated if calibrated is not None else SeerConfig()
     if calibrated is None:
         notes.append(f"no calibrated Seer config for {settings.target}: Seer ran with the built-in defaults "
@@ -226,12 +227,12 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
                      "encoding the batch's pictures, as a user's request runs")
         facts = {"vision_parameters": torch_service.backend.vision.num_parameters(),  # type: ignore[attr-defined]
                  "tokens_per_image": images.tokens_per_image, "image_size": images.image.image_size}
-    return Prepared(settings, model, info, torch_service.tokenizer, seer,
+    return OpenedBench(settings, model, info, torch_service.tokenizer, seer,
                     "calibrated" if calibrated is not None else "defaults", workload, services, export_seconds,
                     skipped, notes, work_dir, facts)
 
 
-def _runner(p: Prepared, row: str, config: GenerationConfig, timings: dict[str, RowTiming]) -> Runner:
+def _runner(p: OpenedBench, row: str, config: GenerationConfig, timings: dict[str, RowTiming]) -> Runner:
     """The runner of `row` at `config`; the oracle reads its true lengths from this setting's ort-full tokens."""
     if row == "reference":
         return reference_row(p.services["torch"], config)
@@ -267,7 +268,7 @@ def _stops(info: TargetInfo) -> set[int]:
     return {info.eos_id} | ({info.eot_id} if info.eot_id is not None else set())
 
 
-def run_bench(p: Prepared, command: str, progress: Progress = lambda _: None) -> BenchResult:
+def run_bench(p: OpenedBench, command: str, progress: Progress = lambda _: None) -> BenchResult:
     """Measure every row at every (gen_length, batch size), then the cost-scaling workload."""
     s = p.settings
     started = datetime.now(UTC)
@@ -322,7 +323,7 @@ def _sig(seconds: float) -> float:
     return float(f"{seconds:.6g}")
 
 
-def score_setting(p: Prepared, gen_length: int, batch_size: int, timings: dict[str, RowTiming]) -> list[RowResult]:
+def score_setting(p: OpenedBench, gen_length: int, batch_size: int, timings: dict[str, RowTiming]) -> list[RowResult]:
     """The table rows of one (gen_length, batch size): speed against the reference, accuracy, Seer vs oracle."""
     stops = _stops(p.info)
     reference = timings["reference"]

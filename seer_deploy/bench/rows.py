@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.runtime.loop import run_planned
 from seer_deploy.runtime.reference import generate
 from seer_deploy.seer.config import SeerConfig
@@ -135,8 +135,7 @@ def oracle_row(service: Service, config: GenerationConfig, true_lengths: Sequenc
     def run(requests: Sequence[Prompt], indices: Sequence[int]) -> BatchOutput:
         lengths = [min(G, max(1, int(true_lengths[i]))) for i in indices]
         plans = [oracle_plan(G, config.steps, config.block_length, n) for n in lengths]
-        out = run_planned(service.backend, service.prompt_ids(requests, config), config, plans, mask_id=info.mask_id,
-                          pad_id=info.pad_id, eos_id=info.eos_id)
+        out = run_planned(service.backend, service.prompt_ids(requests, config), config, plans, ids=SpecialIds(mask=info.mask_id, pad=info.pad_id, eos=info.eos_id))
         return BatchOutput(out.tokens, out.passes, out.tokens_processed, lengths)
 
     return run

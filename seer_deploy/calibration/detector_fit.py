@@ -238,7 +238,7 @@ def calibrate_model(
     may be an ImageConditionedModel whose prompts hold image ids (`prompt_set`)."""
     options.validate()
     cfg = source.cfg
-    config.validate(cfg.max_seq_len, max(len(p) for p in prompts))
+    config.check_fits(cfg.max_seq_len, max(len(p) for p in prompts))
     if full_tokens is None:
         full_tokens = source.answers(prompts, config, batch_size=batch_size, progress=progress)[0]
     if full_tokens.shape != (len(prompts), config.gen_length):

@@ -78,7 +78,7 @@ def prepare_prompts(target: str, prompts: Sequence[Prompt], config: GenerationCo
     ckpt = load_checkpoint(target)
     text_tokenizer = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id, ckpt.config.eot_id)
     ids = [text_tokenizer.encode_prompt(p.prompt) for p in prompts]
-    config.validate(ckpt.config.max_seq_len, max((len(p) for p in ids), default=0))
+    config.check_fits(ckpt.config.max_seq_len, max((len(p) for p in ids), default=0))
     return PreparedPrompts(TorchSource(ckpt.model), ids)
 
 
@@ -94,7 +94,7 @@ def prepare_export_prompts(described: Description, prompts: Sequence[Prompt], co
     ids = [info.tokenizer().encode_prompt(p.prompt) for p in prompts]
     images = info.images
     extra = [0 if images is None else sum(images.picture_tokens(p) - 1 for p in per_prompt) for per_prompt in pictures]
-    config.validate(backend.max_seq_len, max((len(p) + n for p, n in zip(ids, extra, strict=True)), default=0))
+    config.check_fits(backend.max_seq_len, max((len(p) + n for p, n in zip(ids, extra, strict=True)), default=0))
     flat = [p for per_prompt in pictures for p in per_prompt]
     if images is not None:
         image_backend = cast(ImageBackend, backend)  # a multimodal export's backend
@@ -120,7 +120,7 @@ def prepare_image_prompts(lm: MaskPredictor, vision: VisionEncoder, tokenizer: M
     vcfg = vision.cfg
     ids = expand_placeholders([tokenizer.encode_prompt(p.prompt) for p in prompts], [len(p.images) for p in prompts],
                               vcfg.tokens_per_image, vcfg.image_token_index, lm.cfg.n_embed_rows)
-    config.validate(lm.cfg.max_seq_len, max((len(p) for p in ids), default=0))
+    config.check_fits(lm.cfg.max_seq_len, max((len(p) for p in ids), default=0))
     flat = [p for per_prompt in (pictures if pictures is not None else load_pictures(prompts)) for p in per_prompt]
     embeds = [vision(torch.from_numpy(pixel_batch(list(flat[lo : lo + batch_size]), vcfg.image)))
               for lo in range(0, len(flat), batch_size)]

@@ -17,7 +17,7 @@ import numpy as np
 
 from seer_deploy.calibration.collect import StepZeroSet, Thresholds, batched_generation, in_length_order, step_zero_set
 from seer_deploy.core.backend import Backend, StepInput
-from seer_deploy.core.generation import GenerationConfig, left_pad
+from seer_deploy.core.generation import GenerationConfig, SpecialIds, left_pad
 from seer_deploy.models.families.config import ModelConfig
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.runtime.executor import mask_columns
@@ -100,8 +100,7 @@ class BackendSource:
         """The runtime loop on the backend, as a service runs it (greedy; with `seer`, cut after step zero)."""
 
         def run(batch: list[list[int]]) -> tuple[np.ndarray, list[int] | None]:
-            out = run_generation(self.backend, batch, config, mask_id=self.mask_id, pad_id=self.pad_id,
-                                 eos_id=self.eos_id, seer=seer)
+            out = run_generation(self.backend, batch, config, ids=SpecialIds(mask=self.mask_id, pad=self.pad_id, eos=self.eos_id), seer=seer)
             return out.tokens, None if out.seer is None else [r.kept for r in out.seer]
 
         return in_length_order(prompts, config.gen_length, batch_size, run, progress)

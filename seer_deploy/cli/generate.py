@@ -126,7 +126,7 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
 @click.option("--image", "images", multiple=True, help="An image for the prompts' <image> placeholders, in order "
               "(repeat); TARGET is then a multimodal checkpoint, 'demo-vl', or an export or engine made from one.")
 @click.option("--json", "as_json", is_flag=True,
-              help="One JSON object per prompt (with Seer: boundary, kept length, steps, tokens processed vs full), "
+              help="One JSON object per prompt (with Seer: boundary, kept length, passes, tokens processed vs full), "
                    "with the run's time to first step on each: load_s (seconds to open the target) and first_step_s "
                    "(seconds from opening it to the end of the first batch's step zero, load_s included).")
 @template_options

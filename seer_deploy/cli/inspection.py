@@ -33,12 +33,11 @@ def command(target: str, prompt: str, out: Path, gen_length: int, steps: int | N
     from seer_deploy.seer.config import SeerConfig
 
     config = generation_config(gen_length, steps, block_length, 0.0, "low_confidence", 0.0)
-    config.validate()
     ckpt = load_checkpoint(target)
     seer = SeerConfig.load(seer_config) if seer_config else find_seer_config(target) or SeerConfig()
     tok = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id, ckpt.config.eot_id)
     ids = tok.encode_prompt(prompt)
-    config.validate(ckpt.config.max_seq_len, len(ids))
+    config.check_fits(ckpt.config.max_seq_len, len(ids))
     inspection = inspect_prompt(ckpt.model, ids, config, seer)
     save_figure(inspection, out, title=repr(prompt))
     if as_json:

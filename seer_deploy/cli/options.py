@@ -88,7 +88,6 @@ def generation_config(
         factor=factor,
         kv_cache=kv_cache,
     )
-    config.validate()
     return config
 
 

@@ -47,7 +47,26 @@ def steps_per_block(gen_length: int, steps: int, block_length: int | None) -> tu
 
 
 @dataclass(frozen=True)
+class SpecialIds:
+    """The ids a denoising loop needs: the mask it fills, what left padding holds and what a cut tail holds (EOS;
+    `pad` unless given)."""
+
+    mask: int
+    pad: int
+    eos: int = -1  # -1: the pad id
+
+    def __post_init__(self) -> None:
+        if self.eos == -1:
+            object.__setattr__(self, "eos", self.pad)
+        if self.pad == self.mask:
+            raise ConfigError(f"pad_id equals mask_id ({self.mask}): padding would be denoised; pad with EOS instead")
+
+
+@dataclass(frozen=True)
 class GenerationConfig:
+    """How a response is denoised. Checked when it is made (`validate`), so holding one is the proof that its
+    settings are sound; `check_fits` is the one check of a batch of prompts against a model's positions."""
+
     gen_length: int = 128
     steps: int = 128
     block_length: int | None = None  # None: one block of gen_length
@@ -58,6 +77,9 @@ class GenerationConfig:
     threshold: float = 0.9  # decode="threshold": commit every candidate whose probability is >= threshold
     factor: float = 1.0  # decode="factor": commit the top n while the n-th probability is >= 1 - factor / (n + 1)
     kv_cache: bool = False  # block-wise dual KV cache: refresh at each block's first step, then run the block only
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     @property
     def parallel(self) -> bool:
@@ -76,7 +98,7 @@ class GenerationConfig:
     def steps_per_block(self) -> int:
         return steps_per_block(self.gen_length, self.steps, self.block_length)[1]
 
-    def validate(self, max_seq_len: int | None = None, prompt_len: int = 0, image_tokens: bool = False) -> None:
+    def validate(self) -> None:
         """Raise ConfigError naming the bad setting (and its flag) and a fix; every value is checked for its type,
         finiteness and range before anything runs: `--temperature nan` or `--block-length 0` never mean a default."""
         for name in ("gen_length", "steps"):
@@ -112,7 +134,10 @@ class GenerationConfig:
             )
         if not isinstance(self.kv_cache, bool):
             raise ConfigError(f"kv_cache is {self.kv_cache!r}; it must be true or false (--kv-cache)")
-        if max_seq_len is not None and prompt_len + self.gen_length > max_seq_len:
+
+    def check_fits(self, max_seq_len: int, prompt_len: int, image_tokens: bool = False) -> None:
+        """ConfigError unless the longest prompt (`prompt_len`) and gen_length fit in the model's positions."""
+        if prompt_len + self.gen_length > max_seq_len:
             raise ConfigError(
                 f"prompt ({prompt_len} tokens{', image tokens included' if image_tokens else ''}) + gen_length "
                 f"({self.gen_length}) = {prompt_len + self.gen_length} "

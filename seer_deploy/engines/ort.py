@@ -37,7 +37,6 @@ from seer_deploy.contracts.graphs import (
     GraphIO,
     step_graph,
 )
-from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import (
     RefreshOutput,
     Step0Output,
@@ -71,6 +70,7 @@ class OrtBackend:
     the CPU the sessions read the weights from one memory map (OrtSessionOptions.share_weights)."""
 
     samples_per_row = True  # the step graph takes a temperature and uniforms per row (StepInput.uniform)
+    takes_pictures = False  # a multimodal export's backend is its own class (engines.ort_multimodal)
 
     def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None, *,
                  kv_cache: bool = True, manifest: ExportManifest | None = None) -> None:
@@ -147,7 +147,7 @@ class OrtBackend:
     def _declared_step_graph(self) -> GraphIO:
         """The declaration of the export's step graph: a multimodal export's also takes the image table, a prefix-DLM
         model's the prompt width, a --kv-cache export's returns the keys and values."""
-        return step_graph(multimodal=MULTIMODAL_KEY in self.manifest.extra,
+        return step_graph(multimodal=self.takes_pictures,
                           prefix_dlm=self.manifest.model_config().prefix_dlm, kv_cache=self.manifest.has_cache)
 
     def _session(self, io: GraphIO) -> ort.InferenceSession:

@@ -24,6 +24,8 @@ class MultimodalOrtBackend(OrtBackend):
     numbers them); it stays set for all steps of a generation, whichever rows a step runs.
     """
 
+    takes_pictures = True
+
     def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None, *,
                  kv_cache: bool = True, manifest: ExportManifest | None = None) -> None:
         super().__init__(export_dir, options, kv_cache=kv_cache, manifest=manifest)

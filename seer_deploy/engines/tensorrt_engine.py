@@ -38,14 +38,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import torch
 
-from seer_deploy.contracts.graph_calls import (
-    graph_feed,
-    refresh_output,
-    step0_output,
-    step_output,
-    window_feed,
-    window_output,
-)
+from seer_deploy.contracts import graph_calls
 from seer_deploy.contracts.graphs import VISION, WINDOW_STEP, GraphIO, step_graph
 from seer_deploy.core.atomic import write_bytes_atomic
 from seer_deploy.core.backend import RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
@@ -171,8 +164,8 @@ class _RtxRuntimeCache:
             write_bytes_atomic(self.path, bytes(self._cache.serialize()))
 
 
-class _Engine:
-    """One deserialized engine, an execution context per profile, and the device memory they share."""
+class _GraphEngine:
+    """One graph's deserialized TensorRT engine, an execution context per profile, and the device memory they share."""
 
     def __init__(self, lib: TensorRTLibrary, runtime: trt_types.Runtime, plan: bytes, graph: GraphIO,
                  layout: ProfileLayout | WindowLayout, device: torch.device, path: Path,
@@ -317,10 +310,10 @@ class TensorRTBackend:
         graphs: list[tuple[GraphIO, ProfileLayout | WindowLayout]] = [(step_io, self.layout)]
         if self.windows is not None:
             graphs.append((self._window_io, self.windows))
-        self._engines: dict[str, _Engine] = {}
+        self._engines: dict[str, _GraphEngine] = {}
         for graph, layout in graphs:
             path = regular_file(manifest.file(engine_dir, graph.name), "TensorRT engine", error=ArtifactError)
-            self._engines[graph.name] = _Engine(lib, self._runtime, path.read_bytes(), graph, layout, self._device,
+            self._engines[graph.name] = _GraphEngine(lib, self._runtime, path.read_bytes(), graph, layout, self._device,
                                                 path, run_rtx)
 
     @classmethod
@@ -351,29 +344,29 @@ class TensorRTBackend:
         checked = inputs.checked(self.max_seq_len)
         batch, seq = checked.input_ids.shape
         profile = choose_profile_for_seq(seq, self.layout, batch=batch)
-        return self._engines[graph.name].run(profile, graph_feed(graph, checked, with_stats=with_stats))
+        return self._engines[graph.name].run(profile, graph_calls.graph_feed(graph, checked, with_stats=with_stats))
 
     def step0(self, inputs: StepInput) -> Step0Output:
         """The step engine with step zero's statistics on."""
-        return step0_output(self._run(self._step_io, inputs, with_stats=True))
+        return graph_calls.step0_output(self._run(self._step_io, inputs, with_stats=True))
 
     def step(self, inputs: StepInput) -> StepOutput:
         """temperature > 0 samples from softmax(logits / T) with uniforms drawn from `seed` (see contracts.sampling)."""
         if self.fixed_shapes is None:
-            return step_output(self._run(self._step_io, inputs))
+            return graph_calls.step_output(self._run(self._step_io, inputs))
         checked = inputs.checked(self.max_seq_len)
         batch, seq = checked.input_ids.shape
         profile = choose_profile_for_seq(seq, self.layout, batch=batch)
         padded_seq = min(self.fixed_shapes.seq(seq), self.layout.seq_range(profile)[1])  # stays in the profile
         io = self._step_io
-        feed = pad_feed(io, graph_feed(io, checked), self.fixed_shapes.batch(batch), padded_seq)
+        feed = pad_feed(io, graph_calls.graph_feed(io, checked), self.fixed_shapes.batch(batch), padded_seq)
         outputs = self._engines[io.name].run(profile, feed, capture=True)
-        return step_output(unpad_outputs(io, outputs, batch, seq))
+        return graph_calls.step_output(unpad_outputs(io, outputs, batch, seq))
 
     def refresh(self, inputs: StepInput) -> RefreshOutput:
         """A step that also returns every layer's keys and values (an engine built from an export --kv-cache)."""
         self._need_cache()
-        return refresh_output(self._run(self._step_io, inputs))
+        return graph_calls.refresh_output(self._run(self._step_io, inputs))
 
     def window_step(self, inputs: WindowInput) -> StepOutput:
         """A step over the window's columns only, against a refresh's keys and values: the profile of the sequence
@@ -387,7 +380,7 @@ class TensorRTBackend:
                               "the prompt or --gen-length")
         profile = windows.choose(seq, width, batch=batch)
         io = self._window_io
-        return window_output(self._engines[io.name].run(profile, window_feed(io, checked)))
+        return graph_calls.window_output(self._engines[io.name].run(profile, graph_calls.window_feed(io, checked)))
 
     def _need_cache(self) -> WindowLayout:
         if self.windows is None:

@@ -69,8 +69,7 @@ def mode_generation(mode: Mode, base: GenerationConfig, settings: ModeSettings) 
         config = replace(config, decode="threshold", threshold=settings.threshold, block_length=block)
     if mode.kv_cache:
         config = replace(config, kv_cache=True)
-    config.validate()
-    return config
+    return config  # checked when made
 
 
 def mode_seer(mode: Mode, seer: SeerConfig | None, gen_length: int, settings: ModeSettings) -> SeerConfig | None:

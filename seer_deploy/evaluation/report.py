@@ -24,7 +24,7 @@ MEANING = (
 
 
 @dataclass(frozen=True)
-class Row:
+class ReportRow:
     cell: Cell
     difference: PairedDifference | None  # None for the baseline itself
     identical: float
@@ -38,7 +38,7 @@ class Row:
                 "gen_length": c.gen_length, "scores": c.scores, "answers": c.answers}
 
 
-def compare(cells: Sequence[Cell], confidence: float = 0.95) -> list[Row]:
+def compare(cells: Sequence[Cell], confidence: float = 0.95) -> list[ReportRow]:
     """Each cell against its task's full-length cell, document by document."""
     base = {c.task: c for c in cells if c.mode == BASELINE}
     rows = []
@@ -46,11 +46,11 @@ def compare(cells: Sequence[Cell], confidence: float = 0.95) -> list[Row]:
         full = base[cell.task]
         same = sum(a == b for a, b in zip(cell.answers, full.answers, strict=True)) / max(1, len(cell.answers))
         diff = None if cell.mode == BASELINE else paired_difference(cell.scores, full.scores, confidence)
-        rows.append(Row(cell, diff, same))
+        rows.append(ReportRow(cell, diff, same))
     return rows
 
 
-def _cells(row: Row) -> list[str]:
+def _cells(row: ReportRow) -> list[str]:
     c, d = row.cell, row.difference
     vs = "-" if d is None else f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
     kept = "-" if c.mean_kept is None else f"{c.mean_kept:.1f} / {c.gen_length}"
@@ -58,14 +58,14 @@ def _cells(row: Row) -> list[str]:
             str(c.passes), f"{c.seconds:.2f}", kept]
 
 
-def render_text(rows: Sequence[Row]) -> str:
+def render_text(rows: Sequence[ReportRow]) -> str:
     """The table for a terminal: columns padded to their widest cell."""
     table = [list(HEADERS)] + [_cells(r) for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(HEADERS))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip() for line in table)
 
 
-def render_markdown(rows: Sequence[Row], command: str, confidence: float = 0.95) -> str:
+def render_markdown(rows: Sequence[ReportRow], command: str, confidence: float = 0.95) -> str:
     """The table as markdown, under the command that produced it, with the modes' flags and what the columns mean."""
     lines = [f"Command: `{command}`", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
@@ -75,5 +75,5 @@ def render_markdown(rows: Sequence[Row], command: str, confidence: float = 0.95)
     return "\n".join(lines) + "\n"
 
 
-def to_json(rows: Sequence[Row], command: str, settings: dict[str, Any]) -> dict[str, Any]:
+def to_json(rows: Sequence[ReportRow], command: str, settings: dict[str, Any]) -> dict[str, Any]:
     return {"command": command, "settings": settings, "rows": [r.to_dict() for r in rows]}

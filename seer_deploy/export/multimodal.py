@@ -61,8 +61,8 @@ from seer_deploy.export.validate_quantized import compare_quantized
 from seer_deploy.models.checkpoints.checkpoint import read_config
 from seer_deploy.models.checkpoints.multimodal import (
     DEMO_VL_NAME,
+    checkpoint_directory,
     load_multimodal,
-    resolve_multimodal,
     vision_config_from_dict,
 )
 from seer_deploy.models.families.config import ModelConfig
@@ -102,7 +102,7 @@ def prepare_multimodal(checkpoint: str | os.PathLike[str], out: str | os.PathLik
     and room for one image and a response); `.start()` runs it."""
     options = options or ExportOptions()
     options.validate()  # flags first: before the checkpoint is read
-    path = resolve_multimodal(checkpoint)
+    path = checkpoint_directory(checkpoint)
     tokens = vision_config_from_dict(read_config(path), path).tokens_per_image
     source = DEMO_VL_NAME if str(checkpoint) == DEMO_VL_NAME else str(path.absolute())
     why = f"it cannot hold one image ({tokens} tokens) and a response; raise it"

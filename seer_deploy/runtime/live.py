@@ -50,7 +50,7 @@ from seer_deploy.core.backend import (
     kv_zeros,
     samples_per_row,
 )
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.runtime.executor import LoopContext, mask_columns
 from seer_deploy.runtime.live_row import FinishedRow, LiveRow, RowPass, RowRequest, takes
 from seer_deploy.runtime.loopcore import LoopCore, active_core
@@ -87,9 +87,9 @@ class LiveRows:
     """The live rows of one backend: `admit` rows, run `round`s, `drop` rows; nothing here is thread-safe (one
     thread owns the backend)."""
 
-    def __init__(self, backend: Backend, *, mask_id: int, pad_id: int, eos_id: int, core: LoopCore | None = None,
+    def __init__(self, backend: Backend, ids: SpecialIds, *, core: LoopCore | None = None,
                  cost: StepCost | None = None, max_call_rows: int | None = None) -> None:
-        self.backend, self.mask_id, self.pad_id, self.eos_id = backend, mask_id, pad_id, eos_id
+        self.backend, self.mask_id, self.pad_id, self.eos_id = backend, ids.mask, ids.pad, ids.eos
         self.core = core or active_core()
         self.cost = cost or step_cost_of(backend)
         self.max_call_rows = max_call_rows

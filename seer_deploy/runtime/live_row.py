@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from seer_deploy.core.backend import KVCache, Step0Output
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.runtime.executor import Cursor, LoopContext
 from seer_deploy.runtime.scheduler import RowWork
 from seer_deploy.seer.config import SeerConfig
@@ -142,9 +142,8 @@ class LiveRow:
         config, P = self.config, self.prompt_len
         if self.truncating:
             assert self.out0 is not None
-            plan = plan_batch(self.out0, sparsity_rows, P, self.seq[None, P:], seer=self.request.seer,
-                              eos_id=ctx.eos_id, mask_id=ctx.mask_id, gen_length=config.gen_length,
-                              steps=config.steps, block_length=config.block_length)[0]
+            plan = plan_batch(self.out0, sparsity_rows, P, self.seq[None, P:], config,
+                              SpecialIds(ctx.mask_id, ctx.pad_id, ctx.eos_id), seer=self.request.seer)[0]
             kept = self.seq[P : P + plan.kept]
             self.seq = np.concatenate([self.seq[:P], kept, np.full(plan.context, ctx.eos_id, np.int64)])
             self.out0, self.kv = None, None

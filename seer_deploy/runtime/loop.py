@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 import numpy as np
@@ -33,7 +33,7 @@ from seer_deploy.core.backend import (
     supports_guidance,
 )
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import GenerationConfig, left_pad
+from seer_deploy.core.generation import GenerationConfig, SpecialIds, left_pad
 from seer_deploy.runtime.executor import LoopContext, Rows, SettledHook, Tally, mask_columns, run_group
 from seer_deploy.runtime.loopcore import LoopCore, active_core
 from seer_deploy.runtime.scheduler import HybridPlan, StepCost, plan_hybrid, step_cost_of
@@ -55,19 +55,31 @@ class LoopResult:
     step_zero_done_at: float = 0.0  # time.perf_counter() when step zero ended: where time to first step stops
 
 
-def guidance_refused(scale: float, backend: str) -> ConfigError:
-    """The one refusal of classifier-free guidance on a backend without full logits (before or after it opens)."""
+@dataclass(frozen=True)
+class LoopOptions:
+    """How the loop runs, beside what it computes: the host core (default: the C core if built, else the numpy
+    twin), the scheduler's step cost model (default: the backend's own, `scheduler.step_cost_of`), and a hook told,
+    after the pass that grew it, row b's settled response prefix (the ids before its first mask, which no later step
+    changes: what a server streams; not called during step zero)."""
+
+    core: LoopCore | None = None
+    cost: StepCost | None = None
+    on_settled: SettledHook | None = None
+
+
+def guidance_refusal(cfg_scale: float, backend_name: str) -> ConfigError:
+    """The one refusal of classifier-free guidance where the graphs return no logits."""
     return ConfigError(
-        f"cfg_scale {scale} (classifier-free guidance) mixes two full logit tensors, which only the torch backend "
-        f"has; '{backend}' returns just the chosen token and its probability: run the checkpoint itself (torch), or "
-        "set cfg_scale to 0"
+        f"cfg_scale {cfg_scale} (classifier-free guidance) mixes two full logit tensors, which only the torch backend "
+        f"has; '{backend_name}' returns just the chosen token and its probability: run the checkpoint itself "
+        f"(torch), or set cfg_scale to 0"
     )
 
 
 def check_supported(config: GenerationConfig, backend: Backend) -> None:
     """ConfigError for settings this backend cannot run."""
     if config.cfg_scale > 0 and not supports_guidance(backend):
-        raise guidance_refused(config.cfg_scale, backend.name)
+        raise guidance_refusal(config.cfg_scale, backend.name)
     if config.kv_cache and not supports_cache(backend):
         raise ConfigError(
             f"--kv-cache needs the cache graphs (refresh, window_step), which '{backend.name}' does not have; "
@@ -82,41 +94,30 @@ def run_generation(
     backend: Backend,
     prompts: list[list[int]],
     config: GenerationConfig,
+    ids: SpecialIds,
     *,
-    mask_id: int,
-    pad_id: int,
-    core: LoopCore | None = None,
     seed: int = 0,
     seer: SeerConfig | None = None,
     kept_lengths: Sequence[int] | None = None,
-    eos_id: int | None = None,
-    cost: StepCost | None = None,
-    on_settled: SettledHook | None = None,
+    options: LoopOptions = LoopOptions(),
 ) -> LoopResult:
     """Fill `gen_length` masked positions after each prompt with `backend`; the tokens of `reference.generate`.
 
-    core: the host core (default: the C core if built, else the numpy twin). seed: the host RNG for random
-    remasking scores and the backend's sampling seeds at temperature > 0. seer: truncate each response after step
-    zero as `seer_deploy.seer.plan` decides, with the config's tail context; kept_lengths forces the kept lengths
-    instead (oracle runs). eos_id (default: pad_id) is what the cut tail holds and what the EOS detector looks for.
-    cost: the scheduler's step cost model (default: the backend's own, see `scheduler.step_cost_of`).
-    on_settled(b, ids): told, after the pass that grew it, row b's settled response prefix (the ids before its first
-    mask, which no later step changes): what a server streams. Not called during step zero.
+    The prompts and settings were checked once by whoever prepared them (`Service.prepare`: the prompts fit the
+    model's positions, the backend runs the settings); this loop does not check them again. seed: the host RNG for
+    random remasking scores and the backend's sampling seeds at temperature > 0. seer: truncate each response after
+    step zero as `seer_deploy.seer.plan` decides, with the config's tail context; kept_lengths forces the kept lengths
+    instead (oracle runs). ids.eos is what the cut tail holds and what the EOS detector looks for.
     """
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ConfigError("every prompt must have at least one token")
-    config.validate(backend.max_seq_len, max(len(p) for p in prompts))
-    check_supported(config, backend)
-    if pad_id == mask_id:
-        raise ConfigError(f"pad_id equals mask_id ({mask_id}): padding would be denoised; pad with EOS instead")
-    eos = pad_id if eos_id is None else eos_id
-    ctx = LoopContext(backend, core or active_core(), config, mask_id, pad_id, eos, np.random.default_rng(seed), seer,
-                      on_settled)
+    mask_id, pad_id, eos = ids.mask, ids.pad, ids.eos
+    cost, on_settled = options.cost, options.on_settled
+    ctx = LoopContext(backend, options.core or active_core(), config, mask_id, pad_id, eos,
+                      np.random.default_rng(seed), seer, on_settled)
     tally = Tally()
     B, G = len(prompts), config.gen_length
-    ids, real = left_pad(prompts, pad_id)
-    P = ids.shape[1]
-    x = np.concatenate([ids, np.full((B, G), mask_id, dtype=np.int64)], axis=1)
+    padded, real = left_pad(prompts, pad_id)
+    P = padded.shape[1]
+    x = np.concatenate([padded, np.full((B, G), mask_id, dtype=np.int64)], axis=1)
     real = np.concatenate([real, np.ones((B, G), dtype=np.int64)], axis=1)
     mask = None if bool(real.all()) else real
     first = full_length_plan(G, config.steps, config.block_length).blocks[0]
@@ -133,7 +134,7 @@ def run_generation(
     if todo:
         x_zero = x[todo]  # a copy: step zero commits into it
         mask_zero = None if mask is None or bool(mask[todo].all()) else np.ascontiguousarray(mask[todo])
-        out0, kv = step_zero(ctx, x_zero, mask_zero, P, P + first.end, schedule[todo, 0], tally, real[todo],
+        out0, kv = step_zero(ctx, Canvas(x_zero, mask_zero, real[todo], P), P + first.end, schedule[todo, 0], tally,
                              truncating)
         x[todo] = x_zero
     step_zero_done_at = time.perf_counter()
@@ -143,8 +144,7 @@ def run_generation(
     prompts = [x[b, P - len(p) : P].tolist() for b, p in enumerate(prompts)]
     if out0 is not None and truncating:
         kept = None if kept_lengths is None else [kept_lengths[b] for b in todo]
-        full = plan_batch(out0, list(backend.sparsity_rows), P, x_zero[:, P:], seer=seer, eos_id=eos,
-                          mask_id=mask_id, gen_length=G, steps=config.steps, block_length=config.block_length,
+        full = plan_batch(out0, list(backend.sparsity_rows), P, x_zero[:, P:], config, ids, seer=seer,
                           kept_lengths=kept)
         for b, plan in zip(todo, full, strict=True):
             plans[b] = plan
@@ -189,11 +189,12 @@ def first_canvas_plans(
     width = P + canvas
     xc = np.ascontiguousarray(x[:, :width])
     mask = np.ascontiguousarray(real[:, :width])
-    out0, _ = step_zero(ctx, xc, None if bool(mask.all()) else mask, P, P + min(first_end, canvas), k, tally, mask,
-                        truncating=True)
+    out0, _ = step_zero(ctx, Canvas(xc, None if bool(mask.all()) else mask, mask, P), P + min(first_end, canvas), k,
+                        tally, truncating=True)
     assert out0 is not None
-    on_canvas = plan_batch(out0, list(ctx.backend.sparsity_rows), P, xc[:, P:], seer=seer, eos_id=ctx.eos_id,
-                           mask_id=ctx.mask_id, gen_length=canvas, steps=canvas, block_length=None)
+    on_canvas = plan_batch(out0, list(ctx.backend.sparsity_rows), P, xc[:, P:],
+                           replace(config, gen_length=canvas, steps=canvas, block_length=None),
+                           SpecialIds(ctx.mask_id, ctx.pad_id, ctx.eos_id), seer=seer)
     plans: list[TruncationPlan | None] = []
     for b, plan in enumerate(on_canvas):
         if plan.kept >= canvas:  # no end inside the canvas: step zero again at full length
@@ -223,34 +224,33 @@ def run_planned(
     prompts: Sequence[Sequence[int]],
     config: GenerationConfig,
     plans: Sequence[TruncationPlan],
-    *,
-    mask_id: int,
-    pad_id: int,
-    eos_id: int,
+    ids: SpecialIds,
     core: LoopCore | None = None,
 ) -> LoopResult:
     """Plans decided before any step runs (oracle studies: each answer's length known up front): every row from all
     masks through the executor, no step zero at full length. A plan's blocks[0].steps counts a step zero, so give
     block 0 one step more than it should run."""
-    ctx = LoopContext(backend, core or active_core(), config, mask_id, pad_id, eos_id, np.random.default_rng(0))
+    ctx = LoopContext(backend, core or active_core(), config, ids.mask, ids.pad, ids.eos, np.random.default_rng(0))
     tally = Tally()
-    masks = np.full((len(prompts), config.gen_length), mask_id, dtype=np.int64)
+    masks = np.full((len(prompts), config.gen_length), ids.mask, dtype=np.int64)
     tokens, hybrid, passes = run_rows(ctx, Rows(prompts, masks, plans), tally)
     return LoopResult(tokens, tally.passes, tally.tokens_processed, None, hybrid, tally.positions_computed,
                       tally.batch_sizes, [int(n) for n in passes])
 
 
-def step_zero(
-    ctx: LoopContext,
-    x: np.ndarray,
-    mask: np.ndarray | None,
-    prompt_width: int,
-    hi: int,
-    k: np.ndarray,
-    tally: Tally,
-    real: np.ndarray,
-    truncating: bool,
-) -> tuple[Step0Output | None, KVCache | None]:
+@dataclass(frozen=True)
+class Canvas:
+    """The rows step zero runs on: ids x int64 [B, S] (committed into in place), the attention mask (None: every
+    position real), the real positions int64 [B, S] (what a pass is counted by) and the prompts' padded width."""
+
+    x: np.ndarray
+    mask: np.ndarray | None
+    real: np.ndarray
+    prompt_width: int
+
+
+def step_zero(ctx: LoopContext, canvas: Canvas, hi: int, k: np.ndarray, tally: Tally, truncating: bool
+              ) -> tuple[Step0Output | None, KVCache | None]:
     """The first denoising step, at full length: commits k[b] masks (or, with parallel decoding, those the rule
     accepts) before `hi` in x; returns what Seer reads and, when it was a refresh, the keys and values.
 
@@ -259,6 +259,7 @@ def step_zero(
     step (None is returned: nobody reads step zero's statistics), and with the KV cache it is a refresh: step zero
     fills the first block's cache.
     """
+    x, mask, real, prompt_width = canvas.x, canvas.mask, canvas.real, canvas.prompt_width
     B = x.shape[0]
     out0, kv = None, None
     if truncating or (ctx.config.temperature == 0 and not ctx.config.kv_cache):

@@ -14,11 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
 from seer_deploy.contracts.export_manifest import ExportManifest
-from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
-from seer_deploy.models.checkpoints.multimodal_files import is_multimodal_checkpoint, resolve_multimodal
 from seer_deploy.models.pictures.anyres import AnyresConfig
 from seer_deploy.models.pictures.image import ImageConfig
 from seer_deploy.models.text.tokenizer_files import TokenizerFacts, has_tokenizer
@@ -29,9 +27,7 @@ from seer_deploy.runtime.targets import (
     Description,
     ImageSupport,
     TargetInfo,
-    TargetKind,
     TargetOptions,
-    checkpoint_exists,
     describe,
     parse_device,
 )
@@ -59,15 +55,16 @@ def open_target(
     options.check()
     d = described if described is not None else describe(target)
     if d.kind == "checkpoint":
-        return open_checkpoint(str(target), backend, options, seer)
+        return open_checkpoint(d, backend, options, seer)
     if d.kind == "export":
         return open_export(d, backend, options)
     return open_engine(d, backend, options)
 
 
-def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetOptions, seer: SeerConfig | None = None
-                    ) -> tuple[Backend, TargetInfo]:
+def open_checkpoint(d: Description, backend: BackendChoice | None, options: TargetOptions,
+                    seer: SeerConfig | None = None) -> tuple[Backend, TargetInfo]:
     """torch eager on a checkpoint (LLaDA or LLaDA-V layout)."""
+    target = d.target
     import torch
 
     from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
@@ -89,7 +86,7 @@ def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetO
         torch.set_num_threads(options.threads)
     images = None
     torch_backend: TorchBackend
-    if is_multimodal_checkpoint(target):
+    if d.multimodal:
         loaded = load_multimodal(target)
         loaded.lm.model.to(device)
         loaded.vision.to(device)
@@ -108,6 +105,7 @@ def open_checkpoint(target: str, backend: BackendChoice | None, options: TargetO
         target=target, kind="checkpoint", backend="torch", path=ckpt.path, config=cfg, mask_id=cfg.mask_id,
         eos_id=cfg.eos_id, pad_id=cfg.pad_id if cfg.pad_id is not None else cfg.eos_id, eot_id=cfg.eot_id,
         tokenizer_dir=ckpt.path if has_tokenizer(ckpt.path) else None, checkpoint=target, images=images,
+        tokenizer_facts=TokenizerFacts(cfg.image_code_range, None),  # the config is read: not again
     )
     return torch_backend, info
 
@@ -155,35 +153,37 @@ def ort_session_options(options: TargetOptions, recorded: dict[str, Any] | None 
     )
 
 
-def _export_info(target: str, kind: TargetKind, backend: BackendChoice, path: Path, export_dir: Path,
-                 export: ExportManifest) -> TargetInfo:
+def _export_info(d: Description, backend: BackendChoice) -> TargetInfo:
     """Ids from the export manifest's special_ids; the tokenizer beside the export, else its source checkpoint's."""
+    export, export_dir = d.export, d.export_dir
+    assert export is not None and export_dir is not None  # describe() reads them for an export or engine dir
     cfg = export.model_config()
     ids = export.special_ids
     mask, eos = ids.get("mask"), ids.get("eos")
     if mask is None or eos is None:
         raise ArtifactError(f"{export_dir / EXPORT_FILE}: special_ids has no mask or eos id; re-export the model")
-    source = export.model.source
-    has_source = checkpoint_exists(source)
+    source = d.checkpoint
     tokenizer: Path | None = export_dir if (export_dir / TOKENIZER_FILE).is_file() else None
-    if tokenizer is None and has_source and has_tokenizer(resolve_multimodal(source)):
-        tokenizer = resolve_multimodal(source)
+    if tokenizer is None and source is not None and has_tokenizer(source):
+        tokenizer = source
     pad = ids.get("pad")
     entry = export.extra.get("tokenizer")  # what the export recorded of the tokenizer beside it
     facts = TokenizerFacts(cfg.image_code_range, entry if isinstance(entry, dict) and tokenizer == export_dir else None)
     return TargetInfo(
-        target=target, kind=kind, backend=backend, path=path, config=cfg, mask_id=mask, eos_id=eos,
-        pad_id=pad if pad is not None else eos, eot_id=ids.get("eot"),
-        tokenizer_dir=tokenizer,
-        checkpoint=source if has_source else None, export_dir=export_dir, tokenizer_facts=facts, stats=export.seer,
+        target=d.target, kind=d.kind, backend=backend, path=d.path, config=cfg, mask_id=mask, eos_id=eos,
+        pad_id=pad if pad is not None else eos, eot_id=ids.get("eot"), tokenizer_dir=tokenizer,
+        checkpoint=export.model.source if source is not None else None, export_dir=export_dir,
+        tokenizer_facts=facts, stats=export.seer,
     )
 
 
-def _ort_backend(export_dir: Path, export: ExportManifest, session: OrtSessionOptions, info: TargetInfo,
-                 kv_cache: bool = True) -> tuple[Backend, TargetInfo]:
+def _ort_backend(d: Description, session: OrtSessionOptions, info: TargetInfo, kv_cache: bool = True
+                 ) -> tuple[Backend, TargetInfo]:
     """ONNX Runtime on an export: a text export's graphs, or a multimodal export's with its vision graph; the KV
     cache graphs too where the export has them and `kv_cache` (an engine dir: where it was built with them)."""
-    if MULTIMODAL_KEY not in export.extra:
+    export_dir, export = d.export_dir, d.export
+    assert export is not None and export_dir is not None  # describe() reads them for an export or engine dir
+    if not d.multimodal:
         from seer_deploy.engines.ort import OrtBackend
 
         return OrtBackend(export_dir, session, kv_cache=kv_cache, manifest=export), info
@@ -213,7 +213,7 @@ def open_export(d: Description, backend: BackendChoice | None, options: TargetOp
         )
     session = ort_session_options(options)
     session.check()
-    return _ort_backend(path, export, session, _export_info(target, "export", "ort", path, path, export))
+    return _ort_backend(d, session, _export_info(d, "ort"))
 
 
 def checked_engine(d: Description) -> tuple[EngineManifest, Path, ExportManifest, RuntimeFacts]:
@@ -250,8 +250,7 @@ def open_engine(d: Description, backend: BackendChoice | None, options: TargetOp
                f"build one (seer-deploy build {export_dir} --out ENGINE_DIR --backend {wanted})" if wanted == "tensorrt"
                else f"give its checkpoint ({export.model.source})")
         raise ConfigError(f"TARGET '{target}' is a {manifest.backend} engine, not {wanted}; for {wanted} {fix}")
-    info = replace(_export_info(target, "engine", manifest.backend, path, export_dir, export),
-                   buckets=tuple(manifest.buckets))
+    info = replace(_export_info(d, manifest.backend), buckets=tuple(manifest.buckets))
     if manifest.backend == "tensorrt":
         from seer_deploy.engines.tensorrt_engine import TensorRTBackend
 
@@ -269,6 +268,5 @@ def open_engine(d: Description, backend: BackendChoice | None, options: TargetOp
         return trt, replace(info, max_batch=manifest.max_batch)
     # An ORT engine dir runs the export's graphs with its recorded session settings: the cache graphs where it was
     # built with them (their hashes checked above), none where it was built before the export had them.
-    return _ort_backend(export_dir, export, engine_session_options(manifest, options), info,
-                        kv_cache=manifest.has_cache)
+    return _ort_backend(d, engine_session_options(manifest, options), info, kv_cache=manifest.has_cache)
 

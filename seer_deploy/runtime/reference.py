@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from seer_deploy.core.backend import Step0Output
-from seer_deploy.core.generation import GenerationConfig, left_pad
+from seer_deploy.core.generation import GenerationConfig, SpecialIds, left_pad
 from seer_deploy.core.sparsity import SparsityRow, StatsSpec, layer_major_rows
 from seer_deploy.models.families.config import ModelConfig
 from seer_deploy.models.networks.confidence import greedy_head, log_prob_of, token_log_prob
@@ -214,7 +214,7 @@ def generate(
     studies; the tail context is still the seer config's, 0 without one).
     """
     cfg = model.cfg
-    config.validate(cfg.max_seq_len, max(len(p) for p in prompts))
+    config.check_fits(cfg.max_seq_len, max(len(p) for p in prompts))
     if seer is not None or kept_lengths is not None:
         return _generate_seer(model, prompts, config, generator, seer, kept_lengths)
     device = next(model.parameters()).device
@@ -259,10 +259,8 @@ def _generate_seer(
     # The prompts as step zero left them: masks inside a prompt are candidates too, and its commits stand.
     after_zero = [zero.x[b, P - len(p) : P].tolist() for b, p in enumerate(prompts)]
     step0, rows = _step0_output(zero, cfg.eos_id, spec)
-    plans = plan_batch(
-        step0, rows, P, responses.numpy(), seer=seer, eos_id=cfg.eos_id, mask_id=cfg.mask_id, gen_length=G,
-        steps=config.steps, block_length=config.block_length, kept_lengths=kept_lengths,
-    )
+    plans = plan_batch(step0, rows, P, responses.numpy(), config, SpecialIds(cfg.mask_id, cfg.eos_id), seer=seer,
+                       kept_lengths=kept_lengths)
     # Rows with the same plan run together: padded to the group's longest prompt, the padding masked out.
     tokens = torch.full((B, G), cfg.eos_id, dtype=torch.long)
     n_passes = 1

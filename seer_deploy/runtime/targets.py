@@ -24,7 +24,7 @@ from seer_deploy.core.errors import ArtifactError, CheckpointError, ConfigError
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.engines.manifest import MANIFEST_FILE as ENGINE_FILE
 from seer_deploy.engines.manifest import EngineManifest
-from seer_deploy.models.checkpoints.multimodal_files import DEMO_VL_NAME, is_multimodal_checkpoint, resolve_multimodal
+from seer_deploy.models.checkpoints.multimodal_files import DEMO_VL_NAME, checkpoint_directory, is_multimodal_checkpoint
 from seer_deploy.models.families.config import ModelConfig
 from seer_deploy.models.pictures.anyres import AnyresConfig, anyres_tokens
 from seer_deploy.models.pictures.image import ImageConfig
@@ -128,10 +128,7 @@ class TargetInfo:
                 f"no tokenizer in {where} (needs {TOKENIZER_FILE}, or vocab.json + merges.txt); copy the "
                 f"checkpoint's tokenizer files into {self.path}"
             )
-        chat = None
-        if template is not None:
-            probe = Tokenizer(self.tokenizer_dir, self.eos_id, self.eot_id, described=self.tokenizer_facts)
-            chat = probe.template.replaced(template.text, template.source)
+        chat = None if template is None else (template.text, template.source)
         if self.images is not None:
             from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer
 
@@ -183,12 +180,15 @@ def target_kind(target: str | os.PathLike[str]) -> TargetKind:
 
 @dataclass(frozen=True)
 class Description:
-    """What TARGET is, decided once: its kind and directory, and for an export or engine dir its manifests, each read
-    and checked once, for the Seer config's search (`find_seer_config`) and the opener (`runtime.openers`)."""
+    """What TARGET is, decided once: its kind and directory, whether it takes pictures, the checkpoint it comes from
+    (itself, or an export's source where it still exists), and for an export or engine dir its manifests, each read
+    and checked once. Everything downstream (the Seer config's search, the opener, the tokenizer) takes it."""
 
     target: str
     kind: TargetKind
     path: Path
+    multimodal: bool
+    checkpoint: Path | None  # the checkpoint directory: TARGET itself, or the export's source (None: gone)
     engine: EngineManifest | None = None  # engine dirs
     export_dir: Path | None = None  # export dirs, and the export an engine was built from
     export: ExportManifest | None = None
@@ -196,18 +196,22 @@ class Description:
 
 def describe(target: str | os.PathLike[str]) -> Description:
     """TARGET's kind and manifests (ConfigError / ArtifactError for what is not a target, or a damaged manifest)."""
+    from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
+
     kind = target_kind(target)
     path = Path(target).expanduser()
     if kind == "checkpoint":
-        return Description(str(target), kind, path)
+        return Description(str(target), kind, path, is_multimodal_checkpoint(target), checkpoint_directory(target))
     engine = EngineManifest.load(path) if kind == "engine" else None
     export_dir = path if engine is None else engine_export_dir(path, engine)
-    return Description(str(target), kind, path, engine, export_dir, ExportManifest.load(export_dir))
+    export = ExportManifest.load(export_dir)
+    return Description(str(target), kind, path, MULTIMODAL_KEY in export.extra, source_checkpoint(export.model.source),
+                       engine, export_dir, export)
 
 
 def checkpoint_seer(checkpoint: str | os.PathLike[str]) -> SeerConfig | None:
     """A checkpoint's calibrated Seer config (`<dir>/seer.json`, the shipped one for the demos), or None."""
-    return SeerConfig.shipped_in(resolve_multimodal(checkpoint))
+    return SeerConfig.shipped_in(checkpoint_directory(checkpoint))
 
 
 def find_seer_config(target: str | os.PathLike[str], described: Description | None = None) -> SeerConfig | None:
@@ -215,26 +219,11 @@ def find_seer_config(target: str | os.PathLike[str], described: Description | No
     then beside its export dir, then the source checkpoint's own; None when there is none. `described`: TARGET's
     description when the caller has it (its manifests are not read again)."""
     d = described if described is not None else describe(target)
-    if d.kind == "checkpoint":
-        return checkpoint_seer(target)
-    assert d.export_dir is not None and d.export is not None  # describe() reads both for an export or engine dir
-    for directory in (d.path, d.export_dir):
-        if (directory / CHECKPOINT_CONFIG_NAME).is_file():
+    beside = [] if d.kind == "checkpoint" else [d.path, d.export_dir]
+    for directory in beside:
+        if directory is not None and (directory / CHECKPOINT_CONFIG_NAME).is_file():
             return SeerConfig.load(directory / CHECKPOINT_CONFIG_NAME)
-    source = d.export.model.source
-    return checkpoint_seer(source) if checkpoint_exists(source) else None
-
-
-def is_multimodal_target(target: str | os.PathLike[str]) -> bool:
-    """Whether TARGET takes pictures (a LLaDA-V-style checkpoint, or an export / engine made from one)."""
-    from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
-
-    kind = target_kind(target)
-    if kind == "checkpoint":
-        return is_multimodal_checkpoint(target)
-    path = Path(target).expanduser()
-    export_dir = path if kind == "export" else engine_export_dir(path, EngineManifest.load(path))
-    return MULTIMODAL_KEY in ExportManifest.load(export_dir).extra
+    return SeerConfig.shipped_in(d.checkpoint) if d.checkpoint is not None else None
 
 
 def engine_export_dir(engine_dir: Path, manifest: EngineManifest) -> Path:
@@ -251,8 +240,10 @@ def engine_export_dir(engine_dir: Path, manifest: EngineManifest) -> Path:
     )
 
 
-def checkpoint_exists(source: str) -> bool:
+def source_checkpoint(source: str) -> Path | None:
+    """The directory of an export's source checkpoint ('demo', 'demo-vl' or a path), or None where it is gone."""
     try:
-        return (resolve_multimodal(source) / "config.json").is_file()
+        directory = checkpoint_directory(source)
     except CheckpointError:
-        return False
+        return None
+    return directory if (directory / "config.json").is_file() else None

@@ -130,6 +130,8 @@ class SeerConfig:
                 raise ConfigError(f"seer row ({layer!r}, {stat!r}) names no layer; a row is [layer index, statistic]")
             if stat not in STAT_NAMES:
                 raise ConfigError(f"seer row ({layer}, '{stat}') names an unknown statistic; use one of {STAT_NAMES}")
+            if self.stats_layers and min(self.stats_layers) >= 0 and layer not in self.stats_layers:
+                raise ConfigError(f"seer row ({layer}, '{stat}') reads layer {layer}, which is not in stats_layers")
         if self.weights and len(self.weights) != len(self.rows):
             raise ConfigError(f"seer weights has {len(self.weights)} entries for {len(self.rows)} rows; give one per row")
         for trend in self.trends:

@@ -21,7 +21,7 @@ import numpy as np
 
 from seer_deploy.core.backend import Step0Output
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.core.generation import steps_per_block
+from seer_deploy.core.generation import GenerationConfig, SpecialIds, steps_per_block
 from seer_deploy.core.sparsity import SparsityRow
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.detect import Boundary, detect
@@ -141,21 +141,21 @@ def plan_batch(
     rows: list[SparsityRow],
     prompt_width: int,
     responses: np.ndarray,
+    config: GenerationConfig,
+    ids: SpecialIds,
     *,
     seer: SeerConfig | None,
-    eos_id: int,
-    mask_id: int,
-    gen_length: int,
-    steps: int,
-    block_length: int | None,
     kept_lengths: Sequence[int] | None = None,
 ) -> list[TruncationPlan]:
-    """Plan every request of a batch from its step-zero output (left-padded to `prompt_width`).
+    """Plan every request of a batch from its step-zero output (left-padded to `prompt_width`), for the response
+    `config` schedules (gen_length, steps, blocks).
 
     responses: int64 [B, gen_length], the response slots after step zero's commits. kept_lengths forces the kept
     length per request (oracle studies); the detector still runs when `seer` is given, for the report, and the tail
     context is the config's (0 without one).
     """
+    gen_length, steps, block_length, eos_id, mask_id = (config.gen_length, config.steps, config.block_length, ids.eos,
+                                                        ids.mask)
     B = responses.shape[0]
     if kept_lengths is not None and (len(kept_lengths) != B or any(not 1 <= k <= gen_length for k in kept_lengths)):
         raise ConfigError(f"kept_lengths must give one length in [1, {gen_length}] per prompt ({B} prompts)")

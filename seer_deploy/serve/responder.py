@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.runtime.live import LiveRows, Round
 from seer_deploy.runtime.live_row import FinishedRow, RowRequest, takes
@@ -89,7 +89,7 @@ class Responder:
         self.service = service
         self._solo = itertools.count()  # per call, keys that make a sampled row run alone
         info = service.info
-        self.live = LiveRows(service.backend, mask_id=info.mask_id, pad_id=info.pad_id, eos_id=info.eos_id,
+        self.live = LiveRows(service.backend, SpecialIds(info.mask_id, info.pad_id, info.eos_id),
                              max_call_rows=info.max_batch)
         self._live_rows: dict[int, Row] = {}
 

@@ -46,8 +46,7 @@ def gen_length_for(max_tokens: int | None, sizes: tuple[int, ...], default: int)
 def request_generation(base: GenerationConfig, gen_length: int, steps: int | None, block_length: int | None,
                        temperature: float | None) -> GenerationConfig:
     """The server's generation settings at this request's size: its steps (else the server's tokens per step),
-    block length (else the server's, else one block) and temperature. Not validated here: `Service.prepare`
-    validates a request once, against the model too (ConfigError names the field)."""
+    block length (else the server's, else one block) and temperature; validated (ConfigError names the field)."""
     block = block_length if block_length is not None else base.block_length
     if block is not None and block >= gen_length:
         block = None if block_length is None else block  # the server's block covers this whole canvas: one block
@@ -55,5 +54,6 @@ def request_generation(base: GenerationConfig, gen_length: int, steps: int | Non
         n_blocks = gen_length // (block or gen_length) if gen_length % (block or gen_length) == 0 else 1
         per_step = base.gen_length / base.steps
         steps = max(n_blocks, math.ceil(gen_length / per_step / n_blocks) * n_blocks)
-    return dataclasses.replace(base, gen_length=gen_length, steps=steps, block_length=block,
-                               temperature=base.temperature if temperature is None else temperature)
+    config = dataclasses.replace(base, gen_length=gen_length, steps=steps, block_length=block,
+                                 temperature=base.temperature if temperature is None else temperature)
+    return config  # checked when made

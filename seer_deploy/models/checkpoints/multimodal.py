@@ -34,8 +34,8 @@ from seer_deploy.models.checkpoints.checkpoint import (
 )
 from seer_deploy.models.checkpoints.multimodal_files import (
     DEMO_VL_NAME,  # noqa: F401  (the exporter's and cli.demo's import)
+    checkpoint_directory,
     is_multimodal,
-    resolve_multimodal,
 )
 from seer_deploy.models.families.config import ModelConfig, config_from_dict
 from seer_deploy.models.families.lavida import (
@@ -183,7 +183,7 @@ def load_multimodal(
     name_or_path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> LoadedMultimodal:
     """Load a LLaDA-V-layout checkpoint: language model, SigLIP tower, projector (and image_newline)."""
-    path = resolve_multimodal(name_or_path)
+    path = checkpoint_directory(name_or_path)
     raw = read_config(path)
     vcfg = vision_config_from_dict(raw, path)
     lm = load_checkpoint(path, dtype=dtype, device=device)

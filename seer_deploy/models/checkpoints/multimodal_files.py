@@ -36,8 +36,9 @@ def is_multimodal_checkpoint(name_or_path: str | os.PathLike[str]) -> bool:
     return is_multimodal(read_json(path / "config.json", "checkpoint config", error=CheckpointError))
 
 
-def resolve_multimodal(name_or_path: str | os.PathLike[str]) -> Path:
-    """'demo-vl' -> the bundled multimodal demo; anything else as `resolve_checkpoint`."""
+def checkpoint_directory(name_or_path: str | os.PathLike[str]) -> Path:
+    """The directory a checkpoint name stands for: 'demo' and 'demo-vl' the bundled demos, anything else a local path
+    (`resolve_checkpoint`)."""
     if str(name_or_path) == DEMO_VL_NAME:
         return DEMO_VL_DIR
     return resolve_checkpoint(name_or_path)

@@ -19,7 +19,6 @@ from seer_deploy.core.errors import ConfigError
 from seer_deploy.models.checkpoints.multimodal_files import IMAGE_TOKEN
 from seer_deploy.models.pictures.anyres import AnyresConfig, anyres_pixels, merge_views
 from seer_deploy.models.pictures.image import ImageConfig, pixel_batch
-from seer_deploy.models.text.chat_template import ChatTemplate
 from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.models.text.tokenizer_files import TokenizerFacts
 
@@ -31,7 +30,7 @@ class MultimodalTokenizer(Tokenizer):
     """A Tokenizer whose prompts may contain `<image>`: each becomes the placeholder id `image_token_index`."""
 
     def __init__(self, file: str | os.PathLike[str], eos_id: int, eot_id: int | None, image_token_index: int,
-                 template: ChatTemplate | None = None, *, described: TokenizerFacts | None = None) -> None:
+                 template: tuple[str | None, str] | None = None, *, described: TokenizerFacts | None = None) -> None:
         super().__init__(file, eos_id, eot_id, template=template, described=described)
         self.image_token_index = image_token_index
         # Checkpoints whose tokenizer lacks '<image>' (LLaVA splits the text on it instead) get it as a special token

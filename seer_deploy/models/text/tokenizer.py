@@ -22,7 +22,7 @@ from typing import Any
 
 from seer_deploy.core.checks import ascii_int, int_in
 from seer_deploy.core.errors import CheckpointError, ConfigError, SeerDeployError
-from seer_deploy.models.text.chat_template import ChatTemplate, chat_messages, find_template
+from seer_deploy.models.text.chat_template import chat_messages, find_template
 from seer_deploy.models.text.tokenizer_files import (
     ADDED,
     MERGES,
@@ -125,11 +125,12 @@ def image_codes_beside(directory: Path) -> tuple[int, int] | None:
 
 class Tokenizer:
     """Text <-> ids for a tokenizer.json file or a checkpoint / export directory (its tokenizer as shipped), with
-    its chat template (`template` instead: --chat-template / --no-chat-template); `image_codes` (base id, codebook
-    size) enables MMaDA's image-code syntax."""
+    its chat template (`template`: (text, source) instead of its text, None text = raw: --chat-template /
+    --no-chat-template; the special tokens' texts stay the checkpoint's); `image_codes` (base id, codebook size)
+    enables MMaDA's image-code syntax."""
 
     def __init__(self, path: str | os.PathLike[str], eos_id: int, eot_id: int | None = None,
-                 image_codes: tuple[int, int] | None = None, template: ChatTemplate | None = None, *,
+                 image_codes: tuple[int, int] | None = None, template: tuple[str | None, str] | None = None, *,
                  described: TokenizerFacts | None = None) -> None:
         """`described`: what the target's description says (image codes, the export's tokenizer entry), read once by
         the opener; without it they are read from the files beside `path`."""
@@ -138,7 +139,8 @@ class Tokenizer:
         self._tok = load_tokenizer(path)
         self.eos_id = eos_id
         self.eot_id = eot_id
-        self.template = template if template is not None else find_template(directory, self._tok, described)
+        own = find_template(directory, self._tok, described)
+        self.template = own if template is None else own.replaced(*template)
         if described is None:
             self.image_codes = image_codes if image_codes is not None else image_codes_beside(directory)
             entry = manifest_tokenizer_entry(directory)

@@ -160,14 +160,14 @@ def special_texts(directory: Path) -> set[str]:
 
 
 @dataclass(frozen=True)
-class SpecialIds:
+class FoundSpecialIds:
     """The resolved ids (name -> id) and, for each, the file and entry it came from."""
 
     ids: dict[str, int] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
 
-def resolve_special_ids(directory: Path, tok: Tokenizer | None = None) -> SpecialIds:
+def resolve_special_ids(directory: Path, tok: Tokenizer | None = None) -> FoundSpecialIds:
     """Mask, EOS, pad, BOS and end-of-turn ids in SPECIAL_ID_ORDER (the module docstring); names nobody gives are
     left out. `tok` (loaded from `directory` when None and there is one) turns token texts into ids."""
     if tok is None and has_tokenizer(directory):
@@ -193,7 +193,7 @@ def resolve_special_ids(directory: Path, tok: Tokenizer | None = None) -> Specia
             found = next(((t, i) for t in spellings if (i := tok.token_to_id(t)) is not None), None)
             if name not in ids and found is not None:
                 ids[name], sources[name] = found[1], f"tokenizer {found[0]}"
-    return SpecialIds(ids, sources)
+    return FoundSpecialIds(ids, sources)
 
 
 def text_tokens(tok: Tokenizer) -> int:
