@@ -35,7 +35,7 @@ from seer_deploy.runtime.targets import (
     describe,
     find_seer_config,
 )
-from seer_deploy.seer.config import SeerConfig
+from seer_deploy.seer.config import SeerConfig, TailContext
 from seer_deploy.seer.options import SeerOptions
 from seer_deploy.seer.plan import SeerReport
 
@@ -167,6 +167,22 @@ class Service:
         self.seer = self.info.seer_for(seer)
         self.tokenizer = self.info.tokenizer(self.options.template)
         self.load_seconds = time.perf_counter() - opening  # the start of time to first step (`Run`)
+
+    def seer_for(self, on: bool | None, tail_context: TailContext | None = None) -> SeerConfig | None:
+        """The Seer config one request runs with, settled here only (None: full length): on or off (None: the
+        service's default), the built-in defaults where Seer is asked for and no calibrated config was found, the
+        request's tail context instead of the config's; fitted to the engine. ConfigError for a tail context
+        without Seer."""
+        if tail_context is not None and on is False:
+            raise ConfigError("tail_context applies to Seer runs; drop \"seer\": false (--no-seer) or tail_context")
+        if on is False or (on is None and self.seer is None):
+            if tail_context is not None:
+                raise ConfigError("tail_context applies to Seer runs, and this target runs at full length by default; "
+                                  "add \"seer\": true (--seer: built-in defaults) or drop tail_context")
+            return None
+        seer = self.seer if self.seer is not None else self.info.seer_for(SeerConfig())
+        assert seer is not None
+        return seer if tail_context is None else seer.with_(tail_context=tail_context)
 
     @property
     def batch_size(self) -> int:

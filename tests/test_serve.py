@@ -257,7 +257,8 @@ def test_limits_auth_deadline_and_operations(export_dir: Path, capsys: pytest.Ca
     assert main_exit(["generate", str(export_dir), "--prompt", long_prompt, "--gen-length", "64"]) == 2
     cli_message = capsys.readouterr().err.strip().removeprefix("error: ")
     assert "exceeds the model's" in cli_message
-    app = create_app(open_service(export_dir, 4), ServeOptions(api_key="s3cret", max_body_bytes=2048,
+    # Per call: the queue's wait to fill a batch holds a row past its deadline (step-level: test_serve_stepping).
+    app = create_app(open_service(export_dir, 4), ServeOptions(api_key="s3cret", max_body_bytes=2048, batching="call",
                                                                max_wait_ms=2000, timeout_s=0.3))
     with BackgroundServer(app) as running:
         auth = {"Authorization": "Bearer s3cret"}

@@ -51,9 +51,13 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
 @seer_options(on={"help": "Seer by default for requests that do not say [default: on when a calibrated config is "
                           "found]."},
               tail_context={"help": "Seer's tail context by default (see generate)."})
-@click.option("--max-batch", type=int, default=32, show_default=True, help="Rows in one batch (one generate call).")
+@click.option("--batching", type=click.Choice(["step", "call"]), default="step", show_default=True,
+              help="step: rows join and leave the running batch between forward passes; call: rows of one setting "
+              "run together to the end of their call (the batcher before issue 46).")
+@click.option("--max-batch", type=int, default=32, show_default=True,
+              help="Rows live at once (step), or rows in one generate call (call).")
 @click.option("--max-wait-ms", type=float, default=5.0, show_default=True,
-              help="How long a batch waits to fill after its first row arrives.")
+              help="--batching call: how long a batch waits to fill after its first row arrives.")
 @click.option("--max-queue", type=int, default=256, show_default=True,
               help="Rows waiting; beyond it requests get 429 with Retry-After.")
 @click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True,
@@ -78,18 +82,18 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
 @click.option("--max-replicas", type=int, default=None, help="--ray: autoscale from --replicas up to this.")
 @template_options()
 def command(target: str, host: str, port: int, generation: GenerationConfig, seed: int, gen_lengths: str | None,
-            target_options: TargetOptions, seer: SeerOptions, max_batch: int, max_wait_ms: float, max_queue: int,
-            timeout_s: float, max_body_bytes: int, read_timeout_s: float, max_connections: int, max_prompts: int,
+            target_options: TargetOptions, seer: SeerOptions, batching: str, max_batch: int, max_wait_ms: float,
+            max_queue: int, timeout_s: float, max_body_bytes: int, read_timeout_s: float, max_connections: int, max_prompts: int,
             retry_after_s: int, api_key: str | None, model_name: str | None, access_log: bool, use_ray: bool,
             replicas: int, max_replicas: int | None, template: TemplateChoice | None) -> None:
     """Serve TARGET (a checkpoint, 'demo', 'demo-vl', an export or engine directory) over HTTP with OpenAI's
-    /v1/completions and /v1/chat/completions, dynamic batching through the generation service, /health, /ready
+    /v1/completions and /v1/chat/completions, continuous batching through the generation service, /health, /ready
     and /metrics."""
     from seer_deploy.serve.options import ServeOptions, is_loopback
 
     name = model_name or Path(target.rstrip("/")).name or target
-    serve_options = ServeOptions(model_name=name, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
-                                 timeout_s=timeout_s, max_body_bytes=max_body_bytes, max_prompts=max_prompts,
+    serve_options = ServeOptions(model_name=name, batching=batching, max_batch=max_batch, max_wait_ms=max_wait_ms,
+                                 max_queue=max_queue, timeout_s=timeout_s, max_body_bytes=max_body_bytes, max_prompts=max_prompts,
                                  retry_after_s=retry_after_s, read_timeout_s=read_timeout_s,
                                  max_connections=max_connections,
                                  gen_lengths=parse_sizes(gen_lengths), api_key=api_key,

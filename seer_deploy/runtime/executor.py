@@ -12,7 +12,7 @@ something at that step, trimmed to the columns they need, so rows that finish le
 commit in is not run (the reference runs it and changes nothing).
 
 With parallel decoding (`GenerationConfig.decode`) a row has no schedule: each pass commits what the rule accepts and
-the row moves to its next block when its block has no masks left (`_Cursor`). With the KV cache a row's pass is a
+the row moves to its next block when its block has no masks left (`Cursor`). With the KV cache a row's pass is a
 refresh (the group's columns, keys and values kept per row) when it enters a block, else a window step over its
 block only (`_Group.refresh`, `_Group.window_step`).
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -184,7 +184,7 @@ def run_group(ctx: LoopContext, rows: Rows, tally: Tally, batch_rows: Sequence[i
     """Run the remaining steps of a group of rows (`batch_rows`: their rows in the batch, for `ctx.on_settled`);
     returns their responses int64 [n, gen_length] (cut tails EOS) and the forward passes each row made, int64 [n]."""
     group = _Group.start(ctx, rows)
-    cursors = [_Cursor(plan, ctx.config.parallel) for plan in rows.plans]
+    cursors = [Cursor(plan, ctx.config.parallel) for plan in rows.plans]
     settled = _Settled(ctx, group, list(batch_rows) if batch_rows is not None else list(range(group.n)))
     while True:
         targets = [c.next(ctx, group, i, rows.first_schedule) for i, c in enumerate(cursors)]
@@ -232,7 +232,17 @@ class _Settled:
                 self.ctx.on_settled(self.batch_rows[i], response[:n].copy())
 
 
-class _Cursor:
+class Columns(Protocol):
+    """What a cursor reads of its rows: their columns (one row each) and the prompt width."""
+
+    @property
+    def x(self) -> np.ndarray: ...
+
+    @property
+    def prompt_width(self) -> int: ...
+
+
+class Cursor:
     """Where one row is in its plan: the pass it makes next (its block and, with a schedule, how many it commits)."""
 
     def __init__(self, plan: TruncationPlan, parallel: bool) -> None:
@@ -243,7 +253,7 @@ class _Cursor:
         self.schedule = np.zeros(0, np.int64)
         self.candidates: tuple[int, int] | None = None  # parallel: (block, masks before its end) at the last pass
 
-    def next(self, ctx: LoopContext, group: _Group, row: int, first_schedule: np.ndarray | None
+    def next(self, ctx: LoopContext, group: Columns, row: int, first_schedule: np.ndarray | None
              ) -> tuple[int, int, int] | None:
         """(block start, block end in the group's columns, tokens to commit (-1: the parallel rule)), or None when
         the row is done; advances the cursor."""

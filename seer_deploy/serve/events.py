@@ -12,7 +12,7 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from seer_deploy.serve import protocol
-from seer_deploy.serve.engine import Result
+from seer_deploy.serve.responder import Result
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

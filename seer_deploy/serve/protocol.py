@@ -23,8 +23,8 @@ from seer_deploy.core.errors import ConfigError
 from seer_deploy.models.checkpoints.multimodal_files import IMAGE_TOKEN
 from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.models.text.tokenizer import check_prompt
-from seer_deploy.serve.engine import Result
 from seer_deploy.serve.images import decode_data_url
+from seer_deploy.serve.responder import Result
 
 
 class BadField(ConfigError):
