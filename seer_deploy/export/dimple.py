@@ -34,15 +34,8 @@ from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.engines.ort_multimodal import DimpleOrtBackend
-from seer_deploy.export.exporter import (
-    ExportResult,
-    ExportRun,
-    GraphPlan,
-    Loaded,
-    Progress,
-    checkpoint_config,
-    step_examples,
-)
+from seer_deploy.export import exporter
+from seer_deploy.export.exporter import ExportResult, ExportRun, GraphPlan, Loaded, Progress
 from seer_deploy.export.graphs import DimpleVisionGraph, step_module
 from seer_deploy.export.multimodal import image_probes, prepare_multimodal, vision_diff
 from seer_deploy.export.options import ExportOptions
@@ -78,7 +71,7 @@ def prepare_dimple(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
     pictures = dimple_pictures(path, read_config(path))
     fewest = pictures.picture.fewest_tokens
     why = f"it cannot hold one picture (at least {fewest} tokens) and a response; raise it"
-    return ExportRun.check(path, str(path.absolute()), checkpoint_config(path), out, options, _load_dimple,
+    return ExportRun.check(path, str(path.absolute()), exporter.checkpoint_config(path), out, options, _load_dimple,
                            (fewest + 1, why))
 
 
@@ -145,7 +138,7 @@ def _load_dimple(run: ExportRun, report: Progress) -> Loaded:
                                  "position_ids_input": POSITION_IDS.name}}
 
     example_grids = [(1, 4, 6), (1, 2, 4)]  # 8 image tokens: a size no other traced axis has
-    examples = step_examples(cfg, run.max_seq_len)
+    examples = exporter.step_examples(cfg, run.max_seq_len)
     ids = examples[INPUT_IDS.name].clone()
     ids[:, 1] = cfg.n_embed_rows + torch.tensor([0, 2])
     feed = tower_inputs([np.zeros((t * h * w, tower.patch_dim), np.float32) for t, h, w in example_grids],

@@ -17,21 +17,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from seer_deploy.core.backend import (
-    Backend,
-    CacheBackend,
-    KVCache,
-    RefreshOutput,
-    Step0Output,
-    StepInput,
-    StepOutput,
-    supports_cache,
-    supports_guidance,
-)
+from seer_deploy.core.backend import StepInput, supports_cache, supports_guidance
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, SpecialIds, left_pad
 from seer_deploy.runtime.executor import LoopContext, Rows, SettledHook, Tally, mask_columns, run_group
@@ -41,6 +31,9 @@ from seer_deploy.runtime.rules import StepCount, pass_count
 from seer_deploy.runtime.scheduler import HybridPlan, StepCost, plan_hybrid, step_cost_of
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import SeerReport, TruncationPlan, full_length_plan, make_plan, plan_batch
+
+if TYPE_CHECKING:  # annotations only
+    from seer_deploy.core.backend import Backend, CacheBackend, KVCache, RefreshOutput, Step0Output, StepOutput
 
 
 @dataclass
@@ -290,7 +283,7 @@ def step_zero(ctx: LoopContext, canvas: Canvas, hi: int, k: np.ndarray, tally: T
         tally.count(ctx, real)
     committed: StepOutput | Step0Output | RefreshOutput | None = out0
     if not truncating and ctx.config.kv_cache:
-        committed = cast(CacheBackend, ctx.backend).refresh(ctx.step_input(x, mask, prompt_width, np.full(B, hi)))
+        committed = cast("CacheBackend", ctx.backend).refresh(ctx.step_input(x, mask, prompt_width, np.full(B, hi)))
         kv = committed.kv
         tally.count(ctx, real)
     elif not greedy:
