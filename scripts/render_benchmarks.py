@@ -50,6 +50,7 @@ RESULTS_SCALE = ROOT / "benchmarks" / "results-scale"  # benchmarks/scale_export
 RESULTS_EVAL = ROOT / "benchmarks" / "results-eval"  # eval --json: demo.md, demo-vl.md, demo-vl-lmms.md; notes.md
 RESULTS_QUANT = ROOT / "benchmarks" / "results-quant"  # benchmarks/quant_study.py: quant_study.md, the JSON; notes.md
 RESULTS_QUANT_BENCH = ROOT / "benchmarks" / "results-quant-bench"  # seer-deploy bench --quantize int8,int4: notes.md
+RESULTS_DECIDE_ONCE = ROOT / "benchmarks" / "results-decide-once"  # issue 43: bench before / after, compare.md
 RESULTS_EXPORT_CHECK = ROOT / "benchmarks" / "results-export-check"  # benchmarks/export_check.py: figures.json
 RESULTS_QUANT_MEMORY = ROOT / "benchmarks" / "results-quant-memory"  # benchmarks/quant_memory.py: table.md; notes.md
 RESULTS_RULES = ROOT / "benchmarks" / "results-rules"  # seer-deploy bench --rules ...: bench.json; notes.md
@@ -176,6 +177,9 @@ def render() -> str:
                       "benchmarks/results-dimple/bench/bench.json")
               if dimple.is_file() else f"(not measured: {dimple} is missing)", ""]
     parts += _export_check()
+    parts += _section("Decide once, name once: the bench before and after (issue 43)", RESULTS_DECIDE_ONCE / "notes.md")
+    parts += _rendered(RESULTS_DECIDE_ONCE / "compare.md", "benchmarks/results-decide-once/before/bench.json, "
+                       "benchmarks/results-decide-once/after/bench.json")
     parts += _section("TensorRT-RTX builds", RESULTS_TRT / "notes.md")
     serve = RESULTS_SERVE / "notes.md"
     parts += ["# Serving: seer-deploy serve under load", "",
