@@ -107,7 +107,7 @@ class LoopContext:
         lo, hi = lo.astype(np.int64), hi.astype(np.int64)
         if self.config.dream_sampler:
             assert counts is not None, "the Dream family's sampler commits by StepCounts"
-            commit_rule(self.core, self.config, self.rng, self.mask_id, x, out, lo, hi, list(counts))
+            commit_rule(self.core, self.config, self.rng, self.mask_id, x, out, (lo, hi), list(counts))
             return
         x0 = np.ascontiguousarray(out.token_ids, dtype=np.int64)
         if self.config.remasking == "random":

@@ -243,7 +243,7 @@ class LiveRows:
         else:
             out = self.backend.step(inputs)
         commit_hi = np.array([off + p.hi if p.commits else 0 for p, off in zip(passes, offsets, strict=True)])
-        self._commit(ctx, x, out, rows, passes, offsets, np.zeros(n, np.int64), commit_hi)
+        self._commit(ctx, x, out, rows, passes, offsets, (np.zeros(n, np.int64), commit_hi))
         for j, (row, p, off) in enumerate(zip(rows, passes, offsets, strict=True)):
             own = slice(off, off + len(row.seq))
             row.seq = x[j, own].copy()
@@ -278,7 +278,7 @@ class LiveRows:
         out = cast(CacheBackend, self.backend).window_step(
             WindowInput(window, real, start, kv, temperature, seed, uniform))
         commit_hi = np.full(n, W, np.int64)
-        self._commit(ctx, window, out, rows, passes, [0] * n, np.zeros(n, np.int64), commit_hi, own=W)
+        self._commit(ctx, window, out, rows, passes, [0] * n, (np.zeros(n, np.int64), commit_hi), own=W)
         for j, (row, p) in enumerate(zip(rows, passes, strict=True)):
             row.seq[p.lo : p.hi] = window[j]
 
@@ -301,8 +301,10 @@ class LiveRows:
         return temperature, uniform, None
 
     def _commit(self, ctx: LoopContext, x: np.ndarray, out: StepOutput | Any, rows: list[LiveRow], passes: list[RowPass],
-                offsets: list[int], lo: np.ndarray, hi: np.ndarray, own: int | None = None) -> None:
-        """Commit each row's pass; a random-remasking row ranks by scores from its own generator (its columns)."""
+                offsets: list[int], span: tuple[np.ndarray, np.ndarray], own: int | None = None) -> None:
+        """Commit each row's pass in its columns [lo, hi) (`span`); a random-remasking row ranks by scores from its own
+        generator (its columns)."""
+        lo, hi = span
         confidence = out.confidence
         randoms = [j for j, (r, p) in enumerate(zip(rows, passes, strict=True))
                    if r.config.remasking == "random" and p.commits]
