@@ -22,6 +22,7 @@ from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.runtime.live import LiveRows, Round
 from seer_deploy.runtime.live_row import FinishedRow, RowRequest
 from seer_deploy.runtime.loop import run_generation
+from seer_deploy.runtime.targets import TargetOptions
 from seer_deploy.service import Service, ServiceOptions
 
 PROMPTS = [e.prompt for e in heldout_examples(16)]
@@ -31,7 +32,7 @@ PROMPTS = [e.prompt for e in heldout_examples(16)]
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     out = tmp_path_factory.mktemp("live") / "demo-onnx"
     export_checkpoint("demo", out, ExportOptions(verify=False, kv_cache=True))
-    yield Service(out, ServiceOptions(generation=GenerationConfig(gen_length=64, steps=64), threads=1))
+    yield Service(out, ServiceOptions(generation=GenerationConfig(gen_length=64, steps=64), target=TargetOptions(threads=1)))
 
 
 def settings(service: Service, kv_cache: bool) -> list[tuple[GenerationConfig, bool, int]]:

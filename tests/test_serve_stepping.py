@@ -24,6 +24,7 @@ from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.models.prompts.prompt import Prompt
+from seer_deploy.runtime.targets import TargetOptions
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
 from seer_deploy.service import Service, ServiceOptions
 
@@ -43,7 +44,7 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reference(export_dir: Path) -> Service:
     """A service of its own for the solo answers."""
-    return Service(export_dir, ServiceOptions(generation=GEN, batch_size=1, threads=1))
+    return Service(export_dir, ServiceOptions(generation=GEN, batch_size=1, target=TargetOptions(threads=1)))
 
 
 def options(**given: Any) -> ServeOptions:
@@ -52,7 +53,7 @@ def options(**given: Any) -> ServeOptions:
 
 
 def open_service(export_dir: Path, generation: GenerationConfig = GEN) -> Service:
-    return Service(export_dir, ServiceOptions(generation=generation, batch_size=32, threads=1))
+    return Service(export_dir, ServiceOptions(generation=generation, batch_size=32, target=TargetOptions(threads=1)))
 
 
 class PassGate:
