@@ -31,6 +31,8 @@ from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.checkpoints.multimodal_files import checkpoint_directory
 from seer_deploy.models.demos.demo_vl_tasks import heldout_examples
 from seer_deploy.models.prompts.prompt import Prompt
+from seer_deploy.runtime.targets import TargetOptions
+from seer_deploy.seer.options import SeerOptions
 from seer_deploy.service import Run, Service, ServiceOptions
 
 MODES = {  # name -> (Seer on, the prompt cache on)
@@ -63,8 +65,9 @@ def prompt_tokens(run: Run, counts: list[int], cached: bool) -> tuple[int, int]:
 
 def measure(target: Path, name: str, requests: list[Prompt], answers: list[str], config: GenerationConfig,
             batch: int, rounds: int, threads: int) -> list[Row]:
-    services = {mode: Service(target, ServiceOptions(generation=replace(config, prompt_cache=cached), seer=seer,
-                                                     batch_size=batch, threads=threads))
+    services = {mode: Service(target, ServiceOptions(generation=replace(config, prompt_cache=cached),
+                                                     seer=SeerOptions(on=seer), batch_size=batch,
+                                                     target=TargetOptions(threads=threads)))
                 for mode, (seer, cached) in MODES.items()}
     counts = list(services["full"].prepare(requests).prompt_tokens)
     full_positions = [n + config.gen_length for n in counts]  # step zero's, per request

@@ -9,6 +9,11 @@ prompt and setting, and writes results.json and results.md. Loopback only; it st
 
     python benchmarks/load_generator.py demo-onnx --faults --requests 10000 --concurrency 1,8,32,64
 
+    python benchmarks/load_generator.py demo-onnx --open-loop --rates sat,3,cap70 --requests 60 --rounds 2
+
+--open-loop (issue 46; its code in benchmarks/open_loop.py) sends seeded Poisson arrivals of a short/long mix to
+`serve --batching call` and `serve --batching step` side by side, and writes open-loop.json and open-loop.md.
+
 --faults (issue 39) drives a server it starts (with --api-key and --read-timeout 1) as careless and hostile clients
 would, --requests in all spread over the concurrencies: normal and streamed requests on both endpoints mixed with
 clients that leave (right after sending, after the first streamed piece, halfway through the headers or the body),
@@ -63,7 +68,7 @@ def start_server(target: str, args: argparse.Namespace, *extra: str, log: list[s
 
     threading.Thread(target=read, daemon=True).start()
     while True:
-        line = lines.get(timeout=120)
+        line = lines.get(timeout=900)  # a loaded machine may take minutes to import and open the model
         if line.startswith("{") and '"serving"' in line:
             return proc, json.loads(line)["url"]
 
@@ -121,6 +126,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     return head + "\n".join(out) + "\n"
 
 
+def machine() -> dict[str, Any]:
+    """The machine a figure was measured on, with the commit and date, and its load now."""
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    model = re.search(r"model name\s*:\s*(.+)", cpuinfo)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+    return {"cpu": model[1] if model else platform.machine(), "cores": os.cpu_count(),
+            "python": platform.python_version(), "commit": commit,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_average_before": os.getloadavg()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", help="what `seer-deploy serve` and `generate` run (an export dir, 'demo', ...)")
@@ -134,6 +149,9 @@ def main() -> None:
                         help="Seer's tail context for the Seer-on rows [default: the target's config]")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results-serve"))
     parser.add_argument("--faults", action="store_true", help="the faults mode (see above): faults.json, faults.md")
+    parser.add_argument("--open-loop", action="store_true", help="the open-loop mode (see above): open-loop.json/md")
+    parser.add_argument("--rates", default="sat,3,cap70", help="--open-loop: requests/s, 'sat', 'cap70'")
+    parser.add_argument("--rounds", type=int, default=2, help="--open-loop: rounds of every rate on both servers")
     args = parser.parse_args()
     if not 1 <= args.requests <= 10_000:
         parser.error("--requests must be from 1 to 10000 (the load is bounded)")
@@ -145,6 +163,12 @@ def main() -> None:
 
         sys.exit(run_faults(args, levels, start_server))
     prompts = [e.prompt for e in heldout_examples(40)]
+    if args.open_loop:
+        if args.url:
+            parser.error("--open-loop starts its own two servers (per call and step-level); drop --url")
+        from open_loop import run_open_loop  # benchmarks/open_loop.py, beside this script
+
+        sys.exit(run_open_loop(args, start_server, prompts, machine))
     batch = [prompts[i % len(prompts)] for i in range(args.requests)]
     load_before = os.getloadavg()
     proc, url = (None, args.url) if args.url else start_server(args.target, args)
@@ -174,14 +198,10 @@ def main() -> None:
             proc.terminate()
             proc.wait(60)
     command = "python benchmarks/load_generator.py " + shlex.join(sys.argv[1:])
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    model = re.search(r"model name\s*:\s*(.+)", cpuinfo)
-    machine = {"cpu": model[1] if model else platform.machine(), "cores": os.cpu_count(),
-               "python": platform.python_version(), "load_average_before": load_before,
-               "load_average_after": os.getloadavg()}
+    about = {**machine(), "load_average_before": load_before, "load_average_after": os.getloadavg()}
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "results" if args.tail_context is None else f"results-tail-{args.tail_context}"
-    (args.out / f"{stem}.json").write_text(json.dumps({"command": command, "machine": machine, "rows": rows},
+    (args.out / f"{stem}.json").write_text(json.dumps({"command": command, "machine": about, "rows": rows},
                                                       indent=1) + "\n")
     (args.out / f"{stem}.md").write_text(f"```\n{command}\n```\n\n{table(rows)}")
     print(table(rows))

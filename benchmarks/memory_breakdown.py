@@ -101,13 +101,15 @@ def child(export_dir: Path, spawn: float, threads: int, gen_length: int, steps: 
     mark("interpreter")
     import seer_deploy.service as service_module  # the CLI's path
     from seer_deploy.core.generation import GenerationConfig
+    from seer_deploy.runtime.targets import TargetOptions
+    from seer_deploy.seer.options import SeerOptions
 
     Service, ServiceOptions = service_module.Service, service_module.ServiceOptions
-    prompt_type = getattr(service_module, "Prompt", None) or service_module.Request  # renamed on main (issue 43)
+    prompt_type = service_module.Prompt
 
     mark("imports")
     options = ServiceOptions(generation=GenerationConfig(gen_length=gen_length, steps=steps, block_length=gen_length),
-                             threads=threads, seer=False)
+                             target=TargetOptions(threads=threads), seer=SeerOptions(on=False))
     service = Service(export_dir, options)
     backend: Any = service.backend
     weights_path = str(backend.weights.file.resolve())

@@ -40,7 +40,7 @@ from seer_deploy.models.demos import demo_tasks, demo_vl_tasks
 from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.runtime.targets import checkpoint_seer
 from seer_deploy.seer.metrics import identical_share, true_lengths
-from seer_deploy.service import Run, Service, ServiceOptions
+from seer_deploy.service import Run, Service, ServiceOptions, TargetOptions
 
 VARIANTS: dict[str, Quantization | None] = {
     "fp32": None,
@@ -87,7 +87,8 @@ def measure(w: Workload, export: Path, args: argparse.Namespace, full_length: bo
     """The calibration on one export and its held-out runs: with the shipped config, with its own calibrated config
     (`recalibrate`), at full length (`full_length`)."""
     config = GenerationConfig(gen_length=w.gen_length, steps=w.gen_length)
-    service = Service(export, ServiceOptions(generation=config, batch_size=args.batch, threads=args.threads))
+    service = Service(export, ServiceOptions(generation=config, batch_size=args.batch,
+                                             target=TargetOptions(threads=args.threads)))
     assert service.seer is not None  # the checkpoint's shipped config
     requests = [w.request(e) for e in w.evaluate]
     cal = prepare_prompts(str(export), [w.request(e) for e in w.calibrate], config, args.batch, args.threads)

@@ -18,7 +18,7 @@ from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.models.prompts.prompt import Prompt
-from seer_deploy.service import Service, ServiceOptions
+from seer_deploy.service import SeerOptions, Service, ServiceOptions, TargetOptions
 
 
 def main() -> None:
@@ -38,7 +38,8 @@ def main() -> None:
             result = export_checkpoint("demo", Path(tmp) / dtype, ExportOptions(dtype=dtype))
             figures[f"{dtype} export check"] = {k: round(v, 6) for k, v in result.max_diff.items()}
             for seer in (False, True):
-                options = ServiceOptions(generation=generation, seer=seer, threads=args.threads, batch_size=25)
+                options = ServiceOptions(generation=generation, batch_size=25,
+                                         target=TargetOptions(threads=args.threads), seer=SeerOptions(on=seer))
                 started = time.perf_counter()
                 run = Service(result.out, options).generate(requests)
                 answers[dtype, seer] = [a.text for a in run.answers]

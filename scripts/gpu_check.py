@@ -55,7 +55,7 @@ from seer_deploy.models.families.config import ModelConfig
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.metrics import true_lengths
-from seer_deploy.service import Prompt, Run, Service, ServiceOptions
+from seer_deploy.service import Prompt, Run, SeerOptions, Service, ServiceOptions, TargetOptions
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 PURE_PYTHON_ENV = "SEER_DEPLOY_PURE_PYTHON"
@@ -157,10 +157,10 @@ def gpu_options(device: str, *, io_binding: bool = True, cuda_graph: bool = Fals
 def service(target: Path | str, device: str | None, options: OrtSessionOptions | None = None, *,
             seer: bool | None = None, batch: int = 8, generation: GenerationConfig | None = None) -> Service:
     """A generation service on `target`, with the given ONNX Runtime session settings (an export) or torch device."""
-    opts = ServiceOptions(generation=generation or GenerationConfig(), batch_size=batch, seer=seer,
-                          device=device if options is None else None,
-                          providers=None if options is None else options.providers,
-                          io_binding=bool(options and options.io_binding), cuda_graph=bool(options and options.cuda_graph))
+    engine = (TargetOptions(device=device) if options is None else
+              TargetOptions(providers=options.providers, io_binding=options.io_binding, cuda_graph=options.cuda_graph))
+    opts = ServiceOptions(generation=generation or GenerationConfig(), batch_size=batch, target=engine,
+                          seer=SeerOptions(on=seer))
     return Service(str(target), opts)
 
 

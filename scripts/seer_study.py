@@ -38,7 +38,7 @@ from seer_deploy.calibration.detector_fit import (
     evaluate,
     fit_detectors,
 )
-from seer_deploy.calibration.identity_fit import fit_identity_margin, identity_margins
+from seer_deploy.calibration.identity_fit import IdentityGoal, fit_identity_margin, identity_margins
 from seer_deploy.calibration.sparsity_fit import sparsity_config
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.core.sparsity import STAT_NAMES
@@ -318,9 +318,8 @@ def fit_margin_end_to_end(model: MaskPredictor, prompts: list[list[int]], config
         run = run_batched(model, prompts, gen, args.batch, seer=seer)
         return run["tokens"], np.array([r.kept for r in run["reports"]])
 
-    fit = fit_identity_margin(run_seer, config, full, true_len, identity_margins(config, G),
-                              tail_contexts=args.identity_tail_contexts,
-                              target_identical=args.target_identical, slack=args.identity_slack,
+    goal = IdentityGoal(args.target_identical, tuple(args.identity_tail_contexts), slack=args.identity_slack)
+    fit = fit_identity_margin(run_seer, config, full, true_len, identity_margins(config, G), goal,
                               log=lambda line: print(line, flush=True))
     return {**fit.to_dict(), "gen_length": G, "mean_true_length": round(float(true_len.mean()), 2)}
 

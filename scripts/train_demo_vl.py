@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from seer_deploy.calibration.collect import batched_generation, full_generation, stop_ids
 from seer_deploy.calibration.detector_fit import CalibrationOptions, calibrate_model
-from seer_deploy.calibration.identity_fit import fit_identity_margin
+from seer_deploy.calibration.identity_fit import IdentityGoal, fit_identity_margin
 from seer_deploy.calibration.prompt_set import prepare_image_prompts
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.checkpoints.multimodal import load_multimodal
@@ -178,7 +178,7 @@ def calibrate_seer(lm: MaskPredictor, vision: VisionEncoder, tok: MultimodalToke
     fit = fit_identity_margin(lambda seer: batched_generation(model, ids, config, seer=seer, batch_size=n), safe, full,
                               true_lengths(full, stop_ids(lm.cfg)),
                               range(safe.margin, safe.margin + MAX_ANSWER_TOKENS + 1),
-                              target_identical=target_identical, log=lambda line: print(line, flush=True))
+                              IdentityGoal(target_identical), log=lambda line: print(line, flush=True))
     return safe.with_(margin=fit.margin, calibration=result.report | {
         "prompts": f"{n} demo-vl pictures, seed HELDOUT_SEED + 1 (not the held-out evaluation pictures)",
         "safe_margin": safe.margin, "identity_margin": fit.to_dict()})

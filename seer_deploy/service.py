@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -27,11 +26,9 @@ from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.models.families.families import authors_rule
 from seer_deploy.models.prompts.image_placeholders import expand_placeholders
 from seer_deploy.models.prompts.prompt import Prompt, check_prompt_images, load_pictures
-from seer_deploy.models.text.chat_template import read_template_file
 from seer_deploy.runtime.loop import LoopOptions, check_prompts, check_supported, guidance_refusal, run_generation
 from seer_deploy.runtime.openers import open_target
 from seer_deploy.runtime.targets import (
-    BackendChoice,
     Description,
     TargetOptions,
     TemplateChoice,
@@ -39,60 +36,34 @@ from seer_deploy.runtime.targets import (
     find_seer_config,
 )
 from seer_deploy.seer.config import SeerConfig, TailContext
+from seer_deploy.seer.options import SeerOptions
 from seer_deploy.seer.plan import SeerReport
 
-__all__ = ["Answer", "Prepared", "Prompt", "Run", "Service", "ServiceOptions", "generate", "resolve_seer"]
+__all__ = ["Answer", "Prepared", "Prompt", "Run", "SeerOptions", "Service", "ServiceOptions", "TargetOptions",
+           "TemplateChoice", "generate", "resolve_seer"]
 
 
 @dataclass(frozen=True)
 class ServiceOptions:
-    """How requests run. None keeps what the target says (its engine settings, its calibrated Seer config)."""
+    """How requests run: the generation settings, how the target opens, Seer, the chat template, the batch and the
+    seed. None keeps what the target says (its engine settings, its calibrated Seer config, its chat template)."""
 
     generation: GenerationConfig = field(default_factory=GenerationConfig)
-    backend: BackendChoice | None = None  # None: the target's own
+    target: TargetOptions = field(default_factory=TargetOptions)
+    seer: SeerOptions = field(default_factory=SeerOptions)
+    template: TemplateChoice | None = None  # a chat template instead of the target's own (text None: raw prompts)
     batch_size: int = 8  # requests per step zero (TensorRT: at most the engine's max batch)
-    providers: tuple[str, ...] | None = None  # ONNX Runtime providers, in order of preference
-    threads: int | None = None  # intra-op threads
-    device: str | None = None  # "cpu", "cuda", "cuda:N" (torch's device; ONNX Runtime's CUDA provider; TensorRT's GPU)
-    io_binding: bool = False  # ONNX Runtime: IO binding, buffers kept per call shape on the device
-    cuda_graph: bool = False  # ONNX Runtime on CUDA, TensorRT: a CUDA graph per call shape of the step graph
-    seer: bool | None = None  # None: on when a calibrated Seer config is found
-    seer_config: Path | SeerConfig | None = None  # instead of the target's own: a file from `calibrate`, or a config
-    tail_context: TailContext | None = None  # overrides the Seer config's
-    first_canvas: int | None = None  # overrides the Seer config's (progressive step zero; 0: off)
     seed: int = 0
-    chat_template: Path | None = None  # a Jinja chat template file instead of the target's own
-    raw_prompts: bool = False  # prompts as raw text, no chat template (base models)
-    # The family's own decoding rule (models.families.families.authors_rule) replaces generation's decode and
-    # remasking once the target is open: what the CLI asks for when no rule was named.
-    authors_rule: bool = False
-
-    def template_choice(self) -> TemplateChoice | None:
-        """The chat template chosen instead of the target's own; None keeps the target's."""
-        if self.raw_prompts:
-            return TemplateChoice(None, "--no-chat-template")
-        if self.chat_template is not None:
-            return TemplateChoice(read_template_file(Path(self.chat_template)), str(self.chat_template))
-        return None
 
     def check(self) -> None:
         """ConfigError for settings no target can run, before anything loads (the generation settings checked
         themselves when they were made)."""
-        if self.raw_prompts and self.chat_template is not None:
-            raise ConfigError("--chat-template and --no-chat-template contradict each other; give one")
-        if self.chat_template is not None:
-            read_template_file(Path(self.chat_template))
+        self.target.check()
+        self.seer.check(self.generation.gen_length)
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.seed < 0:
             raise ConfigError(f"--seed must be >= 0, got {self.seed}")
-        if self.tail_context is not None and self.seer is False:
-            raise ConfigError("--tail-context applies to Seer runs; drop --no-seer or --tail-context")
-        if self.first_canvas is not None and self.seer is False:
-            raise ConfigError("--first-canvas applies to Seer runs; drop --no-seer or --first-canvas")
-        if self.first_canvas is not None and not 0 <= self.first_canvas <= self.generation.gen_length:
-            raise ConfigError(f"--first-canvas {self.first_canvas} must be from 0 (off) to --gen-length "
-                              f"({self.generation.gen_length})")
 
 
 @dataclass
@@ -149,19 +120,20 @@ class Prepared:
                    parts[0].generation)
 
 
-def resolve_seer(target: str | os.PathLike[str], options: ServiceOptions, warn: Callable[[str], None],
+def resolve_seer(target: str | os.PathLike[str], options: SeerOptions, warn: Callable[[str], None],
                  described: Description | None = None) -> SeerConfig | None:
     """The Seer config a run uses: --seer-config, else the target's calibrated one (built-in defaults with a
-    warning when --seer asks for Seer and none is found), with --tail-context on top; None = full length."""
-    if options.seer is False:
+    warning when --seer asks for Seer and none is found), with --tail-context and --first-canvas on top; None = full
+    length."""
+    if options.on is False:
         return None
-    if isinstance(options.seer_config, SeerConfig):
-        seer: SeerConfig | None = options.seer_config
-    elif options.seer_config is not None:
-        seer = SeerConfig.load(options.seer_config)
+    if isinstance(options.config, SeerConfig):
+        seer: SeerConfig | None = options.config
+    elif options.config is not None:
+        seer = SeerConfig.load(options.config)
     else:
         seer = find_seer_config(target, described)
-    if seer is None and options.seer:
+    if seer is None and options.on:
         warn("warning: no calibrated Seer config for this target; using the built-in defaults "
              "(run `seer-deploy calibrate` for a safe margin)")
         seer = SeerConfig()
@@ -170,9 +142,7 @@ def resolve_seer(target: str | os.PathLike[str], options: ServiceOptions, warn: 
             raise ConfigError("--tail-context and --first-canvas apply to Seer runs, and this target has no "
                               "calibrated Seer config; add --seer (built-in defaults) or --seer-config FILE")
         return None
-    if options.tail_context is not None:
-        seer = seer.with_(tail_context=options.tail_context)
-    return seer if options.first_canvas is None else seer.with_(first_canvas=options.first_canvas)
+    return options.applied(seer)
 
 
 class Service:
@@ -185,22 +155,34 @@ class Service:
         self.options.check()
         guidance = self.options.generation.cfg_scale
         described = describe(target)  # the target's kind and manifests, read once for the Seer config and the opener
-        if guidance > 0 and (self.options.backend not in (None, "torch") or described.kind != "checkpoint"):
-            raise guidance_refusal(guidance, self.options.backend or described.kind)  # before anything loads
-        seer = resolve_seer(target, self.options, warn, described)
+        backend = self.options.target.backend
+        if guidance > 0 and (backend not in (None, "torch") or described.kind != "checkpoint"):
+            raise guidance_refusal(guidance, backend or described.kind)  # before anything loads
+        seer = resolve_seer(target, self.options.seer, warn, described)
         self.backend: Backend
-        self.backend, self.info = open_target(
-            target, self.options.backend,
-            TargetOptions(providers=self.options.providers, threads=self.options.threads, device=self.options.device,
-                          io_binding=self.options.io_binding, cuda_graph=self.options.cuda_graph),
-            described, seer,
-        )
-        if self.options.authors_rule:
+        self.backend, self.info = open_target(target, self.options.target, described, seer=seer)
+        if self.options.generation.family_rule:
             self.options = with_authors_rule(self.options, self.info.config.family, self.info.config.prefix_dlm)
         check_supported(self.options.generation, self.backend)
         self.seer = self.info.seer_for(seer)
-        self.tokenizer = self.info.tokenizer(self.options.template_choice())
+        self.tokenizer = self.info.tokenizer(self.options.template)
         self.load_seconds = time.perf_counter() - opening  # the start of time to first step (`Run`)
+
+    def seer_for(self, on: bool | None, tail_context: TailContext | None = None) -> SeerConfig | None:
+        """The Seer config one request runs with, settled here only (None: full length): on or off (None: the
+        service's default), the built-in defaults where Seer is asked for and no calibrated config was found, the
+        request's tail context instead of the config's; fitted to the engine. ConfigError for a tail context
+        without Seer."""
+        if tail_context is not None and on is False:
+            raise ConfigError("tail_context applies to Seer runs; drop \"seer\": false (--no-seer) or tail_context")
+        if on is False or (on is None and self.seer is None):
+            if tail_context is not None:
+                raise ConfigError("tail_context applies to Seer runs, and this target runs at full length by default; "
+                                  "add \"seer\": true (--seer: built-in defaults) or drop tail_context")
+            return None
+        seer = self.seer if self.seer is not None else self.info.seer_for(SeerConfig())
+        assert seer is not None
+        return seer if tail_context is None else seer.with_(tail_context=tail_context)
 
     @property
     def batch_size(self) -> int:
@@ -304,7 +286,7 @@ class Service:
 def with_authors_rule(options: ServiceOptions, family: str, prefix_dlm: bool) -> ServiceOptions:
     """`options` with the family's own decoding rule (checked: ConfigError names what does not fit it)."""
     generation = dataclasses.replace(options.generation, **authors_rule(family, prefix_dlm))  # type: ignore[arg-type]
-    return dataclasses.replace(options, generation=generation, authors_rule=False)
+    return dataclasses.replace(options, generation=dataclasses.replace(generation, family_rule=False))
 
 
 def _report_settled(on_settled: Callable[[int, list[int]], None], first: int, row: int, ids: np.ndarray) -> None:

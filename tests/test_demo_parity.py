@@ -19,7 +19,6 @@ from seer_deploy.cli.demo import export_options
 from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.core.backend import Backend, StepInput
 from seer_deploy.core.generation import GenerationConfig, SpecialIds, left_pad
-from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.export.exporter import export_checkpoint
@@ -149,7 +148,7 @@ def test_step_zero_statistics_agree_with_torch(engine: tuple[Backend, TargetInfo
     commit score within 1e-4; the same tokens."""
     backend, info = engine
     model = load_checkpoint("demo").model
-    torch_backend = TorchBackend(model, backend_stats_spec(info))
+    torch_backend = TorchBackend(model, ExportManifest.load(info.export_dir).seer)  # the statistics the export carries
     assert torch_backend.sparsity_rows == backend.sparsity_rows
     bad = total = 0
     for lo in range(0, N, 8):
@@ -169,13 +168,6 @@ def test_step_zero_statistics_agree_with_torch(engine: tuple[Backend, TargetInfo
         bad += int(off.sum())
         total += off.size
     assert bad < 1e-3 * total, f"{bad} of {total} entries differ by more than 1e-4"
-
-
-def backend_stats_spec(info: TargetInfo) -> StatsSpec:
-    """The statistics the export carries (layers and thresholds from its manifest), as the torch backend's StatsSpec."""
-    assert info.export_dir is not None
-    m = ExportManifest.load(info.export_dir).seer
-    return StatsSpec(tuple(m.stats_layers), m.abs_threshold, m.rel_threshold)
 
 
 def test_merging_every_row_keeps_the_tokens(

@@ -25,6 +25,7 @@ from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.models.networks.qwen_vision import DimpleVisionEncoder
 from seer_deploy.models.pictures.qwen_layout import tower_inputs
+from seer_deploy.seer.options import SeerOptions
 from seer_deploy.service import Prompt, Service, ServiceOptions
 
 IMAGE_PAD = CONFIG["image_token_id"]
@@ -169,8 +170,8 @@ def test_onnx_runtime_answers_as_torch_with_pictures_seer_on_and_off(
 
     large = tmp_path / "large.png"
     picture(300, 170, seed=5).save(large)
-    options = ServiceOptions(generation=GenerationConfig(gen_length=16, steps=16), batch_size=3, seer=seer,
-                             seer_config=SeerConfig(detector="eos", eos_floor=0.0) if seer else None)
+    options = ServiceOptions(generation=GenerationConfig(gen_length=16, steps=16), batch_size=3,
+                             seer=SeerOptions(on=seer, config=SeerConfig(detector="eos", eos_floor=0.0) if seer else None))
     from seer_deploy.service import generate
 
     runs = [generate(requests(dimple[3], str(large)), target, options) for target in (str(dimple[0]),

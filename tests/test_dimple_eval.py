@@ -13,12 +13,13 @@ from dimple_checkpoint import write_dimple
 
 from seer_deploy.cli import main
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.service import ServiceOptions, generate
+from seer_deploy.seer.options import SeerOptions
+from seer_deploy.service import ServiceOptions, TargetOptions, generate
 
 PICTURES = 4
 GEN = 8
-MODES = {"full": ServiceOptions(generation=GenerationConfig(gen_length=GEN, steps=GEN), seer=False),
-         "seer": ServiceOptions(generation=GenerationConfig(gen_length=GEN, steps=GEN), seer=True)}
+MODES = {"full": ServiceOptions(generation=GenerationConfig(gen_length=GEN, steps=GEN), seer=SeerOptions(on=False)),
+         "seer": ServiceOptions(generation=GenerationConfig(gen_length=GEN, steps=GEN), seer=SeerOptions(on=True))}
 
 
 def test_lmms_eval_on_a_dimple_checkpoint_answers_as_the_service_does(tmp_path: Path) -> None:
@@ -35,6 +36,7 @@ def test_lmms_eval_on_a_dimple_checkpoint_answers_as_the_service_does(tmp_path: 
     assert list(rows) == list(MODES)
     workload = picture_workload(PICTURES, tmp_path / "pictures")
     for mode, options in MODES.items():
-        served = generate(workload.requests, str(path), replace(options, batch_size=4, threads=1))
+        served = generate(workload.requests, str(path), replace(options, batch_size=4,
+                                                                  target=TargetOptions(threads=1)))
         assert rows[mode]["answers"] == [a.text for a in served.answers], mode
         assert (rows[mode]["tokens_processed"], rows[mode]["passes"]) == (served.tokens_processed, served.passes)

@@ -12,6 +12,7 @@ import httpx
 from dimple_checkpoint import picture, write_dimple
 
 from seer_deploy.core.generation import GenerationConfig
+from seer_deploy.seer.options import SeerOptions
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app, protocol
 from seer_deploy.service import Service, ServiceOptions
 
@@ -26,7 +27,7 @@ def data_url(width: int, height: int, seed: int) -> str:
 
 def test_pictures_in_chat_messages_get_the_services_answer(tmp_path: Path) -> None:
     path, _, _ = write_dimple(tmp_path)
-    service = Service(str(path), ServiceOptions(generation=CONFIG, seer=False))
+    service = Service(str(path), ServiceOptions(generation=CONFIG, seer=SeerOptions(on=False)))
     body = {"model": "dimple", "max_tokens": CONFIG.gen_length, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": data_url(100, 60, 0)}}, {"type": "text", "text": "what is"},
         {"type": "image_url", "image_url": {"url": data_url(200, 90, 1)}}, {"type": "text", "text": "the answer"}]}]}
@@ -49,7 +50,7 @@ def test_pictures_in_chat_messages_get_the_services_answer(tmp_path: Path) -> No
 
 def test_a_picture_too_small_is_a_400_naming_the_parameter(tmp_path: Path) -> None:
     path, _, _ = write_dimple(tmp_path)
-    service = Service(str(path), ServiceOptions(generation=CONFIG, seer=False))
+    service = Service(str(path), ServiceOptions(generation=CONFIG, seer=SeerOptions(on=False)))
     body = {"model": "dimple", "max_tokens": CONFIG.gen_length, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": data_url(20, 90, 0)}}, {"type": "text", "text": "what"}]}]}
     with BackgroundServer(create_app(service, ServeOptions(model_name="dimple", gen_lengths=(CONFIG.gen_length,)))) \

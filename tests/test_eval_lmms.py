@@ -25,17 +25,17 @@ from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.evaluation.answering import picture_request
 from seer_deploy.evaluation.demo_data import demo_vl_records
 from seer_deploy.evaluation.tasks import LMMS_EVAL
-from seer_deploy.service import ServiceOptions, generate
+from seer_deploy.service import SeerOptions, ServiceOptions, TargetOptions, generate
 
 ROOT = Path(__file__).resolve().parents[1]
 PICTURES = 10
 GEN = 4
 # The eval's modes as `generate` runs them (modes.py: the threshold modes' blocks of 32 do not divide 4: one block).
 SERVICE_OPTIONS = {
-    "full": ServiceOptions(generation=GenerationConfig(gen_length=GEN, steps=GEN), seer=False),
-    "seer": ServiceOptions(generation=GenerationConfig(gen_length=GEN, steps=GEN), seer=True),
+    "full": ServiceOptions(generation=GenerationConfig(gen_length=GEN, steps=GEN), seer=SeerOptions(on=False)),
+    "seer": ServiceOptions(generation=GenerationConfig(gen_length=GEN, steps=GEN), seer=SeerOptions(on=True)),
     "seer-fast": ServiceOptions(generation=GenerationConfig(gen_length=GEN, steps=GEN, decode="threshold",
-                                                            threshold=0.9, kv_cache=True), seer=True),
+                                                            threshold=0.9, kv_cache=True), seer=SeerOptions(on=True)),
 }
 
 
@@ -84,7 +84,7 @@ def test_lmms_eval_on_demo_vl_answers_as_the_service_does(tmp_path: Path, capsys
     assert expected == [r["answer"] for r in demo_vl_records(PICTURES)]
     for mode, options in SERVICE_OPTIONS.items():
         row = rows[mode]
-        served = generate(workload.requests, "demo-vl", replace(options, batch_size=8, threads=1))
+        served = generate(workload.requests, "demo-vl", replace(options, batch_size=8, target=TargetOptions(threads=1)))
         assert row["answers"] == [a.text for a in served.answers], mode
         assert row["metric"] == "exact_match,none" and row["documents"] == PICTURES
         assert row["scores"] == [float(a == e) for a, e in zip(row["answers"], expected, strict=True)], mode

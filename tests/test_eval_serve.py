@@ -18,7 +18,7 @@ from seer_deploy.evaluation.tasks import HARNESSES, go_offline
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
-from seer_deploy.service import Service, ServiceOptions
+from seer_deploy.service import Service, ServiceOptions, TargetOptions
 
 DOCUMENTS = 12
 GEN = GenerationConfig(gen_length=64, steps=64)  # the demo task asks max_gen_toks 64: the served canvas is 64
@@ -34,7 +34,7 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(export_dir: Path) -> Iterator[BackgroundServer]:
     """The export served as `seer-deploy serve` serves it: Seer on (its calibrated config), full steps."""
-    service = Service(export_dir, ServiceOptions(generation=GEN, batch_size=8, threads=1))
+    service = Service(export_dir, ServiceOptions(generation=GEN, batch_size=8, target=TargetOptions(threads=1)))
     with BackgroundServer(create_app(service, ServeOptions(model_name="demo", max_batch=8, max_wait_ms=5))) as running:
         yield running
 

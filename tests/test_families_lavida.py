@@ -50,7 +50,7 @@ from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.reference import generate
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.service import Run, Service, ServiceOptions
+from seer_deploy.service import Run, SeerOptions, Service, ServiceOptions
 from seer_deploy.service import generate as serve
 
 IMAGE, PATCH = 28, 4  # a 7 x 7 patch grid: odd, as so400m's 27 x 27, so bilinear pooling rounds up to 4 x 4
@@ -120,7 +120,7 @@ def edit_config(path: Path, **changes: object) -> None:
 def run(target: Path | str, seer: SeerConfig | None, texts: list[str] = PROMPTS, config: GenerationConfig = CONFIG
         ) -> Run:
     """The service, as `seer-deploy generate TARGET --image ...` calls it (Seer off, or on with `seer`)."""
-    options = ServiceOptions(generation=config, seer=seer is not None, seer_config=seer)
+    options = ServiceOptions(generation=config, seer=SeerOptions(on=seer is not None, config=seer))
     return serve(assign_images(texts, photos()[: len(texts)]), str(target), options)
 
 
@@ -233,7 +233,7 @@ def test_service_answers_a_photo_like_the_reference_loop_seer_off_and_on(lavida)
 
 def test_the_picture_matters(lavida) -> None:
     ckpt, _ = lavida
-    options = ServiceOptions(generation=CONFIG, seer=False)
+    options = ServiceOptions(generation=CONFIG, seer=SeerOptions(on=False))
     a, b = (serve(assign_images(["<image> describe"], [p]), str(ckpt), options).answers[0].tokens for p in photos())
     assert a != b
 
@@ -466,7 +466,7 @@ def test_the_servers_usage_counts_each_anyres_picture_as_the_service_does(tmp_pa
 
     ckpt = write_lavida_llada(tmp_path / "ck", seed=SEED)
     edit_config(ckpt, image_aspect_ratio="anyres", image_grid_pinpoints=[list(p) for p in ANYRES.pinpoints])
-    service = Service(str(ckpt), ServiceOptions(generation=CONFIG, seer=False))
+    service = Service(str(ckpt), ServiceOptions(generation=CONFIG, seer=SeerOptions(on=False)))
     png = io.BytesIO()
     picture = load_image(photos()[1])
     picture.save(png, format="PNG")
@@ -503,7 +503,7 @@ def test_anyres_checkpoint_answers_through_the_service_on_torch_and_onnx_runtime
         ANYRES.to_dict()
     requests = assign_images(PROMPTS, photos()[:2])
     for seer in (None, SEER_ANY):
-        options = ServiceOptions(generation=CONFIG, seer=seer is not None, seer_config=seer)
+        options = ServiceOptions(generation=CONFIG, seer=SeerOptions(on=seer is not None, config=seer))
         runs = [Service(str(t), options) for t in (ckpt, out)]
         ids = [svc.prompt_ids(requests) for svc in runs]
         assert ids[0] == ids[1]

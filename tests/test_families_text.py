@@ -31,7 +31,7 @@ from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.service import Prompt, ServiceOptions, generate
+from seer_deploy.service import Prompt, SeerOptions, ServiceOptions, generate
 
 CPU = OrtSessionOptions(providers=("CPUExecutionProvider",))
 WORDS = [str(d) for d in range(10)] + ["reverse", "sort", "system", "user", "assistant", "You", "are", "a", "helpful",
@@ -179,8 +179,8 @@ def test_dream_generates_with_chatml_and_seer(dream: tuple[MaskPredictor, Path, 
         tok.encode_prompt("reverse <|im_end|> 1")
     for seer in (False, True):
         run = generate([Prompt("reverse 12"), Prompt("sort 31")], ckpt,
-                       ServiceOptions(generation=PLAIN, seer=seer,
-                                      seer_config=SeerConfig(detector="eos", eos_floor=0.0) if seer else None))
+                       ServiceOptions(generation=PLAIN, seer=SeerOptions(
+                           on=seer, config=SeerConfig(detector="eos", eos_floor=0.0) if seer else None)))
         assert len(run.answers) == 2 and all(len(a.tokens) == 16 for a in run.answers)
 
 

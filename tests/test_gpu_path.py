@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from test_cli import run
 from test_multimodal import pictures, write_tiny_vl
 
+from seer_deploy.contracts.graph_calls import scoring_feed
 from seer_deploy.contracts.graphs import STEP, WINDOW_STEP
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ConfigError
@@ -34,7 +35,7 @@ from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.targets import parse_device
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.service import Prompt, Service, ServiceOptions
+from seer_deploy.service import Prompt, SeerOptions, Service, ServiceOptions, TargetOptions
 
 CPU = "CPUExecutionProvider"
 PLAIN = OrtSessionOptions(providers=(CPU,))
@@ -129,7 +130,8 @@ def test_io_binding_on_a_multimodal_export(tmp_path: Path) -> None:
                 Prompt("<image> count", (str(tmp_path / "pic1.png"),))]
     answers = []
     for binding in (False, True):
-        options = ServiceOptions(generation=GenerationConfig(16, 16), seer=False, io_binding=binding)
+        options = ServiceOptions(generation=GenerationConfig(16, 16), target=TargetOptions(io_binding=binding),
+                                 seer=SeerOptions(on=False))
         answers.append([a.tokens for a in Service(out, options).generate(requests).answers])
     assert answers[0] == answers[1]
 
@@ -148,7 +150,7 @@ def test_fixed_shapes_pad_and_cut_back(batch: int, seq: int, multiple: int, max_
             "temperature": rng.random(batch).astype(np.float32),
             "sample_uniform": rng.random((batch, seq)).astype(np.float32),
             "candidates": np.sort(rng.integers(0, seq, (batch, max(1, seq // 2))), axis=1),
-            "with_stats": np.ones(batch, np.int64)}
+            "with_stats": np.ones(batch, np.int64), **scoring_feed(batch, None)}
     padded = pad_feed(STEP, feed, to_batch, to_seq)
     assert padded["input_ids"].shape == (to_batch, to_seq) and padded["temperature"].shape == (to_batch,)
     # Candidates grow to the padded length by repeating each row's last one: real columns only, computed twice.
@@ -253,7 +255,8 @@ def test_device_cpu_is_the_default(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.py runs it there)")
 def test_torch_on_cuda_gives_the_cpu_tokens() -> None:
     requests = [Prompt(p) for p in ("sort 31415", "reverse 2718281", "add 12 34")]
-    answers = [[a.tokens for a in Service("demo", ServiceOptions(device=d, generation=GenerationConfig(64, 64)))
+    answers = [[a.tokens for a in Service("demo", ServiceOptions(generation=GenerationConfig(64, 64),
+                                                                 target=TargetOptions(device=d)))
                 .generate(requests).answers] for d in ("cpu", "cuda")]
     assert answers[0] == answers[1]
 

@@ -28,7 +28,7 @@ from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.torch_backend import TorchBackend
 from seer_deploy.seer.config import SeerConfig
-from seer_deploy.service import Prompt, Service, ServiceOptions
+from seer_deploy.service import Prompt, SeerOptions, Service, ServiceOptions
 
 CPU = OrtSessionOptions(providers=("CPUExecutionProvider",))
 CACHE = ExportOptions(kv_cache=True)
@@ -208,7 +208,7 @@ def test_multimodal_cache_on_ort_equals_torch(tmp_path: Path) -> None:
     config = GenerationConfig(16, 16, block_length=8, kv_cache=True, decode="threshold", threshold=0.3)
     tokens = []
     for target in (ckpt, out):
-        run = Service(target, ServiceOptions(generation=config, seer=False)).generate(requests)
+        run = Service(target, ServiceOptions(generation=config, seer=SeerOptions(on=False))).generate(requests)
         tokens.append([a.tokens for a in run.answers])
     assert tokens[0] == tokens[1]
 
@@ -257,9 +257,9 @@ def test_progressive_step_zero_plans_from_the_canvas_on_the_demo() -> None:
 def test_first_canvas_option(exported: tuple[MaskPredictor, Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     _, ckpt, _ = exported
     with pytest.raises(ConfigError, match="--first-canvas"):
-        Service(ckpt, ServiceOptions(generation=GenerationConfig(8, 8), seer=False, first_canvas=4))
+        Service(ckpt, ServiceOptions(generation=GenerationConfig(8, 8), seer=SeerOptions(on=False, first_canvas=4)))
     with pytest.raises(ConfigError, match="--first-canvas 9"):
-        Service(ckpt, ServiceOptions(generation=GenerationConfig(8, 8), seer=True, first_canvas=9))
+        Service(ckpt, ServiceOptions(generation=GenerationConfig(8, 8), seer=SeerOptions(on=True, first_canvas=9)))
     code, out_text, _ = run(["generate", str(ckpt), "-p", "reverse 12", "--gen-length", "16", "--seer",
                              "--first-canvas", "8", "--json"], capsys)
     assert code == 0 and json.loads(out_text.splitlines()[0])["seer"]["gen_length"] == 16

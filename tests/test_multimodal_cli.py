@@ -18,7 +18,7 @@ from seer_deploy.models.pictures.image import load_image, pixel_batch
 from seer_deploy.models.prompts.image_placeholders import MultimodalTokenizer, expand_placeholders
 from seer_deploy.models.prompts.prompt import assign_images
 from seer_deploy.runtime.reference import generate
-from seer_deploy.service import Prompt, Run, ServiceOptions
+from seer_deploy.service import Prompt, Run, SeerOptions, ServiceOptions
 from seer_deploy.service import generate as serve
 
 CONFIG = GenerationConfig(gen_length=8, steps=8)
@@ -26,7 +26,7 @@ CONFIG = GenerationConfig(gen_length=8, steps=8)
 
 def generate_vl(target: str, texts: list[str], images: list[str], config: GenerationConfig) -> Run:
     """The service, as `seer-deploy generate TARGET --image ... --no-seer` calls it."""
-    return serve(assign_images(texts, images), target, ServiceOptions(generation=config, seer=False))
+    return serve(assign_images(texts, images), target, ServiceOptions(generation=config, seer=SeerOptions(on=False)))
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ from seer_deploy.models.networks.moe import MoEMLP
 from seer_deploy.models.text.tokenizer import Tokenizer
 from seer_deploy.models.text.tokenizer_files import load_tokenizer
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
-from seer_deploy.service import Service, ServiceOptions
+from seer_deploy.service import Service, ServiceOptions, TargetOptions
 
 # Python files a checkpoint ships beside its weights; if anything imported or ran them, MARKER would appear.
 MARKER = "EXECUTED"
@@ -181,7 +181,8 @@ def test_the_server_renders_a_system_message_and_three_turns_as_transformers(
         path, ref = llada, PreTrainedTokenizerFast.from_pretrained(str(llada))
     want = ref.apply_chat_template(CONVERSATION, add_generation_prompt=True, tokenize=True)
     want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
-    service = Service(path, ServiceOptions(generation=GenerationConfig(gen_length=8, steps=8), threads=1))
+    service = Service(path, ServiceOptions(generation=GenerationConfig(gen_length=8, steps=8),
+                                           target=TargetOptions(threads=1)))
     assert service.tokenizer.encode_chat([(m["role"], m["content"]) for m in CONVERSATION]) == list(want)
     with BackgroundServer(create_app(service, ServeOptions(model_name=family, gen_lengths=(8,)))) as server:
         reply = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": CONVERSATION, "max_tokens": 8},
@@ -199,9 +200,9 @@ def test_llada_special_tokens_are_refused_in_typed_text(llada: Path) -> None:
         with pytest.raises(ConfigError, match="a special token of this model's tokenizer"):
             tok.encode_prompt(typed)
     with pytest.raises(ConfigError, match="cannot take these messages: only user"):
-        Tokenizer(llada, 126081, template=tok.template.replaced(
-            "{% for m in messages %}{% if m.role != 'user' %}{{ raise_exception('only user') }}{% endif %}"
-            "{{ m.content }}{% endfor %}", "test")).encode_chat([("system", "x"), ("user", "y")])
+        only_user = ("{% for m in messages %}{% if m.role != 'user' %}{{ raise_exception('only user') }}{% endif %}"
+                     "{{ m.content }}{% endfor %}")
+        Tokenizer(llada, 126081, template=(only_user, "test")).encode_chat([("system", "x"), ("user", "y")])
 
 
 def test_mmada_image_codes_are_the_public_inference_ids(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from test_tensorrt_build import Handed, recording  # noqa: F401  (the fixture)
 from seer_deploy.bench.workloads import picture_workload, text_workload
 from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.contracts.quantization import Quantization
-from seer_deploy.core.errors import ArtifactError, UnverifiedExport
+from seer_deploy.core.errors import ArtifactError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.engines.build import BuildOptions, prepare_build
 from seer_deploy.export.exporter import export_checkpoint
@@ -29,7 +29,7 @@ from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.quantize import signed_rows
 from seer_deploy.models.prompts.prompt import Prompt
-from seer_deploy.service import Service, ServiceOptions
+from seer_deploy.service import Service, ServiceOptions, TargetOptions
 
 pytestmark = requires_demo
 GEN = GenerationConfig(gen_length=64, steps=64)
@@ -49,7 +49,7 @@ def demo_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def answers(target: Path, requests: list[Prompt], seer: bool = True) -> np.ndarray:
-    service = Service(target, ServiceOptions(generation=GEN, batch_size=8, threads=1))
+    service = Service(target, ServiceOptions(generation=GEN, batch_size=8, target=TargetOptions(threads=1)))
     return np.array([a.tokens for a in service.generate(requests, full_length=not seer).answers])
 
 
@@ -71,7 +71,10 @@ def test_manifest_records_the_quantization_and_the_graphs_share_one_copy(demo_ex
     manifest = ExportManifest.load(demo_exports["int4"])
     assert manifest.weights.quantization == Quantization("int4")
     assert manifest.extra["quantized"]["projections"] == {"step": 29, "window_step": 29}  # 4 layers x 7 + the head
-    assert manifest.extra["validation"]["verified"] and manifest.extra["validation"]["max_diff"]["token agreement"] >= 0.9
+    figures = manifest.extra["validation"]["max_diff"]  # measured: KL share 0.005, top-10 overlap 0.96
+    assert manifest.extra["validation"]["verified"] and figures["token agreement"] >= 0.9
+    assert figures["kl share (mean)"] < 0.02 and figures["top-10 overlap (mean)"] > 0.9, figures
+    assert figures["bound: max kl share"] == 0.5 and figures["bound: min top k overlap"] == 0.5
     # The window graph reads the step graph's copy: the cache export is no larger than the qdq one without a cache.
     assert sizes["int4"] <= sizes["int4-qdq"] + 4096 and manifest.extra["tensors_shared"] >= 58
     assert sizes["int8"] < 0.32 * sizes["fp32"] and sizes["int4"] < 0.18 * sizes["fp32"]
@@ -160,22 +163,23 @@ def test_a_family_checkpoint_exports_quantized_and_generates(tmp_path: Path) -> 
     requests = [Prompt(p) for p in ("a b c", "d e", "f g h i")]
     full = export_checkpoint(checkpoint, tmp_path / "fp32").out
     gen = GenerationConfig(gen_length=16, steps=16)
-    want = np.array([a.tokens for a in Service(full, ServiceOptions(generation=gen, threads=1)).generate(requests).answers])
+    one_thread = ServiceOptions(generation=gen, target=TargetOptions(threads=1))
+    want = np.array([a.tokens for a in Service(full, one_thread).generate(requests).answers])
     agreement = {}
     for scheme in ("int8", "int4"):
         options = ExportOptions(quantization=Quantization(scheme, block_size=16))
-        if scheme == "int4":  # this random model's peaked logits do not survive 4 bits: the check says so, and keeps it
-            with pytest.raises(UnverifiedExport, match="below the bound of 90% for int4"):
-                export_checkpoint(checkpoint, tmp_path / scheme, options)
-        else:
-            export_checkpoint(checkpoint, tmp_path / scheme, options)
-        verified = ExportManifest.load(tmp_path / scheme).extra["validation"]["verified"]
-        assert verified == (scheme == "int8")
-        got = np.array([a.tokens for a in Service(tmp_path / scheme, ServiceOptions(generation=gen, threads=1)).generate(
+        export_checkpoint(checkpoint, tmp_path / scheme, options)
+        validation = ExportManifest.load(tmp_path / scheme).extra["validation"]
+        figures = validation["max_diff"]
+        # Measured: int8 KL share 0.002, top-10 overlap 0.98; int4 (4 bits on this random model with peaked logits
+        # moves them by 0.28 of their spread) 0.13 and 0.88; both 0.02 of the spread from torch on the same numbers.
+        assert validation["verified"] and figures["kl share (mean)"] <= figures["bound: max kl share"], figures
+        assert figures["logit error against the scheme in torch (mean)"] < 0.05, figures
+        got = np.array([a.tokens for a in Service(tmp_path / scheme, one_thread).generate(
             requests).answers])
         agreement[scheme] = float((got == want).mean())
-    # int8: a random model's near-ties may flip, most tokens must not; int4 runs, agreeing far less (measured: 0.90
-    # and 0.25 of the tokens).
+    # int8: a random model's near-ties may flip, most tokens must not; int4 runs, agreeing far less in its answers
+    # (measured: 0.90 and 0.25 of the tokens: each step's small moves compound over the denoising).
     assert agreement["int8"] >= 0.8 and agreement["int4"] < agreement["int8"], agreement
 
 

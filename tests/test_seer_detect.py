@@ -165,29 +165,29 @@ def _identity_runner(full: np.ndarray, wrong_until: dict[int, int]):
 
 
 def test_identity_fit_takes_the_first_margin_reaching_the_target() -> None:
-    from seer_deploy.calibration.identity_fit import fit_identity_margin
+    from seer_deploy.calibration.identity_fit import IdentityGoal, fit_identity_margin
 
     full = np.zeros((10, 8), dtype=np.int64)
     true_len = np.full(10, 2)
     fit = fit_identity_margin(_identity_runner(full, {0: 2, 1: 5}), SeerConfig(), full, true_len, range(8),
-                              target_identical=0.95)
+                              IdentityGoal(target_identical=0.95))
     assert fit.margin == 5 and fit.rule.startswith("first margin")
     assert [t["identical"] for t in fit.tried] == [0.8, 0.8, 0.9, 0.9, 0.9, 1.0]
     assert fit.tried[-1]["mean_kept"] == 8
 
 
 def test_identity_fit_takes_the_knee_when_the_target_is_out_of_reach() -> None:
-    from seer_deploy.calibration.identity_fit import fit_identity_margin
+    from seer_deploy.calibration.identity_fit import IdentityGoal, fit_identity_margin
 
     full = np.zeros((10, 8), dtype=np.int64)
     fit = fit_identity_margin(_identity_runner(full, {0: 1, 1: 3, 2: 99}), SeerConfig(), full, np.full(10, 2),
-                              range(6), target_identical=0.95, slack=0.1)
+                              range(6), IdentityGoal(target_identical=0.95, slack=0.1))
     assert [t["identical"] for t in fit.tried] == [0.7, 0.8, 0.8, 0.9, 0.9, 0.9]
     assert fit.margin == 1 and "not reached" in fit.rule  # 0.8 is within 0.1 of the best, 0.9
 
 
 def test_identity_fit_tries_tail_contexts_at_the_knee_margin_when_margins_fall_short() -> None:
-    from seer_deploy.calibration.identity_fit import fit_identity_margin
+    from seer_deploy.calibration.identity_fit import IdentityGoal, fit_identity_margin
 
     full = np.zeros((10, 16), dtype=np.int64)
     margin_runner = _identity_runner(full, {0: 1, 1: 99, 2: 99})  # rows 1 and 2 need the tail, not a margin
@@ -198,8 +198,8 @@ def test_identity_fit_tries_tail_contexts_at_the_knee_margin_when_margins_fall_s
         tokens[1:3, 0] = full[1:3, 0] + (slots < 8)  # both are right once 8 cut slots stay in view
         return tokens, kept
 
-    fit = fit_identity_margin(run, SeerConfig(), full, np.full(10, 2), range(4), tail_contexts=(4, 8, "all"),
-                              target_identical=0.95, slack=0.0)
+    fit = fit_identity_margin(run, SeerConfig(), full, np.full(10, 2), range(4),
+                              IdentityGoal(tail_contexts=(4, 8, "all"), target_identical=0.95, slack=0.0))
     assert (fit.margin, fit.tail_context) == (1, 8) and "tail context" in fit.rule
     assert [(t["margin"], t["tail_context"], t["identical"]) for t in fit.tried] == [
         (0, 0, 0.7), (1, 0, 0.8), (2, 0, 0.8), (3, 0, 0.8), (1, 4, 0.8), (1, 8, 1.0)]
@@ -208,23 +208,23 @@ def test_identity_fit_tries_tail_contexts_at_the_knee_margin_when_margins_fall_s
 
 
 def test_identity_fit_keeps_tail_context_zero_when_a_margin_suffices() -> None:
-    from seer_deploy.calibration.identity_fit import fit_identity_margin
+    from seer_deploy.calibration.identity_fit import IdentityGoal, fit_identity_margin
 
     full = np.zeros((10, 8), dtype=np.int64)
     fit = fit_identity_margin(_identity_runner(full, {0: 2}), SeerConfig(), full, np.full(10, 2), range(4),
-                              tail_contexts=(8, "all"), target_identical=1.0)
+                              IdentityGoal(tail_contexts=(8, "all"), target_identical=1.0))
     assert (fit.margin, fit.tail_context) == (2, 0)
     assert all(t["tail_context"] == 0 for t in fit.tried)
 
 
 def test_identity_fit_rejects_a_bad_tail_context() -> None:
-    from seer_deploy.calibration.identity_fit import fit_identity_margin
+    from seer_deploy.calibration.identity_fit import IdentityGoal, fit_identity_margin
     from seer_deploy.core.errors import ConfigError
 
     full = np.zeros((2, 8), dtype=np.int64)
     with pytest.raises(ConfigError, match="tail_context"):
         fit_identity_margin(_identity_runner(full, {}), SeerConfig(), full, np.full(2, 2), range(2),
-                            tail_contexts=(-1,))
+                            IdentityGoal(tail_contexts=(-1,)))
 
 
 def _context_runner(full: np.ndarray, needs: dict[int, int]):
@@ -241,24 +241,25 @@ def _context_runner(full: np.ndarray, needs: dict[int, int]):
 
 
 def test_identity_fit_tries_contexts_cheapest_first_and_falls_back_to_the_best() -> None:
-    from seer_deploy.calibration.identity_fit import fit_identity_margin
+    from seer_deploy.calibration.identity_fit import IdentityGoal, fit_identity_margin
 
     full = np.zeros((10, 16), dtype=np.int64)
     # Rows 0-1 need 4 slots in view, row 2 never matches: 0.9 is the best any run reaches.
     fit = fit_identity_margin(_context_runner(full, {0: 4, 1: 4, 2: 99}), SeerConfig(), full, np.full(10, 2),
-                              range(2), tail_contexts=("all", 8, 0, 4, 8), target_identical=1.0, slack=0.0)
+                              range(2), IdentityGoal(tail_contexts=("all", 8, 0, 4, 8), target_identical=1.0, slack=0.0))
     assert [(t["margin"], t["tail_context"]) for t in fit.tried] == [(0, 0), (1, 0), (0, 4), (0, 8), (0, "all")]
     assert (fit.margin, fit.tail_context, fit.identical) == (0, 4, 0.9)  # the first run at the best rate
     assert fit.rule.startswith("target not reached")
 
 
 def test_identity_fit_slack_is_inclusive_and_must_not_be_negative() -> None:
-    from seer_deploy.calibration.identity_fit import fit_identity_margin
+    from seer_deploy.calibration.identity_fit import IdentityGoal, fit_identity_margin
     from seer_deploy.core.errors import ConfigError
 
     full = np.zeros((10, 8), dtype=np.int64)
     runner = _identity_runner(full, {0: 1, 1: 2, 2: 99})  # 0.7 at margin 0, 0.8 at 1, 0.9 from 2 on
-    fit = fit_identity_margin(runner, SeerConfig(), full, np.full(10, 2), range(4), target_identical=1.0, slack=0.2)
+    fit = fit_identity_margin(runner, SeerConfig(), full, np.full(10, 2), range(4),
+                              IdentityGoal(target_identical=1.0, slack=0.2))
     assert fit.margin == 0  # 0.7 lies exactly 0.2 below the best, 0.9: within the slack
     with pytest.raises(ConfigError, match="slack"):
-        fit_identity_margin(runner, SeerConfig(), full, np.full(10, 2), range(4), slack=-0.1)
+        fit_identity_margin(runner, SeerConfig(), full, np.full(10, 2), range(4), IdentityGoal(slack=-0.1))

@@ -36,7 +36,7 @@ from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
 from seer_deploy.serve.sizes import gen_length_for, request_generation, supported_sizes
-from seer_deploy.service import Prompt, Run, Service, ServiceOptions
+from seer_deploy.service import Prompt, Run, Service, ServiceOptions, TargetOptions
 
 GEN = GenerationConfig(gen_length=64, steps=64)
 FAST = GenerationConfig(gen_length=64, steps=8)  # the load tests' setting: 8 tokens a step, as requests ask
@@ -52,7 +52,7 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def open_service(target: str | Path, batch_size: int = 32) -> Service:
-    return Service(target, ServiceOptions(generation=GEN, batch_size=batch_size, threads=1))
+    return Service(target, ServiceOptions(generation=GEN, batch_size=batch_size, target=TargetOptions(threads=1)))
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_the_openai_client_gets_the_solo_answers_streaming_and_not(server: Backg
         plain = oa.completions.create(model="demo", prompt=prompt, max_tokens=64)
         assert plain.choices[0].text == expected.text and plain.choices[0].finish_reason == "stop"
         usage: Any = plain.usage
-        assert usage.seer["kept"] == expected.seer.kept and usage.passes == expected.steps
+        assert usage.seer["kept"] == expected.seer.kept and usage.passes == expected.passes
         assert usage.seer["tokens_processed"] == expected.seer.tokens_processed < usage.seer["full_tokens_processed"]
         assert usage.completion_tokens == expected.tokens.index(reference.info.eos_id)
         chat = oa.chat.completions.create(model="demo", messages=[{"role": "user", "content": prompt}])
@@ -257,7 +257,8 @@ def test_limits_auth_deadline_and_operations(export_dir: Path, capsys: pytest.Ca
     assert main_exit(["generate", str(export_dir), "--prompt", long_prompt, "--gen-length", "64"]) == 2
     cli_message = capsys.readouterr().err.strip().removeprefix("error: ")
     assert "exceeds the model's" in cli_message
-    app = create_app(open_service(export_dir, 4), ServeOptions(api_key="s3cret", max_body_bytes=2048,
+    # Per call: the queue's wait to fill a batch holds a row past its deadline (step-level: test_serve_stepping).
+    app = create_app(open_service(export_dir, 4), ServeOptions(api_key="s3cret", max_body_bytes=2048, batching="call",
                                                                max_wait_ms=2000, timeout_s=0.3))
     with BackgroundServer(app) as running:
         auth = {"Authorization": "Bearer s3cret"}

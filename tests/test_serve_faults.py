@@ -37,9 +37,10 @@ from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
+from seer_deploy.serve.batcher import CallBatcher
 from seer_deploy.serve.connections import GuardedH11
-from seer_deploy.serve.engine import Row
-from seer_deploy.service import Service, ServiceOptions
+from seer_deploy.serve.responder import Row
+from seer_deploy.service import Service, ServiceOptions, TargetOptions
 
 GEN = GenerationConfig(gen_length=64, steps=64)
 PROMPTS = [e.prompt for e in heldout_examples(8)]
@@ -54,25 +55,42 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def serve(export_dir: Path, **options: Any) -> BackgroundServer:
-    service = Service(export_dir, ServiceOptions(generation=GEN, batch_size=8, threads=1))
+    service = Service(export_dir, ServiceOptions(generation=GEN, batch_size=8, target=TargetOptions(threads=1)))
     return BackgroundServer(create_app(service, ServeOptions(model_name="demo", **options)))
 
 
 class Gate:
-    """Holds the server's worker where a test needs it: before a batch runs, and after a streamed row's first
-    settled text (test-only: it wraps the batcher's runner)."""
+    """Holds the server's worker where a test needs it: before a batch (per call) or a round (step-level) runs, and
+    after a streamed row's first settled text (test-only: it wraps the batcher's runner, or the responder's round
+    and admission)."""
 
     def __init__(self, server: BackgroundServer) -> None:
-        batcher = server.server.state.batcher
-        self.run = batcher._runner
+        state = server.server.state
         self.start, self.after_text = threading.Event(), threading.Event()
         self.start.set()
         self.after_text.set()
-        batcher._runner = self.gated
+        if isinstance(state.batcher, CallBatcher):
+            self.run = state.batcher._runner
+            state.batcher._runner = self.gated
+        else:
+            responder = state.responder
+            self.round, self.admit = responder.round, responder.admit
+            responder.round = self.gated_round  # type: ignore[method-assign]
+            responder.admit = self.gated_admit  # type: ignore[method-assign]
 
     def gated(self, rows: list[Row]) -> Sequence[Any]:
         self.start.wait()
-        return self.run([replace(r, on_text=self.holding(r.on_text)) if r.on_text else r for r in rows])
+        return self.run([self.listening(r) for r in rows])
+
+    def gated_round(self) -> Any:
+        self.start.wait()
+        return self.round()
+
+    def gated_admit(self, row: Row) -> int:
+        return self.admit(self.listening(row))
+
+    def listening(self, row: Row) -> Row:
+        return replace(row, on_text=self.holding(row.on_text)) if row.on_text else row
 
     def holding(self, tell: Callable[[str], None]) -> Callable[[str], None]:
         def told(text: str) -> None:
@@ -363,7 +381,10 @@ def test_the_row_balance_holds_in_every_scrape(export_dir: Path) -> None:
         admitted = total(sample, "seer_serve_rows_admitted_total")
         settled = total(sample, "seer_serve_rows_settled_total")
         assert admitted == settled + total(sample, "seer_serve_rows_in_flight"), sample
-    assert total(final, "seer_serve_rows_admitted_total") == total(final, "seer_serve_rows_settled_total") == 96
+    # Every request answered was admitted; one whose client left within 0.05 s may have left before its body was
+    # read (a 499, never admitted: on a loaded machine the event loop may not get to it in time).
+    admitted = total(final, "seer_serve_rows_admitted_total")
+    assert admitted == total(final, "seer_serve_rows_settled_total") and outcomes.count(200) <= admitted <= 96
     assert total(final, "seer_serve_rows_settled_total", outcome="refused") == 0
     served = total(final, "seer_serve_requests_total", route="/v1/completions", status="200")
     left = total(final, "seer_serve_requests_total", route="/v1/completions", status="499")

@@ -26,7 +26,7 @@ import pytest
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.serve import ServeOptions
-from seer_deploy.service import Prompt, Service, ServiceOptions
+from seer_deploy.service import Prompt, Service, ServiceOptions, TargetOptions
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                 reason="Ray Serve is not installed (pip install -e '.[ray]')")
@@ -104,9 +104,9 @@ async def _load(url: str, hold: str, find_holder: Callable[[], str], prompts: li
 
 
 def test_two_replicas_share_the_load_and_survive_a_kill() -> None:
-    from seer_deploy.serve.ray_app import deployment, local_cluster
+    from seer_deploy.serve.ray_app import Replicas, deployment, local_cluster
 
-    options = ServiceOptions(generation=GEN, batch_size=8, threads=1)
+    options = ServiceOptions(generation=GEN, batch_size=8, target=TargetOptions(threads=1))
     reference = Service("demo", options)
     cut = reference.seer.with_(tail_context=0) if reference.seer is not None else None
     expected = {p: reference.generate([Prompt(p)], seer=cut).answers[0].text for p in PROMPTS}
@@ -119,7 +119,7 @@ def test_two_replicas_share_the_load_and_survive_a_kill() -> None:
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
         # read_timeout_s: the held body waits for the kill however long the load before it takes (not a 408)
         serve_options = ServeOptions(model_name="demo", max_batch=8, read_timeout_s=3600)
-        serve.run(deployment("demo", options, serve_options, replicas=2, num_cpus=0.5), name="seer-deploy",
+        serve.run(deployment("demo", options, serve_options, Replicas(2, num_cpus=0.5)), name="seer-deploy",
                   route_prefix="/")
         url = f"http://127.0.0.1:{http_port}"
         replicas = {a["name"]: ray.get_actor(a["name"], namespace=a["namespace"])

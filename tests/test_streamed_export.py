@@ -21,6 +21,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
+from seer_deploy.contracts.graph_calls import scoring_feed
 from seer_deploy.contracts.graphs import Size, step_graph
 from seer_deploy.core.sparsity import StatsSpec
 from seer_deploy.export import resources
@@ -119,7 +120,8 @@ def step_feeds(mask_id: int) -> dict[str, np.ndarray]:
     mask[1, :6] = 0
     return {"input_ids": ids, "attention_mask": mask, "temperature": np.array([0.0, 0.7], dtype=np.float32),
             "sample_uniform": rng.random((2, 40), dtype=np.float32),
-            "candidates": np.broadcast_to(np.arange(24, 40), (2, 16)).copy(), "with_stats": np.ones(2, dtype=np.int64)}
+            "candidates": np.broadcast_to(np.arange(24, 40), (2, 16)).copy(), "with_stats": np.ones(2, dtype=np.int64),
+            **scoring_feed(2, None)}
 
 
 def run(graph: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -149,12 +151,13 @@ def test_export_memory_stays_near_the_weights(tmp_path: Path) -> None:
     # copy and the traced graphs' copies added 1298 MiB (2.7x the weights) before streaming; streamed, 389 MiB (what
     # tracing holds, whatever the model's size, and one tensor being converted).
     assert written["peak"] - written["before"] < 0.5 * weights + 300 * MiB, written
-    # With the check against torch (one layer at a time, then ONNX Runtime on the mapped weights, 1130 MiB added when
-    # alone; more when the allocator's arenas fragment under load), the peak stays under the estimate the export
-    # checks before it starts.
+    # With the check against torch: the reference holds one layer at a time in float32 and float16 (a layer is half
+    # the weights here: 1.5x the float16 weights at most), then ONNX Runtime maps the weights file and casts one
+    # weight at a time (1x, and its validation twin's sessions are closed before the export's open). Measured 1130
+    # MiB added when alone (2.35x the weights); more when the allocator's arenas fragment under load. Bounded by the
+    # weights, not by the export's own estimate: 3x the float16 weights and what tracing holds.
     checked = measure_export(checkpoint, tmp_path / "checked", verify=True)
-    estimate = footprint(weight_sources(checkpoint_weights(checkpoint)), torch.float16, verify=True)
-    assert checked["peak"] < estimate.memory + checked["before"], (checked, estimate)
+    assert checked["peak"] - checked["before"] < 3 * weights + 300 * MiB, checked
 
 
 def measure_export(checkpoint: Path, out: Path, verify: bool) -> dict[str, int]:

@@ -23,7 +23,7 @@ from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.models.checkpoints.checkpoint import save_checkpoint
 from seer_deploy.models.demos.demo_tasks import write_tokenizer
 from seer_deploy.runtime.reference import generate
-from seer_deploy.service import Prompt, Service, ServiceOptions
+from seer_deploy.service import Prompt, SeerOptions, Service, ServiceOptions, TargetOptions
 
 KINDS = ("checkpoint", "export", "engine", "multimodal-checkpoint", "multimodal-export", "multimodal-engine")
 TORCH_KINDS = ("checkpoint", "multimodal-checkpoint")
@@ -58,8 +58,9 @@ def requests_for(kind: str, targets: dict[str, Path]) -> list[Prompt]:
     return [Prompt(p) for p in ("reverse 12", "sort 987", "count 5")]
 
 
-def run(kind: str, targets: dict[str, Path], **options: object) -> tuple[Service, list[list[int]], int, list]:
-    service = Service(targets[kind], ServiceOptions(generation=options.pop("generation", CONFIG), **options))  # type: ignore[arg-type]
+def run(kind: str, targets: dict[str, Path], generation: GenerationConfig = CONFIG, **options: object
+        ) -> tuple[Service, list[list[int]], int, list]:
+    service = Service(targets[kind], ServiceOptions(generation=generation, **options))  # type: ignore[arg-type]
     out = service.generate(requests_for(kind, targets))
     return service, [a.tokens for a in out.answers], out.passes, out.reports
 
@@ -68,17 +69,17 @@ def run(kind: str, targets: dict[str, Path], **options: object) -> tuple[Service
 @pytest.mark.parametrize("backend", ("torch", "ort", "tensorrt"))
 def test_backend_is_the_targets_own_or_refused(kind: str, backend: str, targets: dict[str, Path]) -> None:
     if backend == OWN_BACKEND[kind]:
-        service, tokens, _, _ = run(kind, targets, backend=backend)
+        service, tokens, _, _ = run(kind, targets, target=TargetOptions(backend=backend))  # type: ignore[arg-type]
         assert len(tokens) == 3 and service.info.backend == backend
         return
     with pytest.raises(ConfigError, match=rf"TARGET '.*' is an? (checkpoint|export directory|ort engine).*{backend}"):
-        Service(targets[kind], ServiceOptions(generation=CONFIG, backend=backend))  # type: ignore[arg-type]
+        Service(targets[kind], ServiceOptions(generation=CONFIG, target=TargetOptions(backend=backend)))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_batch_size_splits_the_requests_into_step_zeros(kind: str, targets: dict[str, Path]) -> None:
-    _, one, passes_one, _ = run(kind, targets, batch_size=1, seer=False)
-    _, three, passes_three, _ = run(kind, targets, batch_size=3, seer=False)
+    _, one, passes_one, _ = run(kind, targets, batch_size=1, seer=SeerOptions(on=False))
+    _, three, passes_three, _ = run(kind, targets, batch_size=3, seer=SeerOptions(on=False))
     assert one == three  # a row's tokens do not depend on its batch
     assert passes_one == 3 * passes_three  # three batches of one: every pass three times
     with pytest.raises(ConfigError, match="--batch-size must be >= 1"):
@@ -89,19 +90,20 @@ def test_batch_size_splits_the_requests_into_step_zeros(kind: str, targets: dict
 def test_provider_is_honoured_on_onnx_runtime_and_refused_on_torch(kind: str, targets: dict[str, Path]) -> None:
     if kind in TORCH_KINDS:
         with pytest.raises(ConfigError, match="--provider sets ONNX Runtime sessions.*runs on torch"):
-            Service(targets[kind], ServiceOptions(generation=CONFIG, providers=CPU))
+            Service(targets[kind], ServiceOptions(generation=CONFIG, target=TargetOptions(providers=CPU)))
         return
-    service, _, _, _ = run(kind, targets, providers=CPU)
+    service, _, _, _ = run(kind, targets, target=TargetOptions(providers=CPU))
     assert isinstance(service.backend, OrtBackend) and service.backend.providers == list(CPU)
     with pytest.raises(ConfigError, match="NoSuchExecutionProvider.*not available"):
-        Service(targets[kind], ServiceOptions(generation=CONFIG, providers=("NoSuchExecutionProvider",)))
+        Service(targets[kind], ServiceOptions(generation=CONFIG,
+                                              target=TargetOptions(providers=("NoSuchExecutionProvider",))))
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_threads_set_the_engines_intra_op_threads(kind: str, targets: dict[str, Path]) -> None:
     before = torch.get_num_threads()
     try:
-        service, _, _, _ = run(kind, targets, threads=1)
+        service, _, _, _ = run(kind, targets, target=TargetOptions(threads=1))
         if kind in TORCH_KINDS:
             assert torch.get_num_threads() == 1
         else:
@@ -115,18 +117,18 @@ def test_threads_set_the_engines_intra_op_threads(kind: str, targets: dict[str, 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_seer_on_and_off(kind: str, targets: dict[str, Path]) -> None:
-    _, _, _, on = run(kind, targets, seer=True)
+    _, _, _, on = run(kind, targets, seer=SeerOptions(on=True))
     assert all(r is not None and 1 <= r.kept <= CONFIG.gen_length for r in on)
-    _, _, _, off = run(kind, targets, seer=False)
+    _, _, _, off = run(kind, targets, seer=SeerOptions(on=False))
     assert off == [None, None, None]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_tail_context_keeps_the_cut_slots_or_is_refused_without_seer(kind: str, targets: dict[str, Path]) -> None:
-    _, _, _, reports = run(kind, targets, seer=True, tail_context="all")
+    _, _, _, reports = run(kind, targets, seer=SeerOptions(on=True, tail_context="all"))
     assert all(r is not None and r.context == CONFIG.gen_length - r.kept for r in reports)
     with pytest.raises(ConfigError, match="--tail-context applies to Seer runs"):
-        Service(targets[kind], ServiceOptions(generation=CONFIG, seer=False, tail_context=4))
+        Service(targets[kind], ServiceOptions(generation=CONFIG, seer=SeerOptions(on=False, tail_context=4)))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -134,9 +136,9 @@ def test_cfg_scale_runs_on_torch_and_is_refused_by_compact_backends(kind: str, t
     guided = GenerationConfig(gen_length=8, steps=8, cfg_scale=1.0)
     if kind in ORT_KINDS:
         with pytest.raises(ConfigError, match="cfg_scale 1.0 .*only the torch backend has"):
-            Service(targets[kind], ServiceOptions(generation=guided, seer=False))
+            Service(targets[kind], ServiceOptions(generation=guided, seer=SeerOptions(on=False)))
         return
-    service, tokens, _, _ = run(kind, targets, generation=guided, seer=False)
+    service, tokens, _, _ = run(kind, targets, generation=guided, seer=SeerOptions(on=False))
     ids = service.prompt_ids(requests_for(kind, targets))  # sets the pictures' table for a multimodal checkpoint
     want = generate(service.backend.model, ids, guided).tokens.tolist()  # type: ignore[attr-defined]
     assert tokens == want
@@ -161,7 +163,7 @@ def test_a_refused_option_is_one_line_and_exit_code_2(targets: dict[str, Path],
 
 
 def test_a_prompt_too_long_fails_before_any_batch_runs(targets: dict[str, Path]) -> None:
-    service = Service(targets["checkpoint"], ServiceOptions(generation=CONFIG, batch_size=1, seer=False))
+    service = Service(targets["checkpoint"], ServiceOptions(generation=CONFIG, batch_size=1, seer=SeerOptions(on=False)))
     calls: list[int] = []
     original = service.backend.step0
     service.backend.step0 = lambda inputs: calls.append(1) or original(inputs)  # type: ignore[method-assign]
@@ -174,7 +176,7 @@ def test_a_prompt_too_long_fails_before_any_batch_runs(targets: dict[str, Path])
 @pytest.mark.parametrize("kind", [k for k in KINDS if k.startswith("multimodal")])
 def test_a_text_only_request_runs_on_a_multimodal_target(kind: str, targets: dict[str, Path]) -> None:
     """A batch without pictures (alone, or beside one with a picture) on a target that takes pictures."""
-    service = Service(targets[kind], ServiceOptions(generation=CONFIG, seer=False, batch_size=2))
+    service = Service(targets[kind], ServiceOptions(generation=CONFIG, batch_size=2, seer=SeerOptions(on=False)))
     alone = service.generate([Prompt("colors")])
     mixed = service.generate([Prompt("colors"), *requests_for(kind, targets)[:1]])
     assert alone.answers[0].tokens == mixed.answers[0].tokens and len(alone.answers[0].tokens) == CONFIG.gen_length
@@ -184,8 +186,8 @@ def test_a_text_only_request_runs_on_a_multimodal_target(kind: str, targets: dic
 def test_parallel_decoding_runs_on_every_kind(kind: str, targets: dict[str, Path]) -> None:
     """--decode threshold with a threshold every candidate clears: one pass commits the whole block, on any target."""
     easy = GenerationConfig(gen_length=8, steps=8, decode="threshold", threshold=1e-30)
-    _, tokens, steps, _ = run(kind, targets, generation=easy, seer=False)
-    _, fixed_tokens, fixed_steps, _ = run(kind, targets, seer=False)
+    _, tokens, steps, _ = run(kind, targets, generation=easy, seer=SeerOptions(on=False))
+    _, fixed_tokens, fixed_steps, _ = run(kind, targets, seer=SeerOptions(on=False))
     assert steps == 1 and fixed_steps == CONFIG.steps
     assert len(tokens) == len(fixed_tokens) == 3
 
@@ -196,7 +198,7 @@ def test_kv_cache_runs_on_torch_and_is_refused_by_exports_without_its_graphs(kin
     cached = GenerationConfig(gen_length=8, steps=8, block_length=4, kv_cache=True)
     if kind in ORT_KINDS:  # these exports were made without --kv-cache
         with pytest.raises(ConfigError, match="export --kv-cache"):
-            Service(targets[kind], ServiceOptions(generation=cached, seer=False))
+            Service(targets[kind], ServiceOptions(generation=cached, seer=SeerOptions(on=False)))
         return
-    _, tokens, steps, _ = run(kind, targets, generation=cached, seer=True)
+    _, tokens, steps, _ = run(kind, targets, generation=cached, seer=SeerOptions(on=True))
     assert steps >= 2 and all(len(t) == CONFIG.gen_length for t in tokens)

@@ -89,15 +89,15 @@ def test_every_target_gives_the_same_tokens(artifacts: dict[str, Path]) -> None:
 
 def test_asking_for_another_backend_names_the_way_there(artifacts: dict[str, Path]) -> None:
     with pytest.raises(ConfigError, match=r"is a checkpoint, which runs on torch.*--build ort"):
-        open_target(str(artifacts["ckpt"]), "ort")
+        open_target(str(artifacts["ckpt"]), TargetOptions(backend="ort"))
     with pytest.raises(ConfigError, match=r"export directory \(ONNX\); for torch give its checkpoint"):
-        open_target(str(artifacts["export"]), "torch")
+        open_target(str(artifacts["export"]), TargetOptions(backend="torch"))
     with pytest.raises(ConfigError, match=r"build a TensorRT engine from it first.*--backend tensorrt"):
-        open_target(str(artifacts["export"]), "tensorrt")
+        open_target(str(artifacts["export"]), TargetOptions(backend="tensorrt"))
     with pytest.raises(ConfigError, match=r"is a ort engine, not tensorrt.*seer-deploy build"):
-        open_target(str(artifacts["engine"]), "tensorrt")
+        open_target(str(artifacts["engine"]), TargetOptions(backend="tensorrt"))
     with pytest.raises(ConfigError, match="backend 'onnx' is unknown"):
-        open_target(str(artifacts["engine"]), "onnx")  # type: ignore[arg-type]
+        open_target(str(artifacts["engine"]), TargetOptions(backend="onnx"))  # type: ignore[arg-type]
 
 
 def test_stale_or_foreign_engines_are_refused_before_loading(artifacts: dict[str, Path], tmp_path: Path) -> None:

@@ -110,7 +110,7 @@ def test_cache_engines_are_planned_from_the_export(tmp_path: Path) -> None:
 
 
 class OrtEngine:
-    """Stands in for `tensorrt_engine._Engine`: the graph's ONNX Runtime session, every call's profile recorded."""
+    """Stands in for `tensorrt_engine._GraphEngine`: the graph's ONNX Runtime session, every call's profile recorded."""
 
     calls: ClassVar[list[tuple[str, int, dict[str, tuple[int, ...]]]]] = []
 
@@ -156,7 +156,7 @@ def fake_tensorrt_engine_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kv
     fake = tensorrt_library.TensorRTLibrary("tensorrt", SimpleNamespace(  # type: ignore[arg-type]
         Runtime=lambda logger: "runtime", Logger=FakeLogger, __version__="10.13.0.35"))
     monkeypatch.setattr(tensorrt_engine, "load_library", lambda name: fake)
-    monkeypatch.setattr(tensorrt_engine, "_Engine", OrtEngine)
+    monkeypatch.setattr(tensorrt_engine, "_GraphEngine", OrtEngine)
     OrtEngine.calls = []
     return TensorRTBackend(engine_dir, manifest, sparsity_rows=[], max_seq_len=96)
 

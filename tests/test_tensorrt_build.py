@@ -276,9 +276,25 @@ def test_build_failure_messages_drop_source_locations_and_cuda_noise() -> None:
         tensorrt_build.build_failure(lib, "step", ["out of memory"]))
 
 
-def test_engine_json_profiles_are_json(demo_export: Path) -> None:
+def test_the_demo_builds_hand_computed_profiles_that_survive_json(demo_export: Path) -> None:
+    """The default build of the demo (buckets 16..160, batch 8, prompts 1..160; 4 layers, 4 kv heads of 32) plans
+    what the geometry says, written out by hand: a bucket's sequences run from the shortest prompt plus the bucket
+    below plus one to the longest prompt plus the bucket; a window profile's windows from the window below plus one."""
     export = ExportManifest.load(demo_export)
     run = prepare_build(demo_export, demo_export.parent / "unused", RTX)
-    plans = tensorrt_plans(export, run.layout, run.windows)
-    json.dumps({name: [p.to_dict() for p in plan] for name, plan in plans.items()})
-    assert plans == run.plans
+    plans = {name: [json.loads(json.dumps(p.to_dict())) for p in plan]
+             for name, plan in tensorrt_plans(export, run.layout, run.windows).items()}
+    assert [p["bucket"] for p in plans["step"]] == [16, 32, 64, 128, 160]
+    tokens = {"min": [1, 1 + 128 + 1], "opt": [8, 160 + 160], "max": [8, 160 + 160]}
+    per_row = {"min": [1], "opt": [8], "max": [8]}
+    assert plans["step"][-1] == {"bucket": 160, "shapes": {
+        "input_ids": tokens, "attention_mask": tokens, "temperature": per_row, "sample_uniform": tokens,
+        "candidates": {"min": [1, 1], "opt": [8, 320], "max": [8, 320]}, "with_stats": per_row,
+        "score_rule": per_row, "score_temperature": per_row}}
+    assert plans["step"][0]["shapes"]["input_ids"] == {"min": [1, 2], "opt": [8, 176], "max": [8, 176]}
+    window = {"min": [1, 33], "opt": [8, 160], "max": [8, 160]}
+    assert plans["window_step"][-1] == {"bucket": 160, "windows": [33, 160], "shapes": {
+        "window_ids": window, "attention_mask": tokens, "window_start": per_row,
+        "kv": {"min": [4, 2, 1, 4, 130, 32], "opt": [4, 2, 8, 4, 320, 32], "max": [4, 2, 8, 4, 320, 32]},
+        "temperature": per_row, "sample_uniform": window}}
+    assert len(plans["window_step"]) == 2 * len(plans["step"])  # windows of up to 32 and of 33..160 per bucket

@@ -43,9 +43,10 @@ from seer_deploy.models.demos.demo_tasks import Example
 from seer_deploy.models.demos.demo_vl_tasks import PictureExample
 from seer_deploy.models.networks.llada import MaskPredictor
 from seer_deploy.models.text.tokenizer import Tokenizer
-from seer_deploy.runtime.targets import TargetInfo, describe, find_seer_config
+from seer_deploy.runtime.targets import TargetInfo, TargetOptions, describe, find_seer_config
 from seer_deploy.seer.config import SeerConfig, TailContext, parse_tail_context
 from seer_deploy.seer.metrics import true_lengths
+from seer_deploy.seer.options import SeerOptions
 from seer_deploy.service import Prompt, Service, ServiceOptions
 
 Progress = Callable[[str], None]  # called once per unit of work with what it was
@@ -60,16 +61,15 @@ class BenchSettings:
     batch_sizes: tuple[int, ...] = (1, 8)
     prompts: int = 8  # held-out demo prompts per setting
     repeats: int = 3  # timed passes per row and setting (after one warm-up batch); medians are reported
-    threads: int = 0  # torch and ONNX Runtime intra-op threads; 0 = each library's default
+    # How the measured targets open: threads (torch's and ONNX Runtime's; 0 = each library's default), device, IO
+    # binding and CUDA graphs (the ONNX Runtime rows); providers and backend are each row's own.
+    engine: TargetOptions = field(default_factory=lambda: TargetOptions(threads=0))
     scaling: ScalingSettings | None = field(default_factory=ScalingSettings)  # None: skip the cost-scaling workload
     tensorrt: bool = True  # add TensorRT rows when a GPU and TensorRT are present
     tail_context: TailContext | None = None  # also measure ort-seer-tail: Seer with this tail_context
     fast_block_length: int = 32  # the fast rows' denoising block (Fast-dLLM's), or gen_length when it does not divide
     threshold: float = 0.9  # the fast rows' parallel decoding threshold (Fast-dLLM's default)
     first_canvas: int = 32  # ort-seer-progressive: step zero's first canvas (response slots)
-    device: str | None = None  # "cpu", "cuda[:N]": torch's device and ONNX Runtime's CUDA provider (None: defaults)
-    io_binding: bool = False  # ONNX Runtime rows through IO binding
-    cuda_graph: bool = False  # ONNX Runtime rows with CUDA graphs (CUDA only)
     quantize: tuple[str, ...] = ("int8", "int4")  # also export these quantizations: the ort-int8-seer ... rows
     rules: tuple[str, ...] = ()  # bench.rows.RULES to add as ort-<rule> and ort-<rule>-seer rows
 
@@ -89,8 +89,7 @@ class BenchSettings:
             raise ConfigError(f"--prompts must be >= 1, got {self.prompts}")
         if self.repeats < 1:
             raise ConfigError(f"--repeats must be >= 1, got {self.repeats}")
-        if self.threads < 0:
-            raise ConfigError(f"--threads must be >= 0 (0 = the libraries' default), got {self.threads}")
+        self.engine.check()
         if self.scaling is not None:
             self.scaling.validate()
         if self.tail_context is not None:
@@ -189,14 +188,13 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
         notes.append(f"no calibrated Seer config for {settings.target}: Seer ran with the built-in defaults "
                      f"({seer.detector} detector, margin {seer.margin}); run `seer-deploy calibrate` for a safe margin")
     say(f"loading {settings.target}")
-    threads = settings.threads or None
     batch = max(settings.batch_sizes)
+    ort = replace(settings.engine, threads=settings.engine.threads or None)  # 0: each library's default
 
-    def service(target: str | Path, threads: int | None = threads, **engine: Any) -> Service:
-        return Service(target, ServiceOptions(batch_size=batch, threads=threads, seer_config=seer,
-                                              device=settings.device, **engine))
+    def service(target: str | Path, engine: TargetOptions) -> Service:
+        return Service(target, ServiceOptions(target=engine, batch_size=batch, seer=SeerOptions(config=seer)))
 
-    torch_service = service(settings.target)
+    torch_service = service(settings.target, replace(ort, io_binding=False, cuda_graph=False))
     info = torch_service.info
     workload = picture_workload(settings.prompts, work_dir / "pictures") if multimodal else text_workload(settings.prompts)
     longest = max(settings.gen_lengths)
@@ -216,14 +214,13 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
                       ExportOptions(seer=seer, kv_cache=cache))  # the fast rows run the cache
     export_seconds = time.perf_counter() - start
     services = {"torch": torch_service,
-                "ort": service(exported.out, io_binding=settings.io_binding, cuda_graph=settings.cuda_graph)}
+                "ort": service(exported.out, ort)}
     for scheme in settings.quantize:
         say(f"exporting {settings.target} quantized to {scheme}")
         quantized = export(settings.target, work_dir / f"export-{scheme}",
                            ExportOptions(seer=seer, kv_cache=cache,
                                          quantization=Quantization(scheme)))
-        services[f"ort-{scheme}"] = service(quantized.out, io_binding=settings.io_binding,
-                                            cuda_graph=settings.cuda_graph)
+        services[f"ort-{scheme}"] = service(quantized.out, ort)
     skipped: list[dict[str, str]] = [] if cache else _uncached_rows(settings)
     why = _tensorrt_ready() if settings.tensorrt else "not asked for (--no-tensorrt)"
     if why is None and multimodal:
@@ -234,7 +231,8 @@ def prepare_bench(settings: BenchSettings, work_dir: Path, say: Progress = lambd
         say("building a TensorRT engine from the export")
         engine = build_engines(exported.out, work_dir / "trt-engine",
                                BuildOptions(backend="tensorrt", max_batch=batch, max_gen_length=max(settings.gen_lengths)))
-        services["trt"] = service(engine.out, threads=None)  # TensorRT has no thread setting
+        # TensorRT has no thread setting and always runs on device buffers
+        services["trt"] = service(engine.out, TargetOptions(device=settings.engine.device))
     else:
         skipped += [{"row": name, "why": why} for name in ("trt-full", "trt-seer")]
     facts: dict[str, Any] = {}
@@ -316,7 +314,7 @@ def run_bench(p: OpenedBench, command: str, progress: Progress = lambda _: None)
             rows += score_setting(p, G, B, timings)
     scaling = None
     if s.scaling is not None:
-        scaling = run_scaling(s.scaling, p.work_dir, s.threads, progress)
+        scaling = run_scaling(s.scaling, p.work_dir, s.engine.threads or 0, progress)
     model = p.model
     cfg = model.cfg
     return BenchResult(
@@ -326,7 +324,7 @@ def run_bench(p: OpenedBench, command: str, progress: Progress = lambda _: None)
         machine=machine,
         settings={"target": s.target, "gen_lengths": list(s.gen_lengths), "batch_sizes": list(s.batch_sizes),
                   "prompts": s.prompts, "workload": p.workload.description, "repeats": s.repeats, "warmup_batches": 1,
-                  "threads": s.threads, "tail_context": s.tail_context,
+                  "threads": s.engine.threads, "tail_context": s.tail_context,
                   "steps": "gen_length", "block_length": "gen_length (one block)", "temperature": 0.0,
                   "remasking": "low_confidence",
                   "fast_rows": {"rows": list(FAST_ROWS), "decode": "threshold", "threshold": s.threshold,

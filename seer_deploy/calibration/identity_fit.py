@@ -45,16 +45,48 @@ class IdentityFit:
                 "target_identical": self.target_identical, "tried": self.tried}
 
 
+@dataclass(frozen=True)
+class IdentityGoal:
+    """What an end-to-end fit aims at (`calibrate --target-identical`): the share of answers equal to full length's,
+    the margins tried (up to `margin_span` past the safe-rate one), the tail contexts tried when no margin reaches
+    it, and how close to the best rate a cheaper run may stay (`slack`)."""
+
+    target_identical: float = 0.995
+    tail_contexts: tuple[TailContext, ...] = ()
+    margin_span: int = 16
+    slack: float = 0.01
+
+    def check(self) -> None:
+        check_target_identical(self.target_identical)
+        if self.margin_span < 0:
+            raise ConfigError(f"margin span {self.margin_span} must be >= 0")
+        if self.slack < 0:
+            raise ConfigError(f"identity slack {self.slack} must be >= 0")
+
+
+@dataclass(frozen=True)
+class SeerRuns:
+    """How a fit answers its prompts under a Seer config: `source`'s answers (`calibration.sources`) to `prompts` with
+    `config`, `batch_size` at a time."""
+
+    source: AnswerSource
+    prompts: Sequence[list[int]]
+    config: GenerationConfig
+    batch_size: int = 64
+
+    def on(self, indices: np.ndarray) -> Callable[[SeerConfig], tuple[np.ndarray, np.ndarray]]:
+        """A runner over the prompts at `indices`: Seer config -> (tokens, kept)."""
+        subset = [self.prompts[i] for i in indices]
+        return lambda seer: self.source.answers(subset, self.config, seer=seer, batch_size=self.batch_size)
+
+
 def fit_identity_margin(
     run_seer: Callable[[SeerConfig], tuple[np.ndarray, np.ndarray]],
     seer: SeerConfig,
     full_tokens: np.ndarray,
     true_len: np.ndarray,
     margins: Sequence[int],
-    *,
-    tail_contexts: Sequence[TailContext] = (),
-    target_identical: float = 0.995,
-    slack: float = 0.01,
+    goal: IdentityGoal = IdentityGoal(),
     log: Callable[[str], None] = lambda _: None,
 ) -> IdentityFit:
     """The cheapest margin, then tail context, whose answers equal full length's on a target share of prompts.
@@ -62,17 +94,17 @@ def fit_identity_margin(
     A safe cut (kept >= true length) is not enough: with few EOS slots left after the answer, a model trained on long
     padding sometimes answers differently. `run_seer(config)` generates with Seer and returns (tokens, kept).
     Margins are tried first, at `seer.tail_context`, in order, and the first reaching the target wins. If none
-    does, the margin is the knee (the smallest within `slack` of the best rate: past it more margin buys little
-    identity for many more slots) and `tail_contexts` are tried at that margin, cheapest first (fewest slots, 'all'
+    does, the margin is the knee (the smallest within `goal.slack` of the best rate: past it more margin buys little
+    identity for many more slots) and `goal.tail_contexts` are tried at that margin, cheapest first (fewest slots, 'all'
     last: each keeps more of the cut tail in view as committed EOS, see SeerConfig.tail_context); the first reaching
     the target wins. If still none does, the first run tried within `slack` of the best rate seen.
     """
     if not margins:
         raise ConfigError("give at least one margin to try")
-    if slack < 0:
-        raise ConfigError(f"identity slack {slack} must be >= 0")
+    goal.check()
+    target_identical, slack = goal.target_identical, goal.slack
     # Each tail context becomes a config now, so SeerConfig rejects a bad one before any run.
-    with_contexts = sorted((seer.with_(tail_context=c) for c in dict.fromkeys(tail_contexts)),
+    with_contexts = sorted((seer.with_(tail_context=c) for c in dict.fromkeys(goal.tail_contexts)),
                            key=lambda c: slots_order(c.tail_context))
     gen_length = full_tokens.shape[1]
     tried: list[dict[str, Any]] = []
@@ -123,35 +155,14 @@ def check_target_identical(target: float) -> None:
         raise ConfigError(f"target identical share {target} must lie in [0.5, 1]")
 
 
-def fit_identity_on_split(
-    source: AnswerSource,
-    prompts: Sequence[list[int]],
-    config: GenerationConfig,
-    seer: SeerConfig,
-    full_tokens: np.ndarray,
-    options: CalibrationOptions,
-    *,
-    tail_contexts: Sequence[TailContext] = (),
-    target_identical: float = 0.99,
-    margin_span: int = 16,
-    batch_size: int = 64,
-    log: Callable[[str], None] = lambda _: None,
-) -> tuple[IdentityFit, float]:
-    """`fit_identity_margin` on the calibration split of `prompts` (the split `fit_detectors` uses), with `source`'s
-    answers (`calibration.sources`), then the share of the validation split's answers that equal full length's under
-    the fitted margin and tail context."""
-    check_target_identical(target_identical)
-    if margin_span < 0:
-        raise ConfigError(f"margin span {margin_span} must be >= 0")
-    true_len = true_lengths(full_tokens, stop_ids(source.cfg))
-    cal, val = split_indices(len(prompts), options.holdout, options.seed)
-
-    def runner(indices: np.ndarray) -> Callable[[SeerConfig], tuple[np.ndarray, np.ndarray]]:
-        subset = [prompts[i] for i in indices]
-        return lambda s: source.answers(subset, config, seer=s, batch_size=batch_size)
-
-    margins = identity_margins(seer, config.gen_length, margin_span)
-    fit = fit_identity_margin(runner(cal), seer, full_tokens[cal], true_len[cal], margins,
-                              tail_contexts=tail_contexts, target_identical=target_identical, log=log)
-    tokens, _ = runner(val)(seer.with_(margin=fit.margin, tail_context=fit.tail_context))
+def fit_identity_on_split(runs: SeerRuns, seer: SeerConfig, full_tokens: np.ndarray, options: CalibrationOptions,
+                          goal: IdentityGoal, log: Callable[[str], None] = lambda _: None) -> tuple[IdentityFit, float]:
+    """`fit_identity_margin` on the calibration split of the prompts (the split `fit_detectors` uses), then the share
+    of the validation split's answers that equal full length's under the fitted margin and tail context."""
+    goal.check()
+    true_len = true_lengths(full_tokens, stop_ids(runs.source.cfg))
+    cal, val = split_indices(len(runs.prompts), options.holdout, options.seed)
+    margins = identity_margins(seer, runs.config.gen_length, goal.margin_span)
+    fit = fit_identity_margin(runs.on(cal), seer, full_tokens[cal], true_len[cal], margins, goal, log)
+    tokens, _ = runs.on(val)(seer.with_(margin=fit.margin, tail_context=fit.tail_context))
     return fit, identical_share(tokens, full_tokens[val], true_len[val])

@@ -91,7 +91,7 @@ def prepare_export_prompts(described: Description, prompts: Sequence[Prompt], co
     set once as its image table (ids numbered across the whole set, as a service numbers a batch's). The prompt
     lengths, their pictures' tokens included, are checked before the vision graph runs."""
     assert described.export is not None  # describe() reads an export dir's manifest
-    backend, info = open_target(described.target, "ort", TargetOptions(threads=threads), described)
+    backend, info = open_target(described.target, TargetOptions(backend="ort", threads=threads), described)
     check_prompt_images(prompts, described.target, info.images is not None)
     pictures = load_pictures(prompts)
     ids = [info.tokenizer().encode_prompt(p.prompt) for p in prompts]

@@ -16,12 +16,16 @@ from typing import TYPE_CHECKING
 
 import click
 
+from seer_deploy.cli.options import generation_options, seer_options, target_options
 from seer_deploy.cli.verbs import summary
 from seer_deploy.core.checks import ascii_ints
 from seer_deploy.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from seer_deploy.bench.harness import BenchSettings
+    from seer_deploy.core.generation import GenerationConfig
+    from seer_deploy.runtime.targets import TargetOptions
+    from seer_deploy.seer.options import SeerOptions
 
 
 def parse_ints(text: str, option: str, unique: bool = True) -> tuple[int, ...]:
@@ -40,7 +44,7 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
     joined = lambda values: ",".join(str(v) for v in values)
     parts = ["seer-deploy", "bench", settings.target, "--gen-lengths", joined(settings.gen_lengths),
              "--batch-sizes", joined(settings.batch_sizes), "--prompts", str(settings.prompts),
-             "--repeats", str(settings.repeats), "--threads", str(settings.threads), "--out", str(out)]
+             "--repeats", str(settings.repeats), "--threads", str(settings.engine.threads), "--out", str(out)]
     sc = settings.scaling
     if sc is None:
         parts.append("--no-scaling")
@@ -53,9 +57,9 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
         parts += ["--tail-context", str(settings.tail_context)]
     parts += ["--fast-block-length", str(settings.fast_block_length), "--threshold", f"{settings.threshold:g}",
               "--first-canvas", str(settings.first_canvas)]
-    if settings.device is not None:
-        parts += ["--device", settings.device]
-    parts += ["--io-binding"] * settings.io_binding + ["--cuda-graph"] * settings.cuda_graph
+    engine = settings.engine
+    parts += ["--device", engine.device] if engine.device is not None else []
+    parts += ["--io-binding"] * engine.io_binding + ["--cuda-graph"] * engine.cuda_graph
     parts += ["--quantize", ",".join(settings.quantize) or "none"]
     if settings.rules:
         parts += ["--rules", ",".join(settings.rules)]
@@ -70,8 +74,6 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
 @click.option("--prompts", type=int, default=8, show_default=True, help="Held-out demo prompts per setting.")
 @click.option("--repeats", type=int, default=3, show_default=True,
               help="Timed passes per row and setting after one warm-up batch; medians are reported.")
-@click.option("--threads", type=int, default=0, show_default=True,
-              help="torch and ONNX Runtime intra-op threads (0 = the libraries' defaults).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-results"),
               show_default=True, help="Where bench.json, bench.md and bench.png go.")
 @click.option("--scaling/--no-scaling", default=True, show_default=True,
@@ -82,31 +84,32 @@ def canonical_command(settings: BenchSettings, out: Path) -> str:
               help="The cost-scaling model: d_model,layers,mlp_hidden,vocab (heads: d_model / 64).")
 @click.option("--tensorrt/--no-tensorrt", default=True, show_default=True,
               help="Add TensorRT rows when a CUDA GPU and TensorRT are present.")
-@click.option("--tail-context", default=None, metavar="N|all",
-              help="Also measure ort-seer-tail: Seer with this tail_context (cut slots kept in view as committed EOS; "
-                   "'all': the whole tail) [default: no such row].")
+@seer_options("tail_context", "first_canvas", tail_context={
+    "help": "Also measure ort-seer-tail: Seer with this tail_context (cut slots kept in view as committed EOS; 'all': "
+            "the whole tail) [default: no such row]."}, first_canvas={
+    "default": 32, "show_default": True,
+    "help": "ort-seer-progressive: step zero's first canvas in response slots (progressive step zero)."})
 @click.option("--fast-block-length", type=int, default=32, show_default=True,
               help="Block length of the fast rows (ort-parallel, ort-fastdllm, ort-seer-fast), Fast-dLLM's 32 "
                    "(one block of gen_length where it does not divide it).")
-@click.option("--threshold", type=float, default=0.9, show_default=True,
-              help="The fast rows' parallel decoding threshold (Fast-dLLM's default 0.9).")
-@click.option("--first-canvas", type=int, default=32, show_default=True,
-              help="ort-seer-progressive: step zero's first canvas in response slots (progressive step zero).")
-@click.option("--device", default=None, metavar="cpu|cuda[:N]",
-              help="torch's device (reference and torch rows) and ONNX Runtime's CUDA provider GPU [default: torch "
-                   "cpu, ONNX Runtime CUDA if installed].")
-@click.option("--io-binding", is_flag=True, help="ONNX Runtime rows through IO binding (see generate --help).")
-@click.option("--cuda-graph", is_flag=True, help="ONNX Runtime rows with CUDA graphs per call shape (CUDA only).")
+@generation_options("threshold", threshold={"help": "The fast rows' parallel decoding threshold (Fast-dLLM's default "
+                                                    "0.9)."})
+@target_options("threads", "device", "io_binding", "cuda_graph", threads={
+    "default": 0, "show_default": True, "help": "torch and ONNX Runtime intra-op threads (0 = the libraries' defaults)."
+}, device={"help": "torch's device (reference and torch rows) and ONNX Runtime's CUDA provider GPU [default: torch "
+                   "cpu, ONNX Runtime CUDA if installed]."},
+    io_binding={"help": "ONNX Runtime rows through IO binding (see generate --help)."},
+    cuda_graph={"help": "ONNX Runtime rows with CUDA graphs per call shape (CUDA only)."})
 @click.option("--quantize", "quantize", default="int8,int4", show_default=True, metavar="int8,int4|none",
               help="Also export the target quantized (weight-only, `export --quantize`) and measure ort-seer and "
                    "ort-seer-fast on each: the ort-int8-seer ... rows; none: no such rows.")
 @click.option("--rules", default="none", show_default=True, metavar="dream,lavida-dream,dimple,dimple-confident|none",
               help="Also measure these Dream-family decoding rules on ONNX Runtime at full length and with Seer "
                    "(ort-<rule>, ort-<rule>-seer rows; their answers compared with the rule's own full length).")
-def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int, repeats: int, threads: int, out: Path,
-            scaling: bool, scaling_lengths: str, scaling_shape: str, tensorrt: bool, tail_context: str | None,
-            fast_block_length: int, threshold: float, first_canvas: int, device: str | None, io_binding: bool,
-            cuda_graph: bool, quantize: str, rules: str) -> None:
+def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int, repeats: int, out: Path,
+            scaling: bool, scaling_lengths: str, scaling_shape: str, tensorrt: bool, seer: SeerOptions,
+            fast_block_length: int, generation: GenerationConfig, target_options: TargetOptions,
+            quantize: str, rules: str) -> None:
     """Benchmark TARGET (a checkpoint directory, 'demo' (the default) or 'demo-vl'): reference, ONNX Runtime full /
     Seer / oracle, the peers' recipes (Fast-dLLM's parallel decoding and dual KV cache) with and without Seer, torch
     with Seer, and step time against length on a large random model.
@@ -118,7 +121,6 @@ def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int
     from seer_deploy.bench.results import JSON_FILE, MARKDOWN_FILE, PLOT_FILE, write_json
     from seer_deploy.bench.scaling import ScalingSettings
     from seer_deploy.core.atomic import write_atomic
-    from seer_deploy.seer.config import parse_tail_context
 
     scaling_settings = None
     if scaling:
@@ -133,12 +135,12 @@ def command(target: str, gen_lengths: str | None, batch_sizes: str, prompts: int
         from seer_deploy.models.checkpoints.multimodal_files import is_multimodal_checkpoint
 
         gen_lengths = "16,32,64" if is_multimodal_checkpoint(target) else "64,128,256"
+    assert seer.first_canvas is not None  # this verb's default: 32
     settings = BenchSettings(target=target, gen_lengths=parse_ints(gen_lengths, "--gen-lengths"),
                              batch_sizes=parse_ints(batch_sizes, "--batch-sizes"), prompts=prompts, repeats=repeats,
-                             threads=threads, scaling=scaling_settings, tensorrt=tensorrt,
-                             tail_context=None if tail_context is None else parse_tail_context(tail_context),
-                             fast_block_length=fast_block_length, threshold=threshold, first_canvas=first_canvas,
-                             device=device, io_binding=io_binding, cuda_graph=cuda_graph,
+                             engine=target_options, scaling=scaling_settings, tensorrt=tensorrt,
+                             tail_context=seer.tail_context, fast_block_length=fast_block_length,
+                             threshold=generation.threshold, first_canvas=seer.first_canvas,
                              quantize=() if quantize == "none" else tuple(dict.fromkeys(quantize.split(","))),
                              rules=() if rules == "none" else tuple(dict.fromkeys(rules.split(","))))
     settings.validate()

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from seer_deploy.cli.options import target_options
 from seer_deploy.cli.verbs import summary
 from seer_deploy.core.checks import ascii_int, int_in, number_in
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.files import read_json
+
+if TYPE_CHECKING:
+    from seer_deploy.runtime.targets import TargetOptions
 
 MAX_KEPT_LENGTH = 1 << 30
 
@@ -32,7 +38,12 @@ def read_kept_lengths(path: Path) -> dict[int, float] | list[int]:
 @click.command("build", short_help=summary("build"))
 @click.argument("export_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="The engine directory to write.")
-@click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)
+@target_options("backend", "providers", "threads", backend={
+    "type": click.Choice(["ort", "tensorrt"]), "default": "ort", "show_default": True,
+    "help": "What the engine dir runs on: ONNX Runtime (its session settings recorded) or TensorRT (engines built)."},
+    providers={"help": "ONNX Runtime provider, in order of preference (repeat) [default: CUDA if available, else "
+                       "CPU]."},
+    threads={"default": 0, "show_default": True, "help": "ONNX Runtime intra-op threads (0 = default)."})
 @click.option("--buckets", help="Kept-length buckets, e.g. 32,64,128 [default: powers of two up to the max length].")
 @click.option("--max-gen-length", type=int, help="Longest response the engine runs [default: the last bucket, or "
               "what --max-prompt leaves of the export's positions].")
@@ -59,20 +70,16 @@ def read_kept_lengths(path: Path) -> dict[int, float] | list[int]:
 @click.option("--window-lengths", help="TensorRT, export --kv-cache: the window_step engine's window lengths (the "
               "--block-length runs use), e.g. 32 or 16,32; one profile per (bucket, window length) [default: 32 and "
               "the last bucket].")
-@click.option("--provider", "providers", multiple=True,
-              help="ONNX Runtime provider, in order of preference (repeat) [default: CUDA if available, else CPU].")
-@click.option("--threads", type=int, default=0, show_default=True, help="ONNX Runtime intra-op threads (0 = default).")
 @click.option("--graph-optimization", type=click.Choice(["disable", "basic", "extended", "all"]), default="all",
               show_default=True, help="ONNX Runtime graph optimisation level.")
 @click.option("--ort-save-optimized", is_flag=True, help="Also save ONNX Runtime's optimised graphs in the engine dir.")
 @click.option("--force", is_flag=True, help="Replace an engine dir of another model in --out (never a directory "
               "holding files seer-deploy did not write).")
-def command(export_dir: Path, out: Path, backend: str, buckets: str | None, max_gen_length: int | None,
+def command(export_dir: Path, out: Path, target_options: TargetOptions, buckets: str | None, max_gen_length: int | None,
             max_batch: int, max_prompt: int | None, min_prompt: int, kept_lengths: Path | None,
             max_buckets: int | None, trt_library: str | None, compute_capability: str | None,
             max_pictures: int | None, timing_cache: Path | None, workspace: str | None, window_lengths: str | None,
-            providers: tuple[str, ...], threads: int, graph_optimization: str, ort_save_optimized: bool,
-            force: bool) -> None:
+            graph_optimization: str, ort_save_optimized: bool, force: bool) -> None:
     """Build an engine dir from EXPORT_DIR (made by `seer-deploy export`).
 
     \b
@@ -83,13 +90,13 @@ def command(export_dir: Path, out: Path, backend: str, buckets: str | None, max_
     """
     from seer_deploy.engines.buckets import parse_buckets, parse_window_lengths
     from seer_deploy.engines.build import BuildOptions, parse_size, prepare_build
-    from seer_deploy.engines.ort import OrtSessionOptions
     from seer_deploy.engines.tensorrt_library import parse_compute_capabilities
+    from seer_deploy.runtime.openers import ort_session_options
 
     if buckets is not None and kept_lengths is not None:
         raise ConfigError("give --buckets or --kept-lengths, not both (--kept-lengths plans the buckets)")
     options = BuildOptions(
-        backend="tensorrt" if backend == "tensorrt" else "ort",
+        backend="tensorrt" if target_options.backend == "tensorrt" else "ort",
         buckets=tuple(parse_buckets(buckets)) if buckets is not None else None,
         max_gen_length=max_gen_length,
         max_prompt=max_prompt,
@@ -103,11 +110,8 @@ def command(export_dir: Path, out: Path, backend: str, buckets: str | None, max_
         trt_library=trt_library,
         compute_capabilities=parse_compute_capabilities(compute_capability) if compute_capability is not None else (),
         max_pictures=max_pictures,
-        ort_session=OrtSessionOptions(
-            providers=tuple(providers) or None,
-            intra_op_threads=threads,
-            graph_optimization=graph_optimization,  # type: ignore[arg-type]
-        ),
+        ort_session=replace(ort_session_options(target_options),
+                            graph_optimization=graph_optimization),  # type: ignore[arg-type]  # click.Choice
         ort_save_optimized=ort_save_optimized,
         force=force,
     )

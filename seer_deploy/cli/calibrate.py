@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from seer_deploy.cli.options import generation_config
+from seer_deploy.cli.options import generation_options, seed_option, seer_options, target_options
 from seer_deploy.cli.verbs import summary
 from seer_deploy.core.checks import ascii_ints
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.seer.config import parse_tail_context
+
+if TYPE_CHECKING:
+    from seer_deploy.core.generation import GenerationConfig
+    from seer_deploy.runtime.targets import TargetOptions
+    from seer_deploy.seer.options import SeerOptions
 
 
 def parse_buckets(text: str | None) -> tuple[int, ...]:
@@ -40,17 +46,16 @@ def parse_buckets(text: str | None) -> tuple[int, ...]:
               help="Where to write the Seer config (JSON).")
 @click.option("--target-safe", type=float, default=0.995, show_default=True,
               help="Share of answers that must be kept whole.")
-@click.option("--gen-length", type=int, default=64, show_default=True, help="Response slots to calibrate for.")
-@click.option("--steps", type=int, default=None, help="Denoising steps [default: gen-length].")
-@click.option("--block-length", type=int, default=None, help="Semi-autoregressive block [default: gen-length].")
+@generation_options("gen_length", "steps", "block_length", gen_length={"help": "Response slots to calibrate for."})
 @click.option("--detector", type=click.Choice(["fused", "eos", "sparsity"]), default="fused", show_default=True,
               help="The detector the written config uses (all three are calibrated and reported).")
 @click.option("--holdout", type=float, default=0.5, show_default=True, help="Share of prompts held out to validate.")
 @click.option("--min-margin", type=int, default=0, show_default=True, help="Never keep fewer slots past the boundary.")
 @click.option("--buckets", default=None, help="Allowed kept lengths, e.g. 16,32,64,128 [default: any].")
-@click.option("--tail-context", default="0", show_default=True, metavar="N|all",
-              help="Written to the config: cut slots the later steps still run as committed EOS (0: the paper's cut; "
-                   "'all': the whole tail, slower, answers closer to full length's); --target-identical starts there.")
+@seer_options("tail_context", tail_context={
+    "default": "0", "show_default": True,
+    "help": "Written to the config: cut slots the later steps still run as committed EOS (0: the paper's cut; 'all': "
+            "the whole tail, slower, answers closer to full length's); --target-identical starts there."})
 @click.option("--target-identical", type=float, default=None,
               help="Also fit the margin end to end: the first whose answers equal full length's on this share of "
                    "the calibration prompts (validated on the rest). A few more Seer runs. [default: off]")
@@ -60,14 +65,12 @@ def parse_buckets(text: str | None) -> tuple[int, ...]:
 @click.option("--identity-margin-span", type=int, default=16, show_default=True,
               help="With --target-identical: margins tried, from the safe-rate one up to this many more in steps of 2.")
 @click.option("--batch-size", type=int, default=64, show_default=True)
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Seed of the calibration/validation split.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="An export's ONNX Runtime intra-op threads [default: ONNX Runtime's].")
-def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_length: int, steps: int | None,
-            block_length: int | None, detector: str, holdout: float, min_margin: int, buckets: str | None,
-            tail_context: str, target_identical: float | None, identity_tail_contexts: str,
-            identity_margin_span: int, batch_size: int, seed: int, threads: int | None) -> None:
+@seed_option(seed={"help": "Seed of the calibration/validation split."})
+@target_options("threads", threads={"help": "An export's ONNX Runtime intra-op threads [default: ONNX Runtime's]."})
+def command(target: str, prompts_file: Path, out: Path, target_safe: float, generation: GenerationConfig,
+            detector: str, holdout: float, min_margin: int, buckets: str | None, seer: SeerOptions,
+            target_identical: float | None, identity_tail_contexts: str, identity_margin_span: int, batch_size: int,
+            seed: int, target_options: TargetOptions) -> None:
     """Calibrate Seer for TARGET and write the config to --out.
 
     TARGET is a checkpoint directory or 'demo'; or a multimodal one, 'demo-vl' or a LLaDA-V-layout directory, whose
@@ -80,7 +83,12 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
     export's own.
     """
     from seer_deploy.calibration.detector_fit import CalibrationOptions, calibrate_model, split_indices
-    from seer_deploy.calibration.identity_fit import check_target_identical, fit_identity_on_split
+    from seer_deploy.calibration.identity_fit import (
+        IdentityGoal,
+        SeerRuns,
+        check_target_identical,
+        fit_identity_on_split,
+    )
     from seer_deploy.calibration.prompt_set import prepare_prompts
     from seer_deploy.models.families.families import authors_rule
     from seer_deploy.models.prompts.prompt import read_prompts_file
@@ -88,7 +96,7 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
     options = CalibrationOptions(target_safe=target_safe, holdout=holdout, seed=seed, detector=detector,
                                  min_margin=min_margin, buckets=parse_buckets(buckets))
     options.validate()
-    context = parse_tail_context(tail_context)
+    context = seer.tail_context if seer.tail_context is not None else 0
     try_contexts = [parse_tail_context(v.strip()) for v in identity_tail_contexts.split(",") if v.strip()]
     if target_identical is not None:
         check_target_identical(target_identical)
@@ -96,32 +104,32 @@ def command(target: str, prompts_file: Path, out: Path, target_safe: float, gen_
         raise ConfigError(f"--identity-margin-span {identity_margin_span} must be >= 0")
     if try_contexts and target_identical is None:
         raise ConfigError("--identity-tail-contexts needs --target-identical (the share they are tried to reach)")
-    config = generation_config(gen_length, steps, block_length, 0.0, "low_confidence", 0.0)
+    config = generation
     if batch_size < 1:
         raise ConfigError("--batch-size must be >= 1")
     prompts = read_prompts_file(prompts_file)
     split_indices(len(prompts), holdout, seed)  # enough prompts to split
-    prepared = prepare_prompts(target, prompts, config, batch_size, threads)  # input errors before any model runs
+    # input errors before any model runs
+    prepared = prepare_prompts(target, prompts, config, batch_size, target_options.threads)
     source, ids = prepared.source, prepared.ids
-    if block_length is None:  # the family's own rule, as generate runs it (Dream's sampler for the Dream family)
+    if config.block_length is None:  # the family's own rule, as generate runs it (Dream's sampler for the Dream family)
         config = dataclasses.replace(config, **authors_rule(source.cfg.family, source.cfg.prefix_dlm))  # type: ignore[arg-type]
     full, _ = source.answers(ids, config, batch_size=batch_size,
                              progress=lambda done, total: click.echo(f"full-length generation: {done}/{total}", err=True))
     result = calibrate_model(source, ids, config, options, full_tokens=full, batch_size=batch_size)
     report = result.report | {"n_images": prepared.n_images, "decode": config.decode, "remasking": config.remasking}
-    seer = result.config.with_(tail_context=context, calibration=report)
+    written = result.config.with_(tail_context=context, calibration=report)
     if target_identical is not None:
-        fit, validation = fit_identity_on_split(
-            source, ids, config, seer, full, options, tail_contexts=try_contexts,
-            target_identical=target_identical, margin_span=identity_margin_span, batch_size=batch_size,
-            log=lambda line: click.echo(line, err=True))
+        goal = IdentityGoal(target_identical, tuple(try_contexts), identity_margin_span)
+        fit, validation = fit_identity_on_split(SeerRuns(source, ids, config, batch_size), written, full, options, goal,
+                                                log=lambda line: click.echo(line, err=True))
         report = report | {"identity_margin": fit.to_dict() | {"identical": fit.identical,
                                                                 "validation_identical": round(validation, 4)}}
-        seer = seer.with_(margin=fit.margin, tail_context=fit.tail_context, calibration=report)
-    seer.save(out)
+        written = written.with_(margin=fit.margin, tail_context=fit.tail_context, calibration=report)
+    written.save(out)
     pictures = f", {prepared.n_images} pictures" if prepared.n_images else ""
     click.echo(f"{len(ids)} prompts{pictures} ({report['n_calibration']} calibration / {report['n_validation']} "
-               f"validation), gen_length {gen_length}, mean true length {report['mean_true_length']}")
+               f"validation), gen_length {config.gen_length}, mean true length {report['mean_true_length']}")
     for name, entry in report["detectors"].items():
         cal, val = entry["calibration"], entry["validation"]
         mark = " (written)" if name == detector else ""

@@ -16,12 +16,15 @@ from typing import TYPE_CHECKING
 
 import click
 
+from seer_deploy.cli.options import generation_options, target_options
 from seer_deploy.cli.verbs import summary
 from seer_deploy.runtime.targets import find_seer_config
-from seer_deploy.service import Prompt, Run, Service, ServiceOptions
+from seer_deploy.service import Prompt, Run, SeerOptions, Service, ServiceOptions
 
 if TYPE_CHECKING:
+    from seer_deploy.core.generation import GenerationConfig
     from seer_deploy.export.options import ExportOptions
+    from seer_deploy.runtime.targets import TargetOptions
     from seer_deploy.seer.config import SeerConfig
 
 DEMO_PROMPTS = (
@@ -94,7 +97,7 @@ def run_demo(work_dir: Path, gen_length: int, repeats: int, threads: int, say: S
     stage(f"load: {built.out}")
     requests = [Prompt(p) for p in DEMO_PROMPTS]
     service = Service(built.out, ServiceOptions(GenerationConfig(gen_length, gen_length), batch_size=len(requests),
-                                                seer=True), warn=stage)
+                                                seer=SeerOptions(on=True)), warn=stage)
     note = seer_note(find_seer_config(built.out))
     if note == seer_note(None):
         note = "built-in defaults (no calibrated config yet)"
@@ -169,23 +172,22 @@ def report(result: DemoResult, gen_length: int, say: Say, kept_dir: bool) -> Non
 
 
 @click.command("demo", short_help=summary("demo"))
-@click.option("--gen-length", type=int, default=64, show_default=True, help="Response slots to fill.")
+@generation_options("gen_length")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep the export and engine here [default: a temporary directory, removed afterwards].")
 @click.option("--repeats", type=int, default=3, show_default=True, help="Timed runs of each side; the fastest counts.")
-@click.option("--threads", type=int, default=0, show_default=True, help="ONNX Runtime intra-op threads (0 = default).")
+@target_options("threads", threads={"default": 0, "show_default": True,
+                                    "help": "ONNX Runtime intra-op threads (0 = default)."})
 @click.option("--vl", is_flag=True, help="Run the multimodal demo (demo-vl: pictures in, answers out) instead.")
-def command(gen_length: int, work_dir: Path | None, repeats: int, threads: int, vl: bool) -> None:
+def command(generation: GenerationConfig, work_dir: Path | None, repeats: int, target_options: TargetOptions,
+            vl: bool) -> None:
     """Export the bundled demo model, build an ONNX Runtime engine, answer prompts with Seer and compare with full
     length."""
     from seer_deploy.core.errors import ConfigError
-    from seer_deploy.core.generation import GenerationConfig
-    from seer_deploy.engines.ort import OrtSessionOptions
 
     if repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {repeats}")
-    OrtSessionOptions(intra_op_threads=threads).check()
-    GenerationConfig(gen_length, gen_length)  # bad settings fail before the export starts
+    gen_length, threads = generation.gen_length, target_options.threads or 0  # both checked by their groups
     start = time.perf_counter()
 
     def stage(message: str) -> None:

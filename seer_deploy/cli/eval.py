@@ -13,14 +13,16 @@ from typing import TYPE_CHECKING
 
 import click
 
-from seer_deploy.cli.options import authors_rule, generation_config, generation_options, template_options
+from seer_deploy.cli.options import generation_options, seed_option, seer_options, target_options, template_options
 from seer_deploy.cli.verbs import summary
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.evaluation.tasks import HARNESSES  # light: no harness, no torch until a run
-from seer_deploy.runtime.targets import BACKEND_CHOICES, BackendChoice
 
 if TYPE_CHECKING:
+    from seer_deploy.core.generation import GenerationConfig
     from seer_deploy.evaluation.run import EvalSettings
+    from seer_deploy.runtime.targets import TargetOptions, TemplateChoice
+    from seer_deploy.seer.options import SeerOptions
 
 
 def split_names(text: str, option: str) -> tuple[str, ...]:
@@ -44,35 +46,29 @@ def split_names(text: str, option: str) -> tuple[str, ...]:
 @click.option("--num-fewshot", type=int, default=None, help="Few-shot examples [default: each task's own].")
 @click.option("--include-path", "include_paths", multiple=True, type=click.Path(path_type=Path),
               help="A directory of your own task YAMLs (e.g. gsm8k or docvqa_val on your local files); repeatable.")
-@generation_options
-@click.option("--threshold", type=float, default=0.9, show_default=True,
-              help="The threshold modes' --decode threshold value (Fast-dLLM's 0.9).")
+@generation_options("gen_length", "steps", "block_length", "temperature", "remasking", "cfg_scale", "threshold",
+                    threshold={"help": "The threshold modes' --decode threshold value (Fast-dLLM's 0.9)."})
+@seed_option()
 @click.option("--fast-block-length", type=int, default=32, show_default=True,
               help="The threshold modes' block length (Fast-dLLM's 32; one block where it does not divide "
                    "--gen-length).")
-@click.option("--tail-context", default="all", show_default=True, metavar="N|all", help="seer-tail's --tail-context.")
-@click.option("--first-canvas", type=int, default=32, show_default=True, help="seer-progressive's --first-canvas.")
-@click.option("--backend", "backend_name", type=click.Choice(BACKEND_CHOICES), default=None,
-              help="torch, ort or tensorrt [default: the target's own].")
+@seer_options("config", "tail_context", "first_canvas",
+              config={"help": "Seer config from `seer-deploy calibrate` [default: the target's own, else the built-in "
+                              "defaults]."},
+              tail_context={"default": "all", "show_default": True, "help": "seer-tail's --tail-context."},
+              first_canvas={"default": 32, "show_default": True, "help": "seer-progressive's --first-canvas."})
+@target_options()
 @click.option("--batch-size", type=int, default=8, show_default=True, help="Documents run together.")
-@click.option("--seer-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Seer config from `seer-deploy calibrate` [default: the target's own, else the built-in defaults].")
-@click.option("--provider", "providers", multiple=True, help="ONNX Runtime provider, in order of preference.")
-@click.option("--threads", type=int, default=None, help="Intra-op threads (ONNX Runtime's or torch's).")
-@click.option("--device", default=None, metavar="cpu|cuda[:N]", help="Where the model runs (see generate --help).")
 @click.option("--confidence", type=float, default=0.95, show_default=True,
               help="The paired bootstrap interval's confidence.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the table and every document's answer and score as JSON to FILE, and as markdown "
                    "beside it (FILE with .md).")
-@template_options
+@template_options()
 def command(target: str, tasks: str, harness: str, modes: str, limit: int | None, num_fewshot: int | None,
-            include_paths: tuple[Path, ...], gen_length: int, steps: int | None, block_length: int | None,
-            temperature: float, remasking: str | None, cfg_scale: float, seed: int, threshold: float,
-            fast_block_length: int,
-            tail_context: str, first_canvas: int, backend_name: BackendChoice | None, batch_size: int,
-            seer_config: Path | None, providers: tuple[str, ...], threads: int | None, device: str | None,
-            confidence: float, json_file: Path | None, chat_template: Path | None, raw_prompts: bool) -> None:
+            include_paths: tuple[Path, ...], generation: GenerationConfig, seed: int, fast_block_length: int,
+            seer: SeerOptions, target_options: TargetOptions, batch_size: int, confidence: float,
+            json_file: Path | None, template: TemplateChoice | None) -> None:
     """Score TARGET on lm-evaluation-harness (or, with --harness lmms-eval, lmms-eval) generation tasks once per mode
     on the same documents: per task and mode the task's metric, its paired difference from full length, the
     answers identical to full length's, and the cost (tokens processed, passes, seconds, Seer's kept length).
@@ -82,27 +78,24 @@ def command(target: str, tasks: str, harness: str, modes: str, limit: int | None
     from seer_deploy.evaluation.modes import ModeSettings, parse_modes
     from seer_deploy.evaluation.report import MEANING, compare, render_markdown, render_text, to_json
     from seer_deploy.evaluation.run import EvalSettings, run_eval
-    from seer_deploy.seer.config import parse_tail_context
-    from seer_deploy.service import ServiceOptions
+    from seer_deploy.service import SeerOptions, ServiceOptions
 
     if fast_block_length < 1:
         raise ConfigError(f"--fast-block-length must be >= 1, got {fast_block_length}")
-    if first_canvas < 0:
-        raise ConfigError(f"--first-canvas must be >= 0, got {first_canvas}")
-    generation = generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale)
+    assert seer.tail_context is not None and seer.first_canvas is not None  # this verb's defaults: "all", 32
+    if seer.first_canvas < 0:
+        raise ConfigError(f"--first-canvas must be >= 0, got {seer.first_canvas}")
     settings = EvalSettings(
         target=target, tasks=split_names(tasks, "--tasks"), modes=parse_modes(modes), harness=harness,
-        service=ServiceOptions(generation=generation, backend=backend_name, batch_size=batch_size,
-                               providers=providers or None, threads=threads, device=device, seer_config=seer_config,
-                               seed=seed, chat_template=chat_template, raw_prompts=raw_prompts,
-                               authors_rule=authors_rule(None, remasking, block_length, False)),
-        mode_settings=ModeSettings(threshold=threshold, fast_block_length=fast_block_length,
-                                   tail_context=parse_tail_context(tail_context), first_canvas=first_canvas),
+        service=ServiceOptions(generation=generation, target=target_options, seer=SeerOptions(config=seer.config),
+                               template=template, batch_size=batch_size, seed=seed),
+        mode_settings=ModeSettings(threshold=generation.threshold, fast_block_length=fast_block_length,
+                                   tail_context=seer.tail_context, first_canvas=seer.first_canvas),
         limit=limit, num_fewshot=num_fewshot, include_paths=include_paths, confidence=confidence)
     settings.validate()
     if json_file is not None and json_file.exists() and json_file.is_dir():
         raise ConfigError(f"--json {json_file} is a directory; give a file name, e.g. eval.json")
-    invoked = canonical_command(target, settings, gen_length, steps, block_length)
+    invoked = canonical_command(target, settings)
     rows = compare(run_eval(settings, say=lambda message: click.echo(message, err=True)), confidence)
     click.echo(render_text(rows))
     click.echo(MEANING.format(confidence=confidence), err=True)
@@ -111,7 +104,8 @@ def command(target: str, tasks: str, harness: str, modes: str, limit: int | None
 
         record = to_json(rows, invoked, {"target": target, "harness": harness, "tasks": list(settings.tasks),
                                          "limit": limit,
-                                         "modes": [m.name for m in settings.modes], "gen_length": gen_length,
+                                         "modes": [m.name for m in settings.modes],
+                                         "gen_length": generation.gen_length,
                                          "confidence": confidence})
         markdown = json_file.with_suffix(".md")
         write_atomic(json_file, lambda path: path.write_text(json.dumps(record, indent=1) + "\n"))
@@ -132,14 +126,14 @@ def modes_legend() -> str:
 command.help = inspect.cleandoc(command.help or "") + modes_legend()
 
 
-def canonical_command(target: str, settings: EvalSettings, gen_length: int, steps: int | None,
-                      block_length: int | None) -> str:
+def canonical_command(target: str, settings: EvalSettings) -> str:
     """The command line that reproduces the run (what the markdown records), the main options spelled out."""
+    generation = settings.service.generation
     parts = ["seer-deploy", "eval", target, "--tasks", ",".join(settings.tasks)]
     parts += ["--harness", settings.harness] if settings.harness != "lm-eval" else []
-    parts += ["--modes", ",".join(m.name for m in settings.modes), "--gen-length", str(gen_length)]
-    parts += ["--steps", str(steps)] if steps is not None else []
-    parts += ["--block-length", str(block_length)] if block_length is not None else []
+    parts += ["--modes", ",".join(m.name for m in settings.modes), "--gen-length", str(generation.gen_length)]
+    parts += ["--steps", str(generation.steps)] if generation.steps != generation.gen_length else []
+    parts += ["--block-length", str(generation.block_length)] if generation.block_length is not None else []
     parts += ["--limit", str(settings.limit)] if settings.limit is not None else []
     parts += ["--num-fewshot", str(settings.num_fewshot)] if settings.num_fewshot is not None else []
     parts += ["--batch-size", str(settings.service.batch_size)]
@@ -148,7 +142,8 @@ def canonical_command(target: str, settings: EvalSettings, gen_length: int, step
         parts += ["--threshold", f"{m.threshold:g}", "--fast-block-length", str(m.fast_block_length)]
     parts += ["--tail-context", str(m.tail_context)] if any(mode.tail for mode in settings.modes) else []
     parts += ["--first-canvas", str(m.first_canvas)] if any(mode.progressive for mode in settings.modes) else []
-    parts += ["--threads", str(settings.service.threads)] if settings.service.threads is not None else []
+    threads = settings.service.target.threads
+    parts += ["--threads", str(threads)] if threads is not None else []
     for path in settings.include_paths:
         parts += ["--include-path", str(path)]
     return " ".join(shlex.quote(p) for p in parts)

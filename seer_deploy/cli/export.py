@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from seer_deploy.cli.options import generation_options, seer_options
 from seer_deploy.cli.verbs import summary
 
 if TYPE_CHECKING:
     from seer_deploy.contracts.quantization import Quantization
+    from seer_deploy.core.generation import GenerationConfig
+    from seer_deploy.seer.options import SeerOptions
 
 GiB = 2**30
 
@@ -73,19 +76,17 @@ class StageProgress:
 @click.option("--opset", type=int, default=None, help="ONNX opset (18 or newer) [default: 20; 21 with --quant-format "
               "qdq].")
 @click.option("--max-seq-len", type=int, default=None, help="Longest prompt + response [default: the model's].")
-@click.option(
-    "--seer-config",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A Seer config (seer.json from `seer-deploy calibrate`): step zero computes the statistics it reads "
-         "(stats_layers, abs_threshold, rel_threshold) [default: the checkpoint's own seer.json, else every layer "
-         "at 0.05 / 0.05].",
-)
+@seer_options("config", config={
+    "help": "A Seer config (seer.json from `seer-deploy calibrate`): step zero computes the statistics it reads "
+            "(stats_layers, abs_threshold, rel_threshold) [default: the checkpoint's own seer.json, else every layer "
+            "at 0.05 / 0.05]."})
 @click.option("--force", is_flag=True, help="Replace an export of another model in --out (never a directory holding "
               "files seer-deploy did not write).")
 @click.option("--no-verify", is_flag=True, help="Skip the ONNX Runtime vs torch comparison (the ONNX checker still runs). "
               "A comparison that fails keeps the export, marked unverified in its manifest, and exits 1.")
-@click.option("--kv-cache", is_flag=True, help="Also export the block-wise KV cache: window_step.onnx, and keys and "
-              "values from step.onnx, which `generate --kv-cache` runs: each block's later steps run only the block.")
+@generation_options("kv_cache", kv_cache={"help": "Also export the block-wise KV cache: window_step.onnx, and keys and "
+                                                  "values from step.onnx, which `generate --kv-cache` runs: each "
+                                                  "block's later steps run only the block."})
 @click.option("--no-resource-check", is_flag=True, help="Start even when the free disk or the available memory looks "
               "too small for the export (checked from the checkpoint's tensor shapes before anything is written).")
 @click.option("--quantize", type=click.Choice(["int8", "int4"]), default=None,
@@ -108,10 +109,10 @@ def command(
     dtype: str,
     opset: int,
     max_seq_len: int | None,
-    seer_config: Path | None,
+    seer: SeerOptions,
     force: bool,
     no_verify: bool,
-    kv_cache: bool,
+    generation: GenerationConfig,
     no_resource_check: bool,
     quantize: str | None,
     block_size: int | None,
@@ -138,10 +139,10 @@ def command(
         dtype=dtype,
         opset=opset or (QDQ_MIN_OPSET if quantization is not None and quantization.format == "qdq" else DEFAULT_OPSET),
         max_seq_len=max_seq_len,
-        seer=SeerConfig.load(seer_config) if seer_config is not None else None,
+        seer=SeerConfig.load(seer.config) if isinstance(seer.config, Path) else seer.config,
         verify=not no_verify,
         force=force,
-        kv_cache=kv_cache,
+        kv_cache=generation.kv_cache,  # the graphs `generate --kv-cache` runs
         check_resources=not no_resource_check,
         quantization=quantization,
     )

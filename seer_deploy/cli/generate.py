@@ -12,20 +12,12 @@ from pathlib import Path
 
 import click
 
-from seer_deploy.cli.options import (
-    authors_rule,
-    decoding_options,
-    generation_config,
-    generation_options,
-    template_options,
-)
+from seer_deploy.cli.options import generation_options, seed_option, seer_options, target_options, template_options
 from seer_deploy.cli.verbs import summary
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.models.prompts.prompt import assign_images, image_name, read_prompts_file
-from seer_deploy.runtime.targets import BACKEND_CHOICES, BackendChoice
-from seer_deploy.seer.config import parse_tail_context
-from seer_deploy.service import Prompt, Run, Service, ServiceOptions
+from seer_deploy.service import Prompt, Run, SeerOptions, Service, ServiceOptions, TargetOptions, TemplateChoice
 
 
 def read_requests(prompt: tuple[str, ...], images: tuple[str, ...], prompts_file: Path | None) -> list[Prompt]:
@@ -102,71 +94,30 @@ def print_run(run: Run, gen_length: int, as_json: bool) -> None:
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="A file of prompts: JSON lines with a 'prompt' field (and for pictures an 'image' field: a path, or "
                    "a list with one per <image>, relative to the file), or one prompt per line.")
-@generation_options
-@decoding_options
-@click.option("--backend", "backend_name", type=click.Choice(BACKEND_CHOICES), default=None,
-              help="torch, ort or tensorrt [default: the target's own: checkpoint torch, export directory ort, "
-                   "engine directory what it was built for].")
+@generation_options()
+@seed_option()
 @click.option("--batch-size", type=int, default=8, show_default=True,
               help="Prompts run together (TensorRT: at most the engine's max batch).")
-@click.option("--seer/--no-seer", "use_seer", default=None,
-              help="Truncate each response after step zero [default: on when a calibrated Seer config is found].")
-@click.option("--seer-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Seer config from `seer-deploy calibrate` [default: the target's own, if any].")
-@click.option("--tail-context", default=None, metavar="N|all",
-              help="Seer: cut slots the later steps still run, as committed EOS. 0 is the paper's cut (fastest); "
-                   "'all' keeps the whole cut tail in view (every step at full length, the steps still the cut's; "
-                   "on the demo the answers then equal full length's) [default: the Seer config's].")
-@click.option("--first-canvas", type=int, default=None, metavar="N",
-              help="Seer: progressive step zero. Run step zero on N response slots first; rows whose end lies inside "
-                   "are planned from it, the others run step zero at full --gen-length (0: off) [default: the Seer "
-                   "config's].")
-@click.option("--provider", "providers", multiple=True,
-              help="ONNX Runtime provider, in order of preference (repeat) [default: the engine's, else CUDA if "
-                   "available, else CPU]. Export and ONNX Runtime engine targets only.")
-@click.option("--threads", type=int, default=None, help="Intra-op threads: ONNX Runtime's session, or torch's for a "
-              "checkpoint [default: the engine's, else the library's]. Not for TensorRT engines.")
-@click.option("--device", default=None, metavar="cpu|cuda[:N]",
-              help="Where the model runs: torch's device for a checkpoint, the CUDA provider's GPU for ONNX Runtime, "
-                   "the GPU of a TensorRT engine [default: torch cpu; ONNX Runtime CUDA if installed; TensorRT GPU 0].")
-@click.option("--io-binding", is_flag=True,
-              help="ONNX Runtime: bind inputs and outputs to buffers kept on the device per call shape; only the "
-                   "chosen tokens and their confidence come back to the host. Pays off on CUDA.")
-@click.option("--cuda-graph", is_flag=True,
-              help="ONNX Runtime on CUDA or TensorRT: capture the step graph once per call shape as a CUDA graph and "
-                   "replay it (calls padded to fixed shapes: batch to a power of two, sequence to a multiple of 32).")
+@seer_options()
+@target_options()
 @click.option("--image", "images", multiple=True, help="An image for the prompts' <image> placeholders, in order "
               "(repeat); TARGET is then a multimodal checkpoint, 'demo-vl', or an export or engine made from one.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object per prompt (with Seer: boundary, kept length, passes, tokens processed vs full), "
                    "with the run's time to first step on each: load_s (seconds to open the target) and first_step_s "
                    "(seconds from opening it to the end of the first batch's step zero, load_s included).")
-@template_options
-def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, gen_length: int, steps: int | None,
-            block_length: int | None, temperature: float, remasking: str | None, cfg_scale: float, seed: int,
-            decode: str | None, threshold: float, eps: float, alg_temp: float, top_p: float | None,
-            top_k: int | None, factor: float, kv_cache: bool, prompt_cache: bool, backend_name: BackendChoice | None,
-            batch_size: int, use_seer: bool | None, seer_config: Path | None,
-            tail_context: str | None, first_canvas: int | None, providers: tuple[str, ...], threads: int | None,
-            device: str | None, io_binding: bool, cuda_graph: bool, images: tuple[str, ...], as_json: bool,
-            chat_template: Path | None, raw_prompts: bool) -> None:
+@template_options()
+def command(target: str, prompt: tuple[str, ...], prompts_file: Path | None, generation: GenerationConfig, seed: int,
+            batch_size: int, seer: SeerOptions, target_options: TargetOptions, images: tuple[str, ...],
+            as_json: bool, template: TemplateChoice | None) -> None:
     """Generate answers for prompts with TARGET: a checkpoint directory, 'demo' or 'demo-vl' (torch), an export
     directory (ONNX Runtime) or an engine directory (ONNX Runtime or TensorRT); with --image, about pictures."""
     requests = read_requests(prompt, images, prompts_file)
-    options = ServiceOptions(
-        generation=generation_config(gen_length, steps, block_length, temperature, remasking, cfg_scale,
-                                     decode=decode, threshold=threshold, factor=factor, kv_cache=kv_cache, eps=eps,
-                                     alg_temp=alg_temp, top_p=top_p, top_k=top_k, prompt_cache=prompt_cache),
-        authors_rule=authors_rule(decode, remasking, block_length, kv_cache),
-        backend=backend_name, batch_size=batch_size, providers=providers or None, threads=threads, device=device,
-        io_binding=io_binding, cuda_graph=cuda_graph, seer=use_seer,
-        seer_config=seer_config, tail_context=None if tail_context is None else parse_tail_context(tail_context),
-        first_canvas=first_canvas,
-        seed=seed, chat_template=chat_template, raw_prompts=raw_prompts,
-    )
+    options = ServiceOptions(generation=generation, target=target_options, seer=seer, template=template,
+                             batch_size=batch_size, seed=seed)
     service = Service(target, options, warn=lambda message: click.echo(message, err=True))
     show = not as_json and len(requests) > service.batch_size
     with click.progressbar(length=len(requests), label=f"generating ({service.backend.name})", file=sys.stderr,
                            hidden=not show) as bar:
         run = service.generate(requests, progress=bar.update)
-    print_run(run, gen_length, as_json)
+    print_run(run, generation.gen_length, as_json)

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from seer_deploy.cli.options import generation_config
+from seer_deploy.cli.options import generation_options, seer_options
 from seer_deploy.cli.verbs import summary
 from seer_deploy.runtime.targets import find_seer_config
+
+if TYPE_CHECKING:
+    from seer_deploy.core.generation import GenerationConfig
+    from seer_deploy.seer.options import SeerOptions
 
 
 @click.command("inspect", short_help=summary("inspect"))
@@ -17,14 +22,13 @@ from seer_deploy.runtime.targets import find_seer_config
 @click.option("--prompt", "-p", required=True, help="The prompt to inspect.")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the figure (PNG).")
-@click.option("--gen-length", type=int, default=64, show_default=True, help="Response slots.")
-@click.option("--steps", type=int, default=None, help="Denoising steps of the full-length run [default: gen-length].")
-@click.option("--block-length", type=int, default=None, help="Semi-autoregressive block [default: gen-length].")
-@click.option("--seer-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Seer config [default: the checkpoint's calibrated one, else built-in defaults].")
+@generation_options("gen_length", "steps", "block_length",
+                    steps={"help": "Denoising steps of the full-length run [default: gen-length]."})
+@seer_options("config", config={"help": "Seer config [default: the checkpoint's calibrated one, else built-in "
+                                        "defaults]."})
 @click.option("--json", "as_json", is_flag=True, help="Also print the per-position numbers as one JSON object.")
-def command(target: str, prompt: str, out: Path, gen_length: int, steps: int | None, block_length: int | None,
-            seer_config: Path | None, as_json: bool) -> None:
+def command(target: str, prompt: str, out: Path, generation: GenerationConfig, seer: SeerOptions,
+            as_json: bool) -> None:
     """Plot per-position MLP statistics of every layer, the EOS probability, the detected boundaries and the true end."""
     from seer_deploy.calibration.figure import save_figure
     from seer_deploy.calibration.inspection import inspect_prompt
@@ -32,13 +36,14 @@ def command(target: str, prompt: str, out: Path, gen_length: int, steps: int | N
     from seer_deploy.models.text.tokenizer import Tokenizer
     from seer_deploy.seer.config import SeerConfig
 
-    config = generation_config(gen_length, steps, block_length, 0.0, "low_confidence", 0.0)
+    config = generation
     ckpt = load_checkpoint(target)
-    seer = SeerConfig.load(seer_config) if seer_config else find_seer_config(target) or SeerConfig()
+    given = seer.config
+    seer_config = SeerConfig.load(given) if isinstance(given, Path) else given or find_seer_config(target) or SeerConfig()
     tok = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id, ckpt.config.eot_id)
     ids = tok.encode_prompt(prompt)
     config.check_fits(ckpt.config.max_seq_len, len(ids))
-    inspection = inspect_prompt(ckpt.model, ids, config, seer)
+    inspection = inspect_prompt(ckpt.model, ids, config, seer_config)
     save_figure(inspection, out, title=repr(prompt))
     if as_json:
         data = inspection.to_dict()
@@ -49,5 +54,5 @@ def command(target: str, prompt: str, out: Path, gen_length: int, steps: int | N
         b = inspection.boundaries
         click.echo(f"{prompt}: true end {inspection.true_end}; eos {b['eos'].position}, sparsity {b['sparsity'].position} "
                    f"(score {b['sparsity'].confidence:.2f}), fused {b['fused'].position}; "
-                   f"{seer.detector} keeps {inspection.kept[seer.detector]} of {gen_length}")
+                   f"{seer_config.detector} keeps {inspection.kept[seer_config.detector]} of {config.gen_length}")
         click.echo(f"wrote {out}")

@@ -54,7 +54,7 @@ def graph_feed(graph: GraphIO, checked: StepInput, image_inputs: Mapping[str, np
     values = {INPUT_IDS.name: checked.input_ids, ATTENTION_MASK.name: checked.attention_mask}
     batch, seq = checked.input_ids.shape
     if graph.takes(TEMPERATURE):
-        values.update(step_feed(batch, seq, checked.temperature, checked.seed))
+        values.update(step_feed(batch, seq, checked.temperature, checked.seed, checked.uniform))
     if graph.takes(CANDIDATES):
         values[CANDIDATES.name] = every_column(batch, seq) if checked.candidates is None else checked.candidates
     if graph.takes(WITH_STATS):
@@ -76,7 +76,7 @@ def window_feed(graph: GraphIO, checked: WindowInput) -> dict[str, np.ndarray]:
     values = {WINDOW_IDS.name: checked.window_ids, ATTENTION_MASK.name: checked.attention_mask,
               WINDOW_START.name: checked.window_start, KV.name: checked.kv,
               PROMPT_WIDTH.name: np.full(batch, checked.prompt_width, dtype=np.int64),
-              **step_feed(batch, width, checked.temperature, checked.seed)}
+              **step_feed(batch, width, checked.temperature, checked.seed, checked.uniform)}
     return {name: values[name] for name in graph.input_names}
 
 

@@ -26,11 +26,14 @@ def draw_uniform(seed: int | None, shape: tuple[int, int]) -> np.ndarray:
 
 
 def step_feed(
-    batch: int, seq: int, temperature: float | np.ndarray, seed: int | None
+    batch: int, seq: int, temperature: float | np.ndarray, seed: int | None, uniform: np.ndarray | None = None
 ) -> dict[str, np.ndarray]:
-    """The step graph's sampling inputs for one call: per-row temperatures and (only if one is > 0) fresh uniforms."""
+    """The step graph's sampling inputs for one call: per-row temperatures and (only if one is > 0) the uniforms
+    given, else fresh ones from `seed`."""
     temps = np.broadcast_to(np.asarray(temperature, dtype=np.float32), (batch,)).copy()
-    if (temps > 0).any():
+    if uniform is not None:
+        uniform = np.ascontiguousarray(uniform, dtype=np.float32)
+    elif (temps > 0).any():
         uniform = draw_uniform(seed, (batch, seq))
     else:
         uniform = np.ones((batch, seq), dtype=np.float32)  # ignored by the graph

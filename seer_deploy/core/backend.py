@@ -47,6 +47,9 @@ class StepInput(NamedTuple):
     # The Dream family's sampler: what the pass scores its candidates by (returned as `score` beside the token);
     # None: LLaDA's rules, whose score is the confidence (no `score` returned).
     scoring: Scoring | None = None
+    # float32 [B, S] in (0, 1]: the sampling uniforms themselves, instead of drawing them from `seed` (rows that share
+    # a pass each with their own, as alone: continuous batching). Backends without per-row sampling refuse them.
+    uniform: np.ndarray | None = None
 
     def checked(self, max_seq_len: int) -> StepInput:
         """The input as every engine wants it (int64, C-contiguous, a mask array), or ConfigError naming what is
@@ -89,7 +92,7 @@ class StepInput(NamedTuple):
             candidates = np.ascontiguousarray(candidates, dtype=np.int64)
         return self._replace(
             input_ids=np.ascontiguousarray(ids, dtype=np.int64), attention_mask=np.ascontiguousarray(mask, np.int64),
-            candidates=candidates,
+            candidates=candidates, uniform=_uniform(self.uniform, ids.shape),
         )
 
 
@@ -118,6 +121,7 @@ class WindowInput(NamedTuple):
     temperature: float | np.ndarray = 0.0
     seed: int | None = None
     prompt_width: int = 0  # where the responses start: what a prefix-DLM model's prompt queries see up to
+    uniform: np.ndarray | None = None  # float32 [B, W]: as StepInput.uniform, over the window's columns
 
     def checked(self) -> WindowInput:
         """The input as engines want it, or ConfigError naming what does not fit."""
@@ -138,6 +142,7 @@ class WindowInput(NamedTuple):
         return self._replace(
             window_ids=np.ascontiguousarray(ids, np.int64), attention_mask=np.ascontiguousarray(mask, np.int64),
             window_start=np.ascontiguousarray(start, np.int64), kv=checked_kv(kv),
+            uniform=_uniform(self.uniform, ids.shape),
         )
 
 
@@ -187,11 +192,24 @@ class PromptInput(NamedTuple):
                              candidates=np.ascontiguousarray(candidates, np.int64))
 
 
+def _uniform(uniform: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
+    """Explicit sampling uniforms as a graph takes them, or ConfigError for the wrong shape or range."""
+    if uniform is None:
+        return None
+    u = np.ascontiguousarray(uniform, dtype=np.float32)
+    if u.shape != shape or not bool(np.all((u > 0) & (u <= 1))):
+        raise ConfigError(f"uniform must be float32 {shape} in (0, 1], got {u.dtype} {u.shape}")
+    return u
+
+
 class RefreshOutput(NamedTuple):
     token_ids: np.ndarray  # int64 [B, S]
     confidence: np.ndarray  # float32 [B, S]
     kv: KVCache  # float32 [n_layers, 2, B, n_kv_heads, S, head_dim]: every layer's keys and values
     score: np.ndarray | None = None  # as StepOutput.score
+
+
+PassOutput = StepOutput | Step0Output | RefreshOutput  # what a pass returns: each has token_ids, confidence, score
 
 
 class Backend(Protocol):
@@ -263,3 +281,9 @@ def supports_guidance(backend: Backend) -> bool:
     """Whether a backend runs classifier-free guidance (it needs the full logits, which exported graphs never
     return)."""
     return bool(getattr(backend, "supports_guidance", False))
+
+
+def samples_per_row(backend: Backend) -> bool:
+    """Whether a backend samples each row of a pass at its own temperature from uniforms the caller gives
+    (`StepInput.uniform`: the exported graphs); the torch backend draws one Gumbel noise per pass at one temperature."""
+    return bool(getattr(backend, "samples_per_row", False))

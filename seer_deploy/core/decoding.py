@@ -32,12 +32,9 @@ from functools import lru_cache
 import numpy as np
 
 from seer_deploy.core.checks import int_in, number_in
+from seer_deploy.core.decoding_names import DREAM_DECODES, DREAM_REMASKING
 from seer_deploy.core.errors import ConfigError
 
-LLADA_REMASKING = ("low_confidence", "random")
-DREAM_REMASKING = ("origin", "maskgit_plus", "topk_margin", "entropy")
-LLADA_DECODES = ("fixed", "threshold", "factor")
-DREAM_DECODES = ("timesteps", "confident")
 ENTROPY_EPSILON = 1e-10  # Dream's and Dimple's log(p + 1e-10)
 
 

@@ -20,22 +20,16 @@ from typing import Literal
 
 import numpy as np
 
+from seer_deploy.core import decoding_names
 from seer_deploy.core.checks import int_in, number_in
-from seer_deploy.core.decoding import (
-    DREAM_DECODES,
-    DREAM_REMASKING,
-    LLADA_DECODES,
-    LLADA_REMASKING,
-    SCORE_RULES,
-    Scoring,
-    check_rule,
-)
+from seer_deploy.core.decoding import SCORE_RULES, Scoring, check_rule
+from seer_deploy.core.decoding_names import DREAM_DECODES
 from seer_deploy.core.errors import ConfigError
 
 Remasking = Literal["low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"]
-REMASKING_CHOICES: tuple[Remasking, ...] = (*LLADA_REMASKING, *DREAM_REMASKING)  # type: ignore[assignment]
+REMASKING_CHOICES: tuple[Remasking, ...] = decoding_names.REMASKING_CHOICES  # type: ignore[assignment]
 Decode = Literal["fixed", "threshold", "factor", "timesteps", "confident"]
-DECODE_CHOICES: tuple[Decode, ...] = (*LLADA_DECODES, *DREAM_DECODES)  # type: ignore[assignment]
+DECODE_CHOICES: tuple[Decode, ...] = decoding_names.DECODE_CHOICES  # type: ignore[assignment]
 MAX_FACTOR = 1e6
 MAX_GEN_LENGTH = 1 << 20  # response slots, steps and block length: far above any model's positions
 MAX_SCALE = 1e6  # temperature and cfg_scale: finite, and far beyond where either still changes an answer
@@ -100,6 +94,9 @@ class GenerationConfig:
     # LaViDa-Dream: step zero is the prompt pass, which commits the first answer token greedily (and nothing else);
     # the sampler's `steps` passes follow over the other masks
     first_from_prompt: bool = False
+    # No rule was named: the service replaces decode / remasking (and what goes with them) with the family's own once
+    # the target is open (models.families.families.authors_rule, service.with_authors_rule)
+    family_rule: bool = False
 
     def __post_init__(self) -> None:
         self.validate()

@@ -40,7 +40,8 @@ from seer_deploy.engines.buckets import default_window_lengths, plan_buckets
 from seer_deploy.engines.external_data import check_external_data
 from seer_deploy.engines.image_plan import plan_image_axes
 from seer_deploy.engines.manifest import BackendName, EngineManifest, TensorRTFacts
-from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, open_session
+from seer_deploy.engines.ort import OrtSessionOptions, open_session
+from seer_deploy.engines.ort_multimodal import backend_class
 from seer_deploy.engines.profiles import Profile, ProfileLayout, WindowLayout, plan_profiles
 
 if TYPE_CHECKING:
@@ -197,7 +198,7 @@ def _build_ort(export_dir: Path, export: ExportManifest, options: BuildOptions, 
     """Open the sessions once (provider availability, graph/manifest agreement; the cache graphs' too where the
     export has them), optionally save optimised graphs."""
     progress("opening ONNX Runtime sessions" + (" (with the KV cache graphs)" if export.has_cache else ""))
-    backend = OrtBackend(export_dir, options.ort_session)
+    backend = backend_class(export)(export_dir, options.ort_session, manifest=export)
     backend.open_sessions()  # a run opens them on first use; the build checks every one now
     files = dict.fromkeys(export.graphs, "")  # the step graphs, and the cache graphs where the export has them
     if options.ort_save_optimized:

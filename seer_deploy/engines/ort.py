@@ -76,6 +76,7 @@ class OrtBackend:
     (two with the cache); each is opened on its first call, so a mode that never runs a graph never pays for it. On
     the CPU the sessions read the weights from one memory map (OrtSessionOptions.share_weights)."""
 
+    samples_per_row = True  # the step graph takes a temperature and uniforms per row (StepInput.uniform)
     takes_pictures = False  # a multimodal export's backend is its own class (engines.ort_multimodal)
 
     def __init__(self, export_dir: str | os.PathLike[str], options: OrtSessionOptions | None = None, *,

@@ -131,3 +131,12 @@ class DimpleOrtBackend(MultimodalOrtBackend):
     def _image_inputs(self, checked: StepInput) -> dict[str, np.ndarray]:
         positions = mrope_positions(checked.input_ids, checked.attention_mask, self.image_id_base, self._layout)
         return {**super()._image_inputs(checked), "position_ids": positions}
+
+
+def backend_class(export: ExportManifest) -> type[OrtBackend]:
+    """The ONNX Runtime backend an export runs on, decided here once for the opener and the build: a text export's,
+    a multimodal one's (its vision graph, the image table), or Dimple's (its Qwen2.5-VL tower and M-RoPE positions)."""
+    section = export.extra.get(MULTIMODAL_KEY)
+    if section is None:
+        return OrtBackend
+    return DimpleOrtBackend if "pictures" in section["vision_config"] else MultimodalOrtBackend

@@ -250,6 +250,7 @@ class TensorRTBackend:
     """
 
     name = "tensorrt"
+    samples_per_row = True  # the step graph takes a temperature and uniforms per row (StepInput.uniform)
 
     def __init__(self, engine_dir: Path, manifest: EngineManifest, *, sparsity_rows: list[SparsityRow],
                  max_seq_len: int, device: int = 0, cuda_graph: bool = False, prefix_dlm: bool = False,

@@ -19,7 +19,7 @@ from seer_deploy.evaluation.answering import ServiceAnswers
 from seer_deploy.evaluation.modes import BASELINE, Mode, ModeSettings, mode_generation, mode_seer
 from seer_deploy.evaluation.tasks import HARNESSES, Harness, generation_tasks, go_offline
 from seer_deploy.runtime.loop import check_supported
-from seer_deploy.service import Service, ServiceOptions, resolve_seer
+from seer_deploy.service import SeerOptions, Service, ServiceOptions, resolve_seer
 
 Say = Callable[[str], None]
 
@@ -76,11 +76,10 @@ class Cell:
 def open_service(settings: EvalSettings, say: Say) -> Service:
     """The target opened once; with Seer resolved up front when a mode needs it (the built-in defaults, with a
     warning, when the target has no calibrated config)."""
-    options = replace(settings.service, seer=False, tail_context=None, first_canvas=None)
+    options = replace(settings.service, seer=SeerOptions(on=False))
     if any(m.seer for m in settings.modes):
-        seer = resolve_seer(settings.target, replace(settings.service, seer=True, tail_context=None,
-                                                     first_canvas=None), say)
-        options = replace(options, seer=True, seer_config=seer)
+        seer = resolve_seer(settings.target, SeerOptions(on=True, config=settings.service.seer.config), say)
+        options = replace(options, seer=SeerOptions(on=True, config=seer))
     return Service(settings.target, options, warn=say)
 
 
@@ -105,7 +104,7 @@ def run_eval(settings: EvalSettings, say: Say = lambda _: None) -> list[Cell]:
 
 def run_cell(service: Service, harness: Harness, manager: Any, task: str, mode: Mode, settings: EvalSettings) -> Cell:
     """One task under one mode, scored by the harness, with the service's runs' costs."""
-    # The service's settings: with the family's own rule where none was named (ServiceOptions.authors_rule).
+    # The service's settings: with the family's own rule where none was named (GenerationConfig.family_rule).
     generation = mode_generation(mode, service.options.generation, settings.mode_settings)
     seer = mode_seer(mode, service.seer, generation.gen_length, settings.mode_settings)
     answers = ServiceAnswers(service, generation, seer)

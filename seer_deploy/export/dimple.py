@@ -11,6 +11,7 @@ run it unchanged. The manifest's `multimodal` section records the tower and pict
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from seer_deploy.contracts.graphs import (
     INPUT_IDS,
     POSITION_IDS,
     QWEN_VISION,
+    STEP,
     VISION,
     Size,
     step_graph,
@@ -32,24 +34,19 @@ from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.engines.ort_multimodal import DimpleOrtBackend
-from seer_deploy.export.exporter import (
-    ExportResult,
-    ExportRun,
-    GraphPlan,
-    Loaded,
-    Progress,
-    checkpoint_config,
-    step_examples,
-)
+from seer_deploy.export import exporter
+from seer_deploy.export.exporter import ExportResult, ExportRun, GraphPlan, Loaded, Progress
 from seer_deploy.export.graphs import DimpleVisionGraph, step_module
 from seer_deploy.export.multimodal import image_probes, prepare_multimodal, vision_diff
 from seer_deploy.export.options import ExportOptions
+from seer_deploy.export.quantized_reference import dequantized_model, quantized_parameters
 from seer_deploy.export.validate import (
     compare_with_torch,
     torch_references,
     with_cast_references,
 )
 from seer_deploy.export.validate_quantized import compare_quantized
+from seer_deploy.export.validation_twin import probe_logits
 from seer_deploy.models.checkpoints.checkpoint_files import read_config, resolve_checkpoint
 from seer_deploy.models.checkpoints.dimple import dimple_pictures, load_dimple
 from seer_deploy.models.checkpoints.multimodal_files import is_dimple_checkpoint
@@ -74,7 +71,7 @@ def prepare_dimple(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
     pictures = dimple_pictures(path, read_config(path))
     fewest = pictures.picture.fewest_tokens
     why = f"it cannot hold one picture (at least {fewest} tokens) and a response; raise it"
-    return ExportRun.check(path, str(path.absolute()), checkpoint_config(path), out, options, _load_dimple,
+    return ExportRun.check(path, str(path.absolute()), exporter.checkpoint_config(path), out, options, _load_dimple,
                            (fewest + 1, why))
 
 
@@ -109,19 +106,29 @@ def _load_dimple(run: ExportRun, report: Progress) -> Loaded:
     probes = image_probes(cfg, run.max_seq_len, table.shape[0])
     model = ImageConditionedModel(lm, table, layout)
     refs = torch_references(model, stats, probes) if run.options.verify else []
+    lm32 = copy.deepcopy(lm) if dtype == "fp16" and run.options.quantization else lm  # the scheme's own reference
     if dtype == "fp16":
         lm, vision = lm.to(torch.float16), vision.to(torch.float16)
         if refs:
             refs = with_cast_references(refs, ImageConditionedModel(lm, table, layout), stats)
 
     def validate(staged: Path) -> dict[str, float]:
-        backend = DimpleOrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
+        def open_backend(directory: Path) -> DimpleOrtBackend:
+            backend = DimpleOrtBackend(directory, OrtSessionOptions(providers=("CPUExecutionProvider",)))
+            backend.set_image_table(table.numpy(), layout)
+            return backend
+
+        logits = probe_logits(staged, open_backend, refs)  # from the validation twin, closed before the export opens
+        backend = open_backend(staged)
         worst = max(vision_diff(backend.encode_patches(feed), want, dtype) for feed, want in zip(feeds, wanted,
                                                                                                strict=True))
-        backend.set_image_table(table.numpy(), layout)
         quant = run.options.quantization
-        return {VISION.name: worst} | (compare_quantized(backend, refs, quant) if quant else
-                                       compare_with_torch(backend, refs, cfg, dtype))
+        if quant:
+            names = quantized_parameters(staged / STEP.file, lm32, quant, (cfg.vocab_size, cfg.n_embed_rows))
+            own = torch_references(ImageConditionedModel(dequantized_model(lm32, names, quant), table, layout), stats,
+                                   probes)
+            return {VISION.name: worst} | compare_quantized(backend, refs, quant, logits, own)
+        return {VISION.name: worst} | compare_with_torch(backend, refs, cfg, dtype, logits)
 
     def manifest_section(records: dict[str, GraphRecord]) -> dict[str, Any]:
         vision_config = {"tower": tower.to_dict(), "pictures": pictures.to_dict(),
@@ -131,7 +138,7 @@ def _load_dimple(run: ExportRun, report: Progress) -> Loaded:
                                  "position_ids_input": POSITION_IDS.name}}
 
     example_grids = [(1, 4, 6), (1, 2, 4)]  # 8 image tokens: a size no other traced axis has
-    examples = step_examples(cfg, run.max_seq_len)
+    examples = exporter.step_examples(cfg, run.max_seq_len)
     ids = examples[INPUT_IDS.name].clone()
     ids[:, 1] = cfg.n_embed_rows + torch.tensor([0, 2])
     feed = tower_inputs([np.zeros((t * h * w, tower.patch_dim), np.float32) for t, h, w in example_grids],

@@ -57,6 +57,7 @@ from seer_deploy.export.examples import cache_sizes, prompt_examples, step_examp
 from seer_deploy.export.graphs import cache_modules, step_module
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.quantize import QUANTIZED_GRAPHS, QuantizedGraph, quantize_graph, quantized_record
+from seer_deploy.export.quantized_reference import own_references
 from seer_deploy.export.resources import check_resources, footprint
 from seer_deploy.export.streamed_reference import streamed_references
 from seer_deploy.export.trace import StreamedWeights, io_specs, trace_graph
@@ -68,6 +69,7 @@ from seer_deploy.export.validate import (
     make_probes,
 )
 from seer_deploy.export.validate_quantized import compare_quantized
+from seer_deploy.export.validation_twin import cpu_backend, probe_logits
 from seer_deploy.export.weights import SharedWeightFile
 from seer_deploy.models.checkpoints.checkpoint import (
     DEMO_NAMES,
@@ -325,16 +327,14 @@ def _load_text(run: ExportRun, report: Progress) -> Loaded:
     fake model whose weights are read from the checkpoint as the weights file is written (export.streamed_weights)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
-
     weights = checkpoint_weights(run.checkpoint)
     sources = weight_sources(weights)
     cfg, dtype, stats = weights.config, run.options.dtype, run.stats
     torch_dtype = TORCH_DTYPES[dtype]
     refs = []
+    probes = make_probes(cfg, run.max_seq_len)
     if run.options.verify:
         report("torch reference")
-        probes = make_probes(cfg, run.max_seq_len)
         # float32 is the truth; the model in the export's dtype shows how far that dtype alone moves each output
         dtypes = list(dict.fromkeys((torch.float32, torch_dtype)))
         computed = streamed_references(cfg, sources, stats, probes, dtypes)
@@ -343,9 +343,11 @@ def _load_text(run: ExportRun, report: Progress) -> Loaded:
             refs = [replace(ref, cast=c) for ref, c in zip(refs, computed[torch_dtype], strict=True)]
 
     def validate(staged: Path) -> dict[str, float]:
-        backend = OrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
-        quant = run.options.quantization
-        return compare_quantized(backend, refs, quant) if quant else compare_with_torch(backend, refs, cfg, dtype)
+        logits = probe_logits(staged, cpu_backend, refs)  # the validation twin's, closed before the export opens
+        if quant := run.options.quantization:
+            own = own_references(staged, quant, cfg, sources, stats, probes)
+            return compare_quantized(cpu_backend(staged), refs, quant, logits, own)
+        return compare_with_torch(cpu_backend(staged), refs, cfg, dtype, logits)
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode:

@@ -105,12 +105,15 @@ class StepGraph(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor, sample_uniform: Tensor,
                 candidates: Tensor, with_stats: Tensor, score_rule: Tensor, score_temperature: Tensor
                 ) -> tuple[Tensor, ...]:
-        return self.outputs(input_ids, None, attention_mask, temperature, sample_uniform, candidates, with_stats,
+        return self.outputs(input_ids, None, attention_mask, (temperature, sample_uniform, candidates), with_stats,
                             (score_rule, score_temperature))
 
-    def outputs(self, input_ids: Tensor, embeds: Tensor | None, attention_mask: Tensor, temperature: Tensor,
-                sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, scoring: tuple[Tensor, Tensor],
+    def outputs(self, input_ids: Tensor, embeds: Tensor | None, attention_mask: Tensor,
+                sampling: tuple[Tensor, Tensor, Tensor], with_stats: Tensor, scoring: tuple[Tensor, Tensor],
                 prompt_width: Tensor | None = None, position_ids: Tensor | None = None) -> tuple[Tensor, ...]:
+        """The graph's outputs; `sampling` = (temperature, sample_uniform, candidates), `scoring` = (score_rule,
+        score_temperature), as the graph's inputs of those names."""
+        temperature, sample_uniform, candidates = sampling
         model = self.model
         out = model.hidden_states(None if embeds is not None else input_ids, attention_mask, inputs_embeds=embeds,
                                   stats=self.spec, return_kv=self.kv_cache, prompt_width=prompt_width,
@@ -162,7 +165,7 @@ class PrefixStepGraph(StepGraph):
     def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: Tensor,  # type: ignore[override]
                 sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, score_rule: Tensor,
                 score_temperature: Tensor, prompt_width: Tensor) -> tuple[Tensor, ...]:
-        return self.outputs(input_ids, None, attention_mask, temperature, sample_uniform, candidates, with_stats,
+        return self.outputs(input_ids, None, attention_mask, (temperature, sample_uniform, candidates), with_stats,
                             (score_rule, score_temperature), prompt_width)
 
 
@@ -173,7 +176,7 @@ class MultimodalStepGraph(StepGraph):
                 sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, score_rule: Tensor,
                 score_temperature: Tensor, image_table: Tensor) -> tuple[Tensor, ...]:
         embeds = embed_with_images(self.model.embed, input_ids, image_table)
-        return self.outputs(input_ids, embeds, attention_mask, temperature, sample_uniform, candidates, with_stats,
+        return self.outputs(input_ids, embeds, attention_mask, (temperature, sample_uniform, candidates), with_stats,
                             (score_rule, score_temperature))
 
 
@@ -184,7 +187,7 @@ class MultimodalPrefixStepGraph(StepGraph):
                 sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, score_rule: Tensor,
                 score_temperature: Tensor, image_table: Tensor, prompt_width: Tensor) -> tuple[Tensor, ...]:
         embeds = embed_with_images(self.model.embed, input_ids, image_table)
-        return self.outputs(input_ids, embeds, attention_mask, temperature, sample_uniform, candidates, with_stats,
+        return self.outputs(input_ids, embeds, attention_mask, (temperature, sample_uniform, candidates), with_stats,
                             (score_rule, score_temperature), prompt_width)
 
 
@@ -195,7 +198,7 @@ class PositionsStepGraph(StepGraph):
                 sample_uniform: Tensor, candidates: Tensor, with_stats: Tensor, score_rule: Tensor,
                 score_temperature: Tensor, image_table: Tensor, position_ids: Tensor) -> tuple[Tensor, ...]:
         embeds = embed_with_images(self.model.embed, input_ids, image_table)
-        return self.outputs(input_ids, embeds, attention_mask, temperature, sample_uniform, candidates, with_stats,
+        return self.outputs(input_ids, embeds, attention_mask, (temperature, sample_uniform, candidates), with_stats,
                             (score_rule, score_temperature), position_ids=position_ids)
 
 

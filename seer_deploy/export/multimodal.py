@@ -17,6 +17,7 @@ weights.bin.
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from seer_deploy.contracts.graphs import (
     INPUT_IDS,
     PIXEL_VALUES,
     PROMPT_STEP,
+    STEP,
     VISION,
     Size,
     step_graph,
@@ -38,6 +40,7 @@ from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
 from seer_deploy.export.examples import cache_sizes, prompt_examples, step_examples
+from seer_deploy.export.exporter import STAGES as TEXT_STAGES
 from seer_deploy.export.exporter import (
     ExportResult,
     ExportRun,
@@ -48,6 +51,7 @@ from seer_deploy.export.exporter import (
 )
 from seer_deploy.export.graphs import VisionGraph, cache_modules, step_module
 from seer_deploy.export.options import ExportOptions
+from seer_deploy.export.quantized_reference import dequantized_model, quantized_parameters
 from seer_deploy.export.validate import (
     ExportValidationError,
     Probe,
@@ -57,6 +61,7 @@ from seer_deploy.export.validate import (
     with_cast_references,
 )
 from seer_deploy.export.validate_quantized import compare_quantized
+from seer_deploy.export.validation_twin import probe_logits
 from seer_deploy.models.checkpoints.checkpoint import read_config
 from seer_deploy.models.checkpoints.multimodal import (
     DEMO_VL_NAME,
@@ -68,17 +73,9 @@ from seer_deploy.models.families.config import ModelConfig
 from seer_deploy.models.networks.image_prompts import ImageConditionedModel
 from seer_deploy.models.networks.vision import VisionConfig
 
-STAGES: tuple[str, ...] = (
-    "loading checkpoint",
-    "torch reference",
-    "tracing vision",
-    "tracing step",
-    "tracing window_step",  # --kv-cache
-    "tracing prompt_step",  # --kv-cache
-    "checking graphs",
-    "validating with ONNX Runtime",
-    "installing",
-)
+# The text export's stages with the vision tower traced first; its weights are written with the step graph.
+STAGES: tuple[str, ...] = (*TEXT_STAGES[:2], "tracing vision",
+                           *(stage for stage in TEXT_STAGES[2:] if stage != "writing weights"))
 VISION_ATOL = {"fp32": 1e-4, "fp16": 5e-2}  # max |diff| of the image embeddings, relative to their max |value|
 
 
@@ -135,18 +132,28 @@ def _load_multimodal(run: ExportRun, report: Progress) -> Loaded:
     table = ref_embeds.reshape(-1, cfg.d_model)
     probes = image_probes(cfg, max_seq_len, table.shape[0])
     refs = torch_references(ImageConditionedModel(lm, table), stats, probes) if run.options.verify else []
+    lm32 = copy.deepcopy(lm) if dtype == "fp16" and run.options.quantization else lm  # the scheme's own reference
     if dtype == "fp16":
         lm, vision = lm.to(torch.float16), vision.to(torch.float16)
         if refs:  # the same model in float16: how far the dtype alone moves each output
             refs = with_cast_references(refs, ImageConditionedModel(lm, table), stats)
 
     def validate(staged: Path) -> dict[str, float]:
-        backend = MultimodalOrtBackend(staged, OrtSessionOptions(providers=("CPUExecutionProvider",)))
+        def open_backend(directory: Path) -> MultimodalOrtBackend:
+            backend = MultimodalOrtBackend(directory, OrtSessionOptions(providers=("CPUExecutionProvider",)))
+            backend.set_image_table(table.numpy())
+            return backend
+
+        logits = probe_logits(staged, open_backend, refs)  # from the validation twin, closed before the export opens
+        backend = open_backend(staged)
         max_diff = {VISION.name: _check_vision(backend, pixels.numpy(), ref_embeds.numpy(), dtype)}
-        backend.set_image_table(table.numpy())
         quant = run.options.quantization
-        return max_diff | (compare_quantized(backend, refs, quant) if quant else compare_with_torch(backend, refs, cfg,
-                                                                                                    dtype))
+        if quant:
+            names = quantized_parameters(staged / STEP.file, lm32, quant, (cfg.vocab_size, cfg.n_embed_rows))
+            quantized = dequantized_model(lm32, names, quant)
+            own = torch_references(ImageConditionedModel(quantized, table), stats, probes)
+            return max_diff | compare_quantized(backend, refs, quant, logits, own)
+        return max_diff | compare_with_torch(backend, refs, cfg, dtype, logits)
 
     def manifest_section(records: dict[str, GraphRecord]) -> dict[str, Any]:
         return {

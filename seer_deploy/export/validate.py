@@ -32,6 +32,7 @@ from seer_deploy.contracts.sampling import draw_uniform
 from seer_deploy.core.backend import (
     Backend,
     CacheBackend,
+    KVCache,
     PromptCacheBackend,
     PromptInput,
     StepInput,
@@ -43,6 +44,7 @@ from seer_deploy.core.backend import (
 )
 from seer_deploy.core.errors import ArtifactError
 from seer_deploy.core.sparsity import STAT_NAMES, StatsSpec
+from seer_deploy.export.distributions import Distances, ProbeLogits, rows
 from seer_deploy.models.families.config import ModelConfig
 from seer_deploy.models.networks.llada import MaskPredictor
 
@@ -64,12 +66,13 @@ class Tolerances:
     frac_atol: float  # sparsity fractions
     frac_units: int  # plus this many hidden units crossing a threshold (float16 moves values near it)
     mean_rtol: float  # mean |h| rows, relative
+    logit_rtol: float  # the LM head's logits: centred error relative to their spread (export.distributions)
     max_bad_share: float = 1e-3  # share of sparsity entries allowed past the tolerance (units exactly at a threshold)
 
 
 TOLERANCES: dict[str, Tolerances] = {
-    "fp32": Tolerances(prob_atol=1e-4, frac_atol=1e-6, frac_units=1, mean_rtol=1e-4),
-    "fp16": Tolerances(prob_atol=1e-4, frac_atol=1e-6, frac_units=3, mean_rtol=1e-4),
+    "fp32": Tolerances(prob_atol=1e-4, frac_atol=1e-6, frac_units=1, mean_rtol=1e-4, logit_rtol=1e-3),
+    "fp16": Tolerances(prob_atol=1e-4, frac_atol=1e-6, frac_units=3, mean_rtol=1e-4, logit_rtol=1e-3),
 }
 NOISE_FACTOR = 3.0  # ONNX Runtime may round where torch does not (measured on the demo in fp16: 1.7x torch's own deviation)
 
@@ -110,6 +113,7 @@ class DtypeNoise:
     kv: float = 0.0  # |kv_cast - kv| relative to the largest |kv|
     fraction: float = 0.0  # |stats_cast - stats| over the fraction rows
     mean: float = 0.0  # |stats_cast - stats| / |stats| over the mean |h| rows
+    logits: float = 0.0  # the cast logits' error relative to their spread (export.distributions), the worst position
 
     @classmethod
     def of(cls, refs: list[ProbeReference]) -> DtypeNoise:
@@ -126,12 +130,33 @@ class DtypeNoise:
                     / float(np.abs(ref.kv).max(initial=1.0))),
                 max(noise.fraction, float(np.where(is_mean, 0.0, stats_diff).max(initial=0.0))),
                 max(noise.mean, float(np.where(is_mean, relative, 0.0).max(initial=0.0))),
+                max(noise.logits, _logit_error(ref.logits, ref.cast.logits, ref.probe.attention_mask)),
             )
         return noise
 
     def summary(self) -> dict[str, float]:
         return {"probability": self.prob, "kv (relative)": self.kv, "sparsity fraction": self.fraction,
-                "sparsity mean |h| (relative)": self.mean}
+                "sparsity mean |h| (relative)": self.mean, "logits (relative to their spread)": self.logits}
+
+
+def _logit_error(reference: np.ndarray, got: np.ndarray, real: np.ndarray) -> float:
+    """The worst real position's logit error relative to the reference's spread (export.distributions)."""
+    return float(Distances.between(rows(reference, real), rows(got, real)).logit_error.max(initial=0.0))
+
+
+def window_columns(seq: int) -> int:
+    """The width of the window the checks run at the end of a probe: a third of it, at least one column."""
+    return max(1, seq // 3)
+
+
+def probe_window(p: Probe, kv: KVCache, lead: int) -> WindowInput:
+    """The window the checks run: the probe's last window_columns(S) columns against the cache `kv`, started `lead`
+    columns earlier (core.backend.window_lead: shifted logits read a column's token from the column before it), so
+    its outputs after the first `lead` are the checked columns'."""
+    B, S = p.input_ids.shape
+    start = S - window_columns(S) - lead
+    return WindowInput(p.input_ids[:, start:], p.attention_mask, np.full(B, start, dtype=np.int64), kv,
+                       prompt_width=p.prompt_width)
 
 
 def make_probes(cfg: ModelConfig, max_seq_len: int, seed: int = 0) -> list[Probe]:
@@ -232,6 +257,13 @@ class _Report:
             self.problems.append(f"{name}: max |diff| {worst:.3g} > {atol:.3g} ({self.dtype} tolerance) at "
                                  f"{_where(diff == worst)}")
 
+    def relative(self, name: str, error: float) -> None:
+        """A logit error relative to the reference's spread, against the dtype's tolerance plus its own noise."""
+        allowed = self.tol.logit_rtol + NOISE_FACTOR * self.noise.logits
+        self.max_diff[name] = max(self.max_diff.get(name, 0.0), error)
+        if error > allowed:
+            self.problems.append(f"{name}: {error:.3g} > {allowed:.3g} ({self.dtype} tolerance)")
+
     def tokens(self, name: str, ok: np.ndarray, detail: str) -> None:
         if not ok.all():
             self.problems.append(f"{name}: {int((~ok).sum())} of {ok.size} tokens differ from torch ({detail}) first at {_where(~ok)}")
@@ -299,13 +331,11 @@ def _compare_cache(backend: CacheBackend, ref: ProbeReference, probs: np.ndarray
                  report.prob_atol)
     scale = float(np.abs(ref.kv).max(initial=1.0))
     report.close("refresh kv (relative)", refreshed.kv / scale, ref.kv / scale, report.kv_rtol)
-    B, S = p.input_ids.shape
-    W = max(1, S // 3)
-    lead = window_lead(backend)  # shifted logits: the window starts one column before the columns it predicts
-    start = np.full(B, S - W - lead, dtype=np.int64)
-    window = backend.window_step(WindowInput(p.input_ids[:, S - W - lead :], p.attention_mask, start, refreshed.kv,
-                                             prompt_width=p.prompt_width))
+    S = p.input_ids.shape[1]
+    lead = window_lead(backend)
+    window = backend.window_step(probe_window(p, refreshed.kv, lead))
     ids = window.token_ids[:, lead:]
+    W = ids.shape[1]
     report.tokens("window_step token_ids", _pick(probs[:, S - W :], ids) >= best[:, S - W :] - report.prob_atol,
                   "not a near-tie")
     report.close("window_step confidence", np.exp(window.confidence[:, lead:]), _pick(probs[:, S - W :], ids),
@@ -337,14 +367,23 @@ def _pick3(probs: np.ndarray, cols: np.ndarray) -> np.ndarray:
     return np.take_along_axis(probs, cols[..., None], axis=1)
 
 
-def compare_with_torch(backend: Backend, refs: list[ProbeReference], cfg: ModelConfig, dtype: str) -> dict[str, float]:
+def compare_with_torch(backend: Backend, refs: list[ProbeReference], cfg: ModelConfig, dtype: str,
+                       logits: list[ProbeLogits]) -> dict[str, float]:
     """Run every graph on every probe; raise ExportValidationError listing each measured disagreement. Step zero
-    computes every column; the steps after it (and the refresh) the response columns only, as the loop calls them."""
+    computes every column; the steps after it (and the refresh) the response columns only, as the loop calls them.
+    `logits`: the export's own (export.validation_twin), whose error relative to the reference's spread is bounded:
+    on a flat distribution every probability is below the probability tolerance, and only the logits tell."""
     noise = DtypeNoise.of(refs)
     report = _Report(dtype, TOLERANCES[dtype], noise)
     atol = report.prob_atol
-    for ref in refs:
+    for ref, got in zip(refs, logits, strict=True):
         p = ref.probe
+        report.relative("step0 logits (relative to their spread)",
+                        _logit_error(ref.logits, got.step0, p.attention_mask))
+        if got.window is not None:
+            W = window_columns(p.input_ids.shape[1])
+            report.relative("window_step logits (relative to their spread)",
+                            _logit_error(ref.logits[:, -W:], got.window, p.attention_mask[:, -W:]))
         probs = _softmax(ref.logits)
         best = probs.max(-1)
         s0 = backend.step0(StepInput(p.input_ids, p.attention_mask, prompt_width=p.prompt_width))

@@ -19,11 +19,12 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The module's objects, listed once: numpy.empty, numpy.ndarray, numpy.int64, seer_deploy.core.errors.ConfigError. */
+#define STATE_OBJECTS(X) X(np_empty) X(np_ndarray) X(np_int64) X(config_error)
+#define STATE_FIELD(name) PyObject *name;
+
 typedef struct {
-    PyObject *np_empty;     /* numpy.empty */
-    PyObject *np_ndarray;   /* numpy.ndarray */
-    PyObject *np_int64;     /* numpy.int64 */
-    PyObject *config_error; /* seer_deploy.core.errors.ConfigError */
+    STATE_OBJECTS(STATE_FIELD)
 } core_state;
 
 static core_state *get_state(PyObject *module) { return (core_state *)PyModule_GetState(module); }
@@ -102,8 +103,9 @@ fail:
     return -1;
 }
 
-/* A new numpy int64 array of the given shape, and its writable buffer in *view. NULL with an exception on error. */
-static PyObject *new_int64_array(core_state *st, int ndim, const Py_ssize_t *shape, Py_buffer *view) {
+/* A new numpy int64 array of the given shape, its data in *data (the array owns it: valid while it lives). NULL with
+ * an exception on error. */
+static PyObject *new_int64_array(core_state *st, int ndim, const Py_ssize_t *shape, int64_t **data) {
     PyObject *dims = PyTuple_New(ndim);
     if (dims == NULL) return NULL;
     for (int i = 0; i < ndim; i++) {
@@ -121,11 +123,20 @@ static PyObject *new_int64_array(core_state *st, int ndim, const Py_ssize_t *sha
     Py_XDECREF(kwargs);
     Py_DECREF(dims);
     if (arr == NULL) return NULL;
-    if (PyObject_GetBuffer(arr, view, PyBUF_RECORDS) < 0) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arr, &view, PyBUF_RECORDS) < 0) {
         Py_DECREF(arr);
         return NULL;
     }
+    *data = (int64_t *)view.buf;
+    PyBuffer_Release(&view);
     return arr;
+}
+
+/* A new int64 array [batch] (a per-row result), its data in *data; NULL on error. */
+static PyObject *new_counts(PyObject *module, Py_ssize_t batch, int64_t **data) {
+    Py_ssize_t shape[1] = {batch};
+    return new_int64_array(get_state(module), 1, shape, data);
 }
 
 /* Check 1-D int64 row arguments of length B. */
@@ -173,6 +184,11 @@ static int check_block(const int64_t *lo, const int64_t *hi, Py_ssize_t batch, P
     return 0;
 }
 
+/* Release the first `n` buffers of `v`. */
+static void release_all(Py_buffer *v, int n) {
+    for (int i = 0; i < n; i++) PyBuffer_Release(&v[i]);
+}
+
 /* ---------------------------------------------------------------- transfer_schedule */
 
 static PyObject *transfer_schedule(PyObject *module, PyObject *args, PyObject *kwargs) {
@@ -192,18 +208,12 @@ static PyObject *transfer_schedule(PyObject *module, PyObject *args, PyObject *k
         }
     }
     Py_ssize_t shape[2] = {batch, steps};
-    Py_buffer out_view;
-    PyObject *out = new_int64_array(get_state(module), 2, shape, &out_view);
-    if (out == NULL) {
-        PyBuffer_Release(&n_view);
-        return NULL;
-    }
-    int64_t *o = (int64_t *)out_view.buf;
-    for (Py_ssize_t b = 0; b < batch; b++) {
+    int64_t *o;
+    PyObject *out = new_int64_array(get_state(module), 2, shape, &o);
+    for (Py_ssize_t b = 0; out != NULL && b < batch; b++) {
         int64_t base = n[b] / steps, rem = n[b] % steps;
         for (Py_ssize_t i = 0; i < steps; i++) o[b * steps + i] = base + (i < rem ? 1 : 0);
     }
-    PyBuffer_Release(&out_view);
     PyBuffer_Release(&n_view);
     return out;
 }
@@ -274,65 +284,119 @@ static int64_t commit_row(int64_t *x, const int64_t *x0, const float *conf, Py_s
     return size;
 }
 
-static PyObject *commit_step(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"x", "x0", "confidence", "block_lo", "block_hi", "k", "mask_id", NULL};
-    PyObject *objs[6], *mask_obj;
-    long long mask_id;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO:commit_step", kwlist, &objs[0], &objs[1], &objs[2],
-                                     &objs[3], &objs[4], &objs[5], &mask_obj))
-        return NULL;
-    if (int64_arg(mask_obj, &mask_id) < 0) return NULL;
-    static const char *const names[6] = {"x", "x0", "confidence", "block_lo", "block_hi", "k"};
-    static const elem_kind kinds[6] = {KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_INT64, KIND_INT64, KIND_INT64};
-    static const int ndims[6] = {2, 2, 2, 1, 1, 1};
+/*
+ * What both commit rules take and check alike: x, x0 and the confidence [B, S], a rule array (k [B] or thresholds
+ * [ranks]) and the block bounds [B], in `v` in the order they are checked (the twin's), the bounds at `lo_at` and
+ * `lo_at + 1`; the counts they return [B] and a heap of `heap_len` keys.
+ */
+typedef struct {
     Py_buffer v[6];
-    int got = 0;
-    PyObject *out = NULL;
-    Py_buffer out_view;
-    int have_out = 0;
-    uint64_t *heap = NULL;
-    for (; got < 6; got++)
-        if (get_array(get_state(module), objs[got], names[got], kinds[got], ndims[got], got == 0, &v[got]) < 0)
-            goto done;
-    Py_ssize_t batch = v[0].shape[0], seq = v[0].shape[1];
-    if (check_same_shape(v, names) < 0) goto done;
-    for (int i = 3; i < 6; i++)
-        if (check_rows(&v[i], names[i], batch) < 0) goto done;
-    if ((uint64_t)seq > (uint64_t)UINT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "sequence length %zd is too long (at most 2**32 - 1)", seq);
-        goto done;
+    int got;
+    Py_ssize_t batch, seq;
+    const int64_t *lo, *hi;
+    long long mask_id;
+    PyObject *out;
+    int64_t *counts;
+    uint64_t *heap;
+} commit_call;
+
+/* How one commit rule reads its arguments: the parse format and keywords, the checked order (`slot[i]`: where keyword
+ * i lands), the kinds in that order, where the block bounds start, and the first of the 1-D arrays that hold one value
+ * per row (the others are per rank). */
+typedef struct {
+    const char *format;
+    char *kwlist[8];
+    int slot[6];
+    elem_kind kinds[6];
+    int lo_at, rows_from;
+} commit_spec;
+
+/* Parse and check the arguments into `c`; -1 on error, with `c` still to be closed. */
+static int open_commit(PyObject *module, PyObject *args, PyObject *kwargs, const commit_spec *spec, commit_call *c) {
+    static const int ndims[6] = {2, 2, 2, 1, 1, 1};
+    PyObject *objs[6], *mask_obj;
+    const char *names[6];
+    for (int i = 0; i < 6; i++) names[spec->slot[i]] = spec->kwlist[i];
+    c->got = 0;
+    c->out = NULL;
+    c->heap = NULL;
+    const int *at = spec->slot;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, spec->format, (char **)spec->kwlist, &objs[at[0]], &objs[at[1]],
+                                     &objs[at[2]], &objs[at[3]], &objs[at[4]], &objs[at[5]], &mask_obj))
+        return -1;
+    if (int64_arg(mask_obj, &c->mask_id) < 0) return -1;
+    for (; c->got < 6; c->got++)
+        if (get_array(get_state(module), objs[c->got], names[c->got], spec->kinds[c->got], ndims[c->got],
+                      c->got == 0, &c->v[c->got]) < 0)
+            return -1;
+    c->batch = c->v[0].shape[0];
+    c->seq = c->v[0].shape[1];
+    if (check_same_shape(c->v, names) < 0) return -1;
+    for (int i = spec->rows_from; i < 6; i++)
+        if (check_rows(&c->v[i], names[i], c->batch) < 0) return -1;
+    if ((uint64_t)c->seq > (uint64_t)UINT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "sequence length %zd is too long (at most 2**32 - 1)", c->seq);
+        return -1;
     }
-    const int64_t *lo = (const int64_t *)v[3].buf, *hi = (const int64_t *)v[4].buf, *k = (const int64_t *)v[5].buf;
-    if (check_block(lo, hi, batch, seq) < 0) goto done;
-    for (Py_ssize_t b = 0; b < batch; b++) {
+    c->lo = (const int64_t *)c->v[spec->lo_at].buf;
+    c->hi = (const int64_t *)c->v[spec->lo_at + 1].buf;
+    return check_block(c->lo, c->hi, c->batch, c->seq);
+}
+
+/* The counts array [B] and a heap of `heap_len` keys (at least 1; none for -1); -1 on error. */
+static int commit_buffers(PyObject *module, Py_ssize_t heap_len, commit_call *c) {
+    c->out = new_counts(module, c->batch, &c->counts);
+    if (c->out == NULL) return -1;
+    if (heap_len < 0) return 0;
+    c->heap = PyMem_Malloc((size_t)(heap_len > 0 ? heap_len : 1) * sizeof(uint64_t));
+    if (c->heap == NULL) {
+        Py_CLEAR(c->out);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* Release what `c` holds; its counts array (a new reference), or NULL where it failed. */
+static PyObject *close_commit(commit_call *c) {
+    PyMem_Free(c->heap);
+    release_all(c->v, c->got);
+    return c->out;
+}
+
+/* The three commit rules' arguments, each checked in the twin's order: x, x0, the scores, the rule's array, then the
+ * block bounds. commit_step's k and commit_above's threshold hold one value per row, commit_confident's thresholds
+ * one per rank. */
+static const commit_spec COMMIT_STEP = {
+    "OOOOOOO:commit_step", {"x", "x0", "confidence", "block_lo", "block_hi", "k", "mask_id", NULL},
+    {0, 1, 2, 3, 4, 5}, {KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_INT64, KIND_INT64, KIND_INT64}, 3, 3};
+static const commit_spec COMMIT_CONFIDENT = {
+    "OOOOOOO:commit_confident", {"x", "x0", "confidence", "block_lo", "block_hi", "thresholds", "mask_id", NULL},
+    {0, 1, 2, 4, 5, 3}, {KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_FLOAT32, KIND_INT64, KIND_INT64}, 4, 4};
+static const commit_spec COMMIT_ABOVE = {
+    "OOOOOOO:commit_above", {"x", "x0", "score", "block_lo", "block_hi", "threshold", "mask_id", NULL},
+    {0, 1, 2, 4, 5, 3}, {KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_FLOAT32, KIND_INT64, KIND_INT64}, 4, 3};
+
+static PyObject *commit_step(PyObject *module, PyObject *args, PyObject *kwargs) {
+    commit_call c;
+    if (open_commit(module, args, kwargs, &COMMIT_STEP, &c) < 0) return close_commit(&c);
+    const int64_t *k = (const int64_t *)c.v[5].buf;
+    for (Py_ssize_t b = 0; b < c.batch; b++) {
         if (k[b] < 0) {
             PyErr_Format(PyExc_ValueError, "k[%zd] is %lld; the number to commit must be >= 0", b, (long long)k[b]);
-            goto done;
+            return close_commit(&c);
         }
     }
-    Py_ssize_t shape[1] = {batch};
-    out = new_int64_array(get_state(module), 1, shape, &out_view);
-    if (out == NULL) goto done;
-    have_out = 1;
-    heap = PyMem_Malloc((size_t)(seq > 0 ? seq : 1) * sizeof(uint64_t));
-    if (heap == NULL) {
-        Py_CLEAR(out);
-        PyErr_NoMemory();
-        goto done;
-    }
-    int64_t *x = (int64_t *)v[0].buf, *counts = (int64_t *)out_view.buf;
-    const int64_t *x0 = (const int64_t *)v[1].buf;
-    const float *conf = (const float *)v[2].buf;
+    if (commit_buffers(module, c.seq, &c) < 0) return close_commit(&c);
+    int64_t *x = (int64_t *)c.v[0].buf, *counts = c.counts;
+    const int64_t *x0 = (const int64_t *)c.v[1].buf;
+    const float *conf = (const float *)c.v[2].buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t b = 0; b < batch; b++)
-        counts[b] = commit_row(x + b * seq, x0 + b * seq, conf + b * seq, (Py_ssize_t)lo[b], (Py_ssize_t)hi[b], k[b],
-                               (int64_t)mask_id, heap);
+    for (Py_ssize_t b = 0; b < c.batch; b++)
+        counts[b] = commit_row(x + b * c.seq, x0 + b * c.seq, conf + b * c.seq, (Py_ssize_t)c.lo[b],
+                               (Py_ssize_t)c.hi[b], k[b], (int64_t)c.mask_id, c.heap);
     Py_END_ALLOW_THREADS
-done:
-    PyMem_Free(heap);
-    if (have_out) PyBuffer_Release(&out_view);
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
-    return out;
+    return close_commit(&c);
 }
 
 /* ---------------------------------------------------------------- commit_confident */
@@ -362,69 +426,28 @@ static int64_t confident_row(int64_t *x, const int64_t *x0, const float *conf, P
 }
 
 static PyObject *commit_confident(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"x", "x0", "confidence", "block_lo", "block_hi", "thresholds", "mask_id", NULL};
-    /* Checked in the twin's order: x, x0, confidence, thresholds, then the block bounds. */
-    PyObject *objs[6], *mask_obj;
-    long long mask_id;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO:commit_confident", kwlist, &objs[0], &objs[1], &objs[2],
-                                     &objs[4], &objs[5], &objs[3], &mask_obj))
-        return NULL;
-    if (int64_arg(mask_obj, &mask_id) < 0) return NULL;
-    static const char *const names[6] = {"x", "x0", "confidence", "thresholds", "block_lo", "block_hi"};
-    static const elem_kind kinds[6] = {KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_FLOAT32, KIND_INT64, KIND_INT64};
-    static const int ndims[6] = {2, 2, 2, 1, 1, 1};
-    Py_buffer v[6];
-    int got = 0;
-    PyObject *out = NULL;
-    Py_buffer out_view;
-    int have_out = 0;
-    uint64_t *heap = NULL;
-    for (; got < 6; got++)
-        if (get_array(get_state(module), objs[got], names[got], kinds[got], ndims[got], got == 0, &v[got]) < 0)
-            goto done;
-    Py_ssize_t batch = v[0].shape[0], seq = v[0].shape[1];
-    if (check_same_shape(v, names) < 0) goto done;
-    for (int i = 4; i < 6; i++)
-        if (check_rows(&v[i], names[i], batch) < 0) goto done;
-    if ((uint64_t)seq > (uint64_t)UINT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "sequence length %zd is too long (at most 2**32 - 1)", seq);
-        goto done;
-    }
-    const int64_t *lo = (const int64_t *)v[4].buf, *hi = (const int64_t *)v[5].buf;
-    if (check_block(lo, hi, batch, seq) < 0) goto done;
-    Py_ssize_t widest = 0, n_thresholds = v[3].shape[0];
-    for (Py_ssize_t b = 0; b < batch; b++)
-        if ((Py_ssize_t)(hi[b] - lo[b]) > widest) widest = (Py_ssize_t)(hi[b] - lo[b]);
+    commit_call c;
+    if (open_commit(module, args, kwargs, &COMMIT_CONFIDENT, &c) < 0) return close_commit(&c);
+    Py_ssize_t widest = 0, n_thresholds = c.v[3].shape[0];
+    for (Py_ssize_t b = 0; b < c.batch; b++)
+        if ((Py_ssize_t)(c.hi[b] - c.lo[b]) > widest) widest = (Py_ssize_t)(c.hi[b] - c.lo[b]);
     if (widest > n_thresholds) {
         PyErr_Format(PyExc_ValueError,
                      "thresholds has %zd ranks but a block spans %zd positions; give one threshold per rank of the "
                      "widest block",
                      n_thresholds, widest);
-        goto done;
+        return close_commit(&c);
     }
-    Py_ssize_t shape[1] = {batch};
-    out = new_int64_array(get_state(module), 1, shape, &out_view);
-    if (out == NULL) goto done;
-    have_out = 1;
-    heap = PyMem_Malloc((size_t)(widest > 0 ? widest : 1) * sizeof(uint64_t));
-    if (heap == NULL) {
-        Py_CLEAR(out);
-        PyErr_NoMemory();
-        goto done;
-    }
-    int64_t *x = (int64_t *)v[0].buf, *counts = (int64_t *)out_view.buf;
-    const int64_t *x0 = (const int64_t *)v[1].buf;
-    const float *conf = (const float *)v[2].buf, *thresholds = (const float *)v[3].buf;
+    if (commit_buffers(module, widest, &c) < 0) return close_commit(&c);
+    int64_t *x = (int64_t *)c.v[0].buf, *counts = c.counts;
+    const int64_t *x0 = (const int64_t *)c.v[1].buf;
+    const float *conf = (const float *)c.v[2].buf, *thresholds = (const float *)c.v[3].buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t b = 0; b < batch; b++)
-        counts[b] = confident_row(x + b * seq, x0 + b * seq, conf + b * seq, (Py_ssize_t)lo[b], (Py_ssize_t)hi[b],
-                                  thresholds, (int64_t)mask_id, heap);
+    for (Py_ssize_t b = 0; b < c.batch; b++)
+        counts[b] = confident_row(x + b * c.seq, x0 + b * c.seq, conf + b * c.seq, (Py_ssize_t)c.lo[b],
+                                  (Py_ssize_t)c.hi[b], thresholds, (int64_t)c.mask_id, c.heap);
     Py_END_ALLOW_THREADS
-done:
-    PyMem_Free(heap);
-    if (have_out) PyBuffer_Release(&out_view);
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
-    return out;
+    return close_commit(&c);
 }
 
 /* ---------------------------------------------------------------- masks_left */
@@ -448,17 +471,13 @@ static PyObject *masks_left(PyObject *module, PyObject *args, PyObject *kwargs) 
     if (check_rows(&v[1], names[1], batch) < 0 || check_rows(&v[2], names[2], batch) < 0) goto done;
     const int64_t *x = (const int64_t *)v[0].buf, *lo = (const int64_t *)v[1].buf, *hi = (const int64_t *)v[2].buf;
     if (check_block(lo, hi, batch, seq) < 0) goto done;
-    Py_ssize_t shape[1] = {batch};
-    Py_buffer out_view;
-    out = new_int64_array(get_state(module), 1, shape, &out_view);
-    if (out == NULL) goto done;
-    int64_t *counts = (int64_t *)out_view.buf;
-    for (Py_ssize_t b = 0; b < batch; b++) {
+    int64_t *counts;
+    out = new_counts(module, batch, &counts);
+    for (Py_ssize_t b = 0; out != NULL && b < batch; b++) {
         int64_t n = 0;
         for (int64_t p = lo[b]; p < hi[b]; p++) n += x[b * seq + p] == (int64_t)mask_id;
         counts[b] = n;
     }
-    PyBuffer_Release(&out_view);
 done:
     for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
     return out;
@@ -520,11 +539,6 @@ static PyObject *choose_bucket(PyObject *module, PyObject *args, PyObject *kwarg
 
 /* ---------------------------------------------------------------- the Dream family's sampler */
 
-/* Release the first `n` buffers of `v`. */
-static void release_all(Py_buffer *v, int n) {
-    for (int i = 0; i < n; i++) PyBuffer_Release(&v[i]);
-}
-
 /* Get `n` arrays by name/kind/rank (the first writable when `first_writable`), the twin's order; -1 on error. */
 static int get_arrays(PyObject *module, PyObject **objs, const char *const *names, const elem_kind *kinds,
                       const int *ndims, int n, int first_writable, Py_buffer *v) {
@@ -558,17 +572,13 @@ static PyObject *timestep_transfer(PyObject *module, PyObject *args, PyObject *k
             goto done;
         }
     }
-    Py_ssize_t shape[1] = {batch};
-    Py_buffer out_view;
-    out = new_int64_array(get_state(module), 1, shape, &out_view);
-    if (out == NULL) goto done;
-    int64_t *k = (int64_t *)out_view.buf;
-    for (Py_ssize_t b = 0; b < batch; b++) {
+    int64_t *k;
+    out = new_counts(module, batch, &k);
+    for (Py_ssize_t b = 0; out != NULL && b < batch; b++) {
         float product = (float)n[b] * r[b]; /* float32, as torch multiplies a float32 count by 1 - s / t */
         int64_t count = (int64_t)product;
         k[b] = count < n[b] ? count : n[b];
     }
-    PyBuffer_Release(&out_view);
 done:
     release_all(v, 2);
     return out;
@@ -615,90 +625,66 @@ static PyObject *reanchored_transfer(PyObject *module, PyObject *args, PyObject 
             goto done;
         }
     }
-    Py_ssize_t shape[1] = {batch};
-    Py_buffer out_view;
-    out = new_int64_array(get_state(module), 1, shape, &out_view);
-    if (out == NULL) goto done;
-    int64_t *k = (int64_t *)out_view.buf;
-    for (Py_ssize_t b = 0; b < batch; b++) k[b] = reanchored_row(n[b], total[b], step[b], ts + b * width, steps[b]);
-    PyBuffer_Release(&out_view);
+    int64_t *k;
+    out = new_counts(module, batch, &k);
+    for (Py_ssize_t b = 0; out != NULL && b < batch; b++)
+        k[b] = reanchored_row(n[b], total[b], step[b], ts + b * width, steps[b]);
 done:
     release_all(v, 5);
     return out;
 }
 
 static PyObject *commit_above(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"x", "x0", "score", "block_lo", "block_hi", "threshold", "mask_id", NULL};
-    /* Checked in the twin's order: x, x0, score, threshold, then the block bounds. */
-    PyObject *objs[6], *mask_obj;
-    long long mask_id;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO:commit_above", kwlist, &objs[0], &objs[1], &objs[2],
-                                     &objs[4], &objs[5], &objs[3], &mask_obj))
-        return NULL;
-    if (int64_arg(mask_obj, &mask_id) < 0) return NULL;
-    static const char *const names[6] = {"x", "x0", "score", "threshold", "block_lo", "block_hi"};
-    static const elem_kind kinds[6] = {KIND_INT64, KIND_INT64, KIND_FLOAT32, KIND_FLOAT32, KIND_INT64, KIND_INT64};
-    static const int ndims[6] = {2, 2, 2, 1, 1, 1};
-    Py_buffer v[6];
-    if (get_arrays(module, objs, names, kinds, ndims, 6, 1, v) < 0) return NULL;
-    PyObject *out = NULL;
-    Py_ssize_t batch = v[0].shape[0], seq = v[0].shape[1];
-    if (check_same_shape(v, names) < 0) goto done;
-    for (int i = 3; i < 6; i++)
-        if (check_rows(&v[i], names[i], batch) < 0) goto done;
-    const int64_t *lo = (const int64_t *)v[4].buf, *hi = (const int64_t *)v[5].buf;
-    if (check_block(lo, hi, batch, seq) < 0) goto done;
-    Py_ssize_t shape[1] = {batch};
-    Py_buffer out_view;
-    out = new_int64_array(get_state(module), 1, shape, &out_view);
-    if (out == NULL) goto done;
-    int64_t *x = (int64_t *)v[0].buf, *counts = (int64_t *)out_view.buf;
-    const int64_t *x0 = (const int64_t *)v[1].buf;
-    const float *score = (const float *)v[2].buf, *threshold = (const float *)v[3].buf;
-    for (Py_ssize_t b = 0; b < batch; b++) {
+    commit_call c;
+    if (open_commit(module, args, kwargs, &COMMIT_ABOVE, &c) < 0 || commit_buffers(module, -1, &c) < 0)
+        return close_commit(&c);
+    int64_t *x = (int64_t *)c.v[0].buf, *counts = c.counts;
+    const int64_t *x0 = (const int64_t *)c.v[1].buf;
+    const float *score = (const float *)c.v[2].buf, *threshold = (const float *)c.v[3].buf;
+    for (Py_ssize_t b = 0; b < c.batch; b++) {
         int64_t committed = 0;
-        for (int64_t p = lo[b]; p < hi[b]; p++) {
-            Py_ssize_t at = b * seq + (Py_ssize_t)p;
-            if (x[at] == (int64_t)mask_id && score[at] > threshold[b]) {
+        for (int64_t p = c.lo[b]; p < c.hi[b]; p++) {
+            Py_ssize_t at = b * c.seq + (Py_ssize_t)p;
+            if (x[at] == (int64_t)c.mask_id && score[at] > threshold[b]) {
                 x[at] = x0[at];
                 committed++;
             }
         }
         counts[b] = committed;
     }
-    PyBuffer_Release(&out_view);
-done:
-    release_all(v, 6);
-    return out;
+    return close_commit(&c);
 }
 
 /* ---------------------------------------------------------------- module */
 
+/* One keyword-taking function of this module, under its own name. */
+#define METHOD(name, doc) {#name, (PyCFunction)(void (*)(void))name, METH_VARARGS | METH_KEYWORDS, doc}
+
 static PyMethodDef core_methods[] = {
-    {"transfer_schedule", (PyCFunction)(void (*)(void))transfer_schedule, METH_VARARGS | METH_KEYWORDS,
-     "transfer_schedule(n_masked: int64[B], steps) -> int64[B, steps]: even split, remainder to the first steps."},
-    {"commit_step", (PyCFunction)(void (*)(void))commit_step, METH_VARARGS | METH_KEYWORDS,
+    METHOD(transfer_schedule,
+     "transfer_schedule(n_masked: int64[B], steps) -> int64[B, steps]: even split, remainder to the first steps."),
+    METHOD(commit_step,
      "commit_step(x, x0, confidence, block_lo, block_hi, k, mask_id) -> int64[B]: commit the k[b] most confident "
-     "masked positions of [block_lo[b], block_hi[b]) in place; returns the number committed per row."},
-    {"commit_confident", (PyCFunction)(void (*)(void))commit_confident, METH_VARARGS | METH_KEYWORDS,
+     "masked positions of [block_lo[b], block_hi[b]) in place; returns the number committed per row."),
+    METHOD(commit_confident,
      "commit_confident(x, x0, confidence, block_lo, block_hi, thresholds, mask_id) -> int64[B]: parallel decoding's "
      "commit. Per row, rank the masked positions of [block_lo[b], block_hi[b]) (higher confidence first, NaN first, "
      "-0.0 == +0.0, ties to the lower position) and commit, in place, ranks 0..n-1 for the largest n such that every "
      "rank r >= 1 has confidence >= thresholds[r] (rank 0 always). thresholds: float32[T], T >= the widest block. "
-     "Returns the number committed per row."},
-    {"masks_left", (PyCFunction)(void (*)(void))masks_left, METH_VARARGS | METH_KEYWORDS,
-     "masks_left(x, block_lo, block_hi, mask_id) -> int64[B]: masked positions left in each row's block."},
-    {"choose_bucket", (PyCFunction)(void (*)(void))choose_bucket, METH_VARARGS | METH_KEYWORDS,
-     "choose_bucket(length, buckets) -> int: index of the smallest bucket >= length (ConfigError if none)."},
-    {"timestep_transfer", (PyCFunction)(void (*)(void))timestep_transfer, METH_VARARGS | METH_KEYWORDS,
+     "Returns the number committed per row."),
+    METHOD(masks_left,
+     "masks_left(x, block_lo, block_hi, mask_id) -> int64[B]: masked positions left in each row's block."),
+    METHOD(choose_bucket,
+     "choose_bucket(length, buckets) -> int: index of the smallest bucket >= length (ConfigError if none)."),
+    METHOD(timestep_transfer,
      "timestep_transfer(n_masked: int64[B], ratio: float32[B]) -> int64[B]: Dream's count int(float32(n) * ratio), "
-     "at most n."},
-    {"reanchored_transfer", (PyCFunction)(void (*)(void))reanchored_transfer, METH_VARARGS | METH_KEYWORDS,
+     "at most n."),
+    METHOD(reanchored_transfer,
      "reanchored_transfer(n_current, n_total, step, timesteps: float32[B, W], steps) -> int64[B]: Dimple's fallback "
-     "count, the schedule re-anchored at the current mask ratio (at least one)."},
-    {"commit_above", (PyCFunction)(void (*)(void))commit_above, METH_VARARGS | METH_KEYWORDS,
+     "count, the schedule re-anchored at the current mask ratio (at least one)."),
+    METHOD(commit_above,
      "commit_above(x, x0, score, block_lo, block_hi, threshold: float32[B], mask_id) -> int64[B]: commit, in place, "
-     "every masked position of [block_lo[b], block_hi[b]) whose score is > threshold[b]."},
+     "every masked position of [block_lo[b], block_hi[b]) whose score is > threshold[b]."),
     {NULL, NULL, 0, NULL},
 };
 
@@ -721,19 +707,15 @@ static int core_exec(PyObject *module) {
 
 static int core_traverse(PyObject *module, visitproc visit, void *arg) {
     core_state *st = get_state(module);
-    Py_VISIT(st->np_empty);
-    Py_VISIT(st->np_ndarray);
-    Py_VISIT(st->np_int64);
-    Py_VISIT(st->config_error);
+#define STATE_VISIT(name) Py_VISIT(st->name);
+    STATE_OBJECTS(STATE_VISIT)
     return 0;
 }
 
 static int core_clear(PyObject *module) {
     core_state *st = get_state(module);
-    Py_CLEAR(st->np_empty);
-    Py_CLEAR(st->np_ndarray);
-    Py_CLEAR(st->np_int64);
-    Py_CLEAR(st->config_error);
+#define STATE_CLEAR(name) Py_CLEAR(st->name);
+    STATE_OBJECTS(STATE_CLEAR)
     return 0;
 }
 

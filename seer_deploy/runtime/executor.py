@@ -12,7 +12,7 @@ something at that step, trimmed to the columns they need, so rows that finish le
 commit in is not run (the reference runs it and changes nothing).
 
 With parallel decoding (`GenerationConfig.decode`) a row has no schedule: each pass commits what the rule accepts and
-the row moves to its next block when its block has no masks left (`_Cursor`). With the KV cache a row's pass is a
+the row moves to its next block when its block has no masks left (`Cursor`). With the KV cache a row's pass is a
 refresh (the group's columns, keys and values kept per row) when it enters a block, else a window step over its
 block only (`_Group.refresh`, `_Group.window_step`; a model with shifted logits runs the column before its block
 too: `core.backend.window_lead`). With the prompt cache every pass runs the last prompt token and the row's columns
@@ -23,24 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
-from seer_deploy.core.backend import (
-    Backend,
-    CacheBackend,
-    KVCache,
-    PromptCacheBackend,
-    PromptInput,
-    RefreshOutput,
-    Step0Output,
-    StepInput,
-    StepOutput,
-    WindowInput,
-    kv_zeros,
-    window_lead,
-)
+from seer_deploy.core.backend import PromptInput, StepInput, WindowInput, kv_zeros, window_lead
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, left_pad
 from seer_deploy.runtime.loopcore import LoopCore
@@ -48,6 +35,9 @@ from seer_deploy.runtime.rules import StepCount, commit_rule
 from seer_deploy.runtime.settled import SettledHook, SettledPrefixes
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import BlockPlan, TruncationPlan
+
+if TYPE_CHECKING:  # annotations only
+    from seer_deploy.core.backend import Backend, CacheBackend, KVCache, PassOutput, PromptCacheBackend
 
 
 def mask_columns(x: np.ndarray, hi: np.ndarray | None, mask_id: int) -> np.ndarray:
@@ -96,7 +86,7 @@ class LoopContext:
         return StepInput(x, mask, *self.sampling(), prompt_width, self.config.cfg_scale,
                          mask_columns(x, hi, self.mask_id), self.config.scoring())
 
-    def commit(self, x: np.ndarray, out: StepOutput | Step0Output | RefreshOutput, lo: np.ndarray, hi: np.ndarray,
+    def commit(self, x: np.ndarray, out: PassOutput, lo: np.ndarray, hi: np.ndarray,
                k: np.ndarray, counts: Sequence[StepCount] | None = None) -> None:
         """Commit, in place, masked positions of row b in [lo[b], hi[b]): the top k[b] by the configured remasking,
         with parallel decoding (k[b] = -1) those the rule accepts, under the Dream family's sampler what each row's
@@ -109,7 +99,7 @@ class LoopContext:
         lo, hi = lo.astype(np.int64), hi.astype(np.int64)
         if self.config.dream_sampler:
             assert counts is not None, "the Dream family's sampler commits by StepCounts"
-            commit_rule(self.core, self.config, self.rng, self.mask_id, x, out, lo, hi, list(counts))
+            commit_rule(self.core, self.config, self.rng, self.mask_id, x, out, (lo, hi), list(counts))
             return
         x0 = np.ascontiguousarray(out.token_ids, dtype=np.int64)
         if self.config.remasking == "random":
@@ -187,7 +177,7 @@ def run_group(ctx: LoopContext, rows: Rows, tally: Tally, batch_rows: Sequence[i
     """Run the remaining steps of a group of rows (`batch_rows`: their rows in the batch, for `ctx.on_settled`);
     returns their responses int64 [n, gen_length] (cut tails EOS) and the forward passes each row made, int64 [n]."""
     group = _Group.start(ctx, rows)
-    cursors = [_Cursor(plan, ctx.config.parallel) for plan in rows.plans]
+    cursors = [Cursor(plan, ctx.config.parallel) for plan in rows.plans]
     settled = SettledPrefixes(ctx.on_settled, ctx.mask_id, list(batch_rows) if batch_rows is not None
                               else list(range(group.n)))
     settled.report(group.x, group.prompt_width, group.kept, np.arange(group.n))  # what step zero already settled
@@ -216,7 +206,17 @@ def run_group(ctx: LoopContext, rows: Rows, tally: Tally, batch_rows: Sequence[i
     return group.tokens(), group.passes
 
 
-class _Cursor:
+class Columns(Protocol):
+    """What a cursor reads of its rows: their columns (one row each) and the prompt width."""
+
+    @property
+    def x(self) -> np.ndarray: ...
+
+    @property
+    def prompt_width(self) -> int: ...
+
+
+class Cursor:
     """Where one row is in its plan: the pass it makes next (its block and, with a schedule, how many it commits)."""
 
     def __init__(self, plan: TruncationPlan, parallel: bool) -> None:
@@ -227,7 +227,7 @@ class _Cursor:
         self.schedule = np.zeros(0, np.int64)
         self.candidates: tuple[int, int] | None = None  # parallel: (block, masks before its end) at the last pass
 
-    def next(self, ctx: LoopContext, group: _Group, row: int, first_schedule: np.ndarray | None
+    def next(self, ctx: LoopContext, group: Columns, row: int, first_schedule: np.ndarray | None
              ) -> tuple[int, int, int] | None:
         """(block start, block end in the group's columns, tokens to commit (-1: the parallel rule)), or None when
         the row is done; advances the cursor."""
@@ -337,7 +337,7 @@ class _Group:
         """A pass for `rows` against the prompt cache: the last prompt token and their response columns run, the
         columns before them come from the cache; commits before hi (`counts`: the Dream family's sampler)."""
         assert self.prompt_kv is not None
-        backend = cast(PromptCacheBackend, self.ctx.backend)
+        backend = cast("PromptCacheBackend", self.ctx.backend)
         P = self.prompt_width
         c0, c1 = P - 1, P + int(self.width[rows].max())
         sub = np.ascontiguousarray(self.x[rows, c0:c1])
@@ -353,7 +353,7 @@ class _Group:
     def refresh(self, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, k: np.ndarray, tally: Tally) -> None:
         """A full pass for `rows` (the group's columns) that also refills their keys and values; commits before hi."""
         assert self.cache is not None
-        backend = cast(CacheBackend, self.ctx.backend)
+        backend = cast("CacheBackend", self.ctx.backend)
         sub = np.ascontiguousarray(self.x[rows])
         sub_real = np.ascontiguousarray(self.real[rows])
         out = backend.refresh(self.ctx.step_input(sub, sub_real, self.prompt_width, hi[rows]))
@@ -371,7 +371,7 @@ class _Group:
     def window_step(self, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, k: np.ndarray, tally: Tally) -> None:
         """A cached pass for `rows`: only a window holding each row's block runs; commits inside the block."""
         assert self.cache is not None and self.cache.kv is not None
-        backend = cast(CacheBackend, self.ctx.backend)
+        backend = cast("CacheBackend", self.ctx.backend)
         S = self.x.shape[1]
         lead = window_lead(backend)  # shifted logits: the column before the block predicts its first token
         W = int((hi[rows] - lo[rows]).max()) + lead

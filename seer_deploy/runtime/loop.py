@@ -17,19 +17,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from seer_deploy.core.backend import (
-    Backend,
-    CacheBackend,
-    KVCache,
-    PromptCacheBackend,
-    RefreshOutput,
-    Step0Output,
     StepInput,
-    StepOutput,
     kv_zeros,
     supports_cache,
     supports_guidance,
@@ -46,6 +39,9 @@ from seer_deploy.runtime.scheduler import HybridPlan, StepCost, plan_hybrid, ste
 from seer_deploy.runtime.settled import SettledHook
 from seer_deploy.seer.config import SeerConfig
 from seer_deploy.seer.plan import SeerReport, TruncationPlan, full_length_plan, make_plan, plan_batch
+
+if TYPE_CHECKING:  # annotations only
+    from seer_deploy.core.backend import Backend, CacheBackend, KVCache, PassOutput, PromptCacheBackend, Step0Output
 
 
 @dataclass
@@ -342,14 +338,14 @@ def step_zero(ctx: LoopContext, canvas: Canvas, hi: int, k: np.ndarray, tally: T
         inputs = StepInput(x, mask, prompt_width=prompt_width, guidance=config.cfg_scale,
                            candidates=mask_columns(x, None, ctx.mask_id), scoring=config.scoring())
         if config.prompt_cache:  # step zero fills the prompt cache
-            out0 = cast(PromptCacheBackend, ctx.backend).prefill(inputs)
+            out0 = cast("PromptCacheBackend", ctx.backend).prefill(inputs)
             kv = out0.kv
         else:
             out0 = ctx.backend.step0(inputs)
         tally.count(ctx, real)
-    committed: StepOutput | Step0Output | RefreshOutput | None = out0
+    committed: PassOutput | None = out0
     if out0 is None and cached:  # one pass that also returns the keys and values
-        committed = cast(CacheBackend, ctx.backend).refresh(ctx.step_input(x, mask, prompt_width, np.full(B, hi)))
+        committed = cast("CacheBackend", ctx.backend).refresh(ctx.step_input(x, mask, prompt_width, np.full(B, hi)))
         kv = committed.kv
         tally.count(ctx, real)
     elif not greedy:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
 from seer_deploy.contracts.export_manifest import ExportManifest
-from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
 from seer_deploy.core.backend import Backend
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.engines.manifest import EngineManifest, RuntimeFacts, check_engine_compatible
@@ -24,7 +23,6 @@ from seer_deploy.models.pictures.image import ImageConfig
 from seer_deploy.models.pictures.qwen_pictures import QwenPictures
 from seer_deploy.models.text.tokenizer_files import TokenizerFacts, has_tokenizer
 from seer_deploy.runtime.targets import (
-    BACKEND_CHOICES,
     TOKENIZER_FILE,
     BackendChoice,
     Description,
@@ -43,29 +41,26 @@ if TYPE_CHECKING:
 
 
 def open_target(
-    target: str | os.PathLike[str], backend: BackendChoice | None = None, options: TargetOptions | None = None,
-    described: Description | None = None, seer: SeerConfig | None = None,
+    target: str | os.PathLike[str], options: TargetOptions | None = None, described: Description | None = None, *,
+    seer: SeerConfig | None = None,
 ) -> tuple[Backend, TargetInfo]:
-    """The backend that runs TARGET and what it needs (ids, tokenizer, image settings); `backend` None picks the
-    target's own (checkpoint: torch, export: ort, engine: what it was built for). `described`: TARGET's description
-    (`targets.describe`) when the caller has it, so its manifests are read once. `seer`: the Seer config the run
-    reads, whose statistics a checkpoint's torch step zero computes (an export's are fixed: `TargetInfo.seer_for`)."""
+    """The backend that runs TARGET and what it needs (ids, tokenizer, image settings); `options.backend` None picks
+    the target's own (checkpoint: torch, export: ort, engine: what it was built for). `described`: TARGET's
+    description (`targets.describe`) when the caller has it, so its manifests are read once. `seer`: the Seer config
+    the run reads, whose statistics a checkpoint's torch step zero computes (an export's are fixed:
+    `TargetInfo.seer_for`)."""
     options = options or TargetOptions()
-    if backend is not None and backend not in BACKEND_CHOICES:
-        raise ConfigError(f"backend '{backend}' is unknown; use one of {', '.join(BACKEND_CHOICES)}")
-    if options.threads is not None and options.threads < 0:
-        raise ConfigError(f"--threads must be >= 0 (0 = the engine's default), got {options.threads}")
     options.check()
     d = described if described is not None else describe(target)
     if d.kind == "checkpoint":
-        return open_checkpoint(d, backend, options, seer)
+        return open_checkpoint(d, options, seer)
     if d.kind == "export":
-        return open_export(d, backend, options)
-    return open_engine(d, backend, options)
+        return open_export(d, options)
+    return open_engine(d, options)
 
 
-def open_checkpoint(d: Description, backend: BackendChoice | None, options: TargetOptions,
-                    seer: SeerConfig | None = None) -> tuple[Backend, TargetInfo]:
+def open_checkpoint(d: Description, options: TargetOptions, seer: SeerConfig | None = None
+                    ) -> tuple[Backend, TargetInfo]:
     """torch eager on a checkpoint (LLaDA or LLaDA-V layout)."""
     target = d.target
     import torch
@@ -75,6 +70,7 @@ def open_checkpoint(d: Description, backend: BackendChoice | None, options: Targ
     from seer_deploy.models.checkpoints.multimodal import load_multimodal
     from seer_deploy.runtime.torch_backend import DimpleTorchBackend, MultimodalTorchBackend, TorchBackend
 
+    backend = options.backend
     if backend not in (None, "torch"):
         build = "ort" if backend == "ort" else "tensorrt"
         raise ConfigError(
@@ -198,17 +194,15 @@ def _ort_backend(d: Description, session: OrtSessionOptions, info: TargetInfo, k
     cache graphs too where the export has them and `kv_cache` (an engine dir: where it was built with them)."""
     export_dir, export = d.export_dir, d.export
     assert export is not None and export_dir is not None  # describe() reads them for an export or engine dir
-    if not d.multimodal:
-        from seer_deploy.engines.ort import OrtBackend
+    from seer_deploy.engines.ort_multimodal import DimpleOrtBackend, MultimodalOrtBackend, backend_class
 
-        return OrtBackend(export_dir, session, kv_cache=kv_cache, manifest=export), info
-    from seer_deploy.engines.ort_multimodal import DimpleOrtBackend, MultimodalOrtBackend
-
-    if "pictures" in export.extra[MULTIMODAL_KEY]["vision_config"]:  # Dimple's Qwen2.5-VL tower
-        dimple = DimpleOrtBackend(export_dir, session, kv_cache=kv_cache, manifest=export)
-        return dimple, replace(info, images=dimple_image_support(dimple.pictures, dimple.image_token_index,
-                                                                 dimple.image_id_base))
-    backend = MultimodalOrtBackend(export_dir, session, kv_cache=kv_cache, manifest=export)
+    opened = backend_class(export)(export_dir, session, kv_cache=kv_cache, manifest=export)
+    if not opened.takes_pictures:
+        return opened, info
+    if isinstance(opened, DimpleOrtBackend):  # Dimple's Qwen2.5-VL tower
+        return opened, replace(info, images=dimple_image_support(opened.pictures, opened.image_token_index,
+                                                                 opened.image_id_base))
+    backend = cast(MultimodalOrtBackend, opened)
     vision = backend.multimodal["vision_config"]
     image = vision["image"]
     settings = ImageConfig(int(image["image_size"]), tuple(image["mean"]), tuple(image["std"]), str(image["aspect"]))
@@ -217,9 +211,9 @@ def _ort_backend(d: Description, session: OrtSessionOptions, info: TargetInfo, k
     return backend, replace(info, images=images)
 
 
-def open_export(d: Description, backend: BackendChoice | None, options: TargetOptions) -> tuple[Backend, TargetInfo]:
+def open_export(d: Description, options: TargetOptions) -> tuple[Backend, TargetInfo]:
     """ONNX Runtime on an export directory."""
-    path, target, export = d.path, d.target, d.export
+    path, target, export, backend = d.path, d.target, d.export, options.backend
     assert export is not None  # describe() reads an export dir's manifest
     if backend == "torch":
         raise ConfigError(
@@ -259,11 +253,11 @@ def engine_session_options(manifest: EngineManifest, options: TargetOptions) -> 
     return session
 
 
-def open_engine(d: Description, backend: BackendChoice | None, options: TargetOptions) -> tuple[Backend, TargetInfo]:
+def open_engine(d: Description, options: TargetOptions) -> tuple[Backend, TargetInfo]:
     """The engine an engine dir was built for, after checking it against its export and this machine."""
     path, target = d.path, d.target
     manifest, export_dir, export, facts = checked_engine(d)
-    wanted = backend or manifest.backend
+    wanted = options.backend or manifest.backend
     if wanted != manifest.backend:
         fix = (f"give its export ({export_dir}) as TARGET" if wanted == "ort" else
                f"build one (seer-deploy build {export_dir} --out ENGINE_DIR --backend {wanted})" if wanted == "tensorrt"

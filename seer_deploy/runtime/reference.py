@@ -140,7 +140,7 @@ def _step(
     if scoring is not None and rule is not None:
         x0, score = pick_scored(logits, config.temperature, generator, scoring)
         candidate = is_masked & (torch.arange(x.shape[1], device=x.device)[None, :] < hi[:, None])
-        return _StepOut(rule_commit(x, x0, score, candidate, *rule, config, generator), x0, logits, stats)
+        return _StepOut(rule_commit(x, x0, score, candidate, rule, config, generator), x0, logits, stats)
     x0 = gumbel_argmax(logits, config.temperature, generator)
     if config.remasking == "low_confidence":
         score = token_log_prob(logits, x0)

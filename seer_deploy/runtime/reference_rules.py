@@ -68,9 +68,11 @@ def _top(keys: Tensor, counts: Tensor) -> Tensor:
     return ranks < counts[:, None]
 
 
-def rule_commit(x: Tensor, x0: Tensor, score: Tensor, candidate: Tensor, index: int, steps: int, totals: Tensor,
+def rule_commit(x: Tensor, x0: Tensor, score: Tensor, candidate: Tensor, rule: tuple[int, int, Tensor],
                 config: GenerationConfig, generator: torch.Generator | None) -> Tensor:
-    """x after pass `index` of `steps` commits among the candidates (masks before each row's end)."""
+    """x after pass `index` of `steps` commits among the candidates (masks before each row's end); `rule` = (index,
+    steps, the masks each row had at the start)."""
+    index, steps, totals = rule
     counts, above, ratio = pass_counts(candidate.sum(-1), totals, index, steps, config)
     k = torch.tensor(counts)
     none = torch.full_like(score, -torch.inf)

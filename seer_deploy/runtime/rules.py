@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from seer_deploy.core.backend import RefreshOutput, Step0Output, StepOutput
+from seer_deploy.core.backend import PassOutput
 from seer_deploy.core.decoding import ScoreRule, step_ratio, timesteps
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.runtime.loopcore import LoopCore
@@ -105,9 +105,10 @@ def drawn_keys(rng: np.random.Generator, x: np.ndarray, score: np.ndarray, rule:
 
 
 def commit_rule(core: LoopCore, config: GenerationConfig, rng: np.random.Generator, mask_id: int, x: np.ndarray,
-                out: StepOutput | Step0Output | RefreshOutput, lo: np.ndarray, hi: np.ndarray,
+                out: PassOutput, span: tuple[np.ndarray, np.ndarray],
                 counts: list[StepCount]) -> None:
-    """Commit, in place, what each row's StepCount asks for among its masks of [lo[b], hi[b])."""
+    """Commit, in place, what each row's StepCount asks for among its masks of [lo[b], hi[b]) (`span` = lo, hi)."""
+    lo, hi = span
     x0 = np.ascontiguousarray(out.token_ids, dtype=np.int64)
     scores = getattr(out, "score", None)  # a refresh returns none
     score = np.ascontiguousarray(out.confidence if scores is None else scores, dtype=np.float32)

@@ -22,6 +22,7 @@ from PIL import Image
 from seer_deploy.contracts.export_manifest import MANIFEST_FILE as EXPORT_FILE
 from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.core.backend import Backend, ImageBackend, PatchBackend
+from seer_deploy.core.backend_names import BACKEND_CHOICES, BackendChoice
 from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import ArtifactError, CheckpointError, ConfigError
 from seer_deploy.core.sparsity import StatsSpec
@@ -37,18 +38,19 @@ from seer_deploy.models.text.tokenizer_files import TokenizerFacts
 from seer_deploy.seer.config import CHECKPOINT_CONFIG_NAME, SeerConfig
 
 TargetKind = Literal["checkpoint", "export", "engine"]
-BackendChoice = Literal["torch", "ort", "tensorrt"]
-BACKEND_CHOICES: tuple[BackendChoice, ...] = ("torch", "ort", "tensorrt")
 DEMO_TARGETS = ("demo", DEMO_VL_NAME)
 TOKENIZER_FILE = "tokenizer.json"
 
 
 @dataclass(frozen=True)
 class TargetOptions:
-    """How to open a target. None keeps what the artifact says (an engine dir's session settings) or the default."""
+    """How to open a target (`--backend`, `--provider`, `--threads`, `--device`, `--io-binding`, `--cuda-graph`).
+    None keeps what the artifact says (an engine dir's session settings) or the default. The ONNX Runtime session
+    settings are made from it in one place (`runtime.openers.ort_session_options`)."""
 
+    backend: BackendChoice | None = None  # None: the target's own (checkpoint torch, export ort, engine its build's)
     providers: tuple[str, ...] | None = None  # ONNX Runtime providers in order of preference
-    threads: int | None = None  # intra-op threads (ONNX Runtime's session; torch's for a checkpoint)
+    threads: int | None = None  # intra-op threads (ONNX Runtime's session; torch's for a checkpoint); 0: the default
     # "cpu", "cuda" or "cuda:N": where torch runs a checkpoint, the CUDA provider's device (an export), the GPU of a
     # TensorRT engine. None: the target's default (torch: cpu; ONNX Runtime: CUDA when installed; TensorRT: GPU 0).
     device: str | None = None
@@ -56,7 +58,11 @@ class TargetOptions:
     cuda_graph: bool = False  # ONNX Runtime on CUDA: one CUDA graph per call shape (implies io_binding)
 
     def check(self) -> None:
-        """ConfigError for a malformed device, before anything loads."""
+        """ConfigError for an unknown backend, negative threads or a malformed device, before anything loads."""
+        if self.backend is not None and self.backend not in BACKEND_CHOICES:
+            raise ConfigError(f"backend '{self.backend}' is unknown; use one of {', '.join(BACKEND_CHOICES)}")
+        if self.threads is not None and self.threads < 0:
+            raise ConfigError(f"--threads must be >= 0 (0 = the engine's default), got {self.threads}")
         parse_device(self.device)
 
 

@@ -25,12 +25,13 @@ from seer_deploy.core.errors import ConfigError, SeerDeployError
 from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.seer.config import parse_tail_context
 from seer_deploy.serve import protocol
-from seer_deploy.serve.batcher import Batcher, Closed, DeadlineExceeded, Job, QueueFull
-from seer_deploy.serve.engine import Engine, Result, Row, SeerChoice
+from seer_deploy.serve.batcher import Batcher, CallBatcher, Closed, DeadlineExceeded, Job, QueueFull
 from seer_deploy.serve.events import Message, Scope, Streaming, finished_events, live_events, tell
 from seer_deploy.serve.metrics import Metrics
 from seer_deploy.serve.options import ServeOptions
+from seer_deploy.serve.responder import Responder, Result, Row
 from seer_deploy.serve.sizes import gen_length_for, request_generation, supported_sizes
+from seer_deploy.serve.stepper import StepBatcher
 from seer_deploy.service import Service
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics")
@@ -51,15 +52,20 @@ class ClientGone(Exception):
 
 
 class ServeState:
-    """What the app holds: the engine, its batcher, the metrics, and whether it is draining."""
+    """What the app holds: the responder, its batcher, the metrics, and whether it is draining."""
 
     def __init__(self, service: Service, options: ServeOptions) -> None:
         self.options = options
-        self.engine = Engine(service)
+        self.responder = Responder(service)
         self.metrics = Metrics(options.replica)
-        self.batcher: Batcher[Row] = Batcher(self.engine.run, max_batch=options.max_batch,
-                                             max_wait_ms=options.max_wait_ms, max_queue=options.max_queue,
-                                             observer=self.metrics)
+        self.batcher: Batcher[Row]
+        if options.batching == "step":
+            self.batcher = StepBatcher(self.responder, max_batch=options.max_batch, max_wait_ms=options.max_wait_ms,
+                                       max_queue=options.max_queue, observer=self.metrics)
+        else:
+            self.batcher = CallBatcher(self.responder.run, max_batch=options.max_batch,
+                                       max_wait_ms=options.max_wait_ms, max_queue=options.max_queue,
+                                       observer=self.metrics)
         generation = service.options.generation
         self.sizes = supported_sizes(options.gen_lengths, generation.gen_length, service.backend.max_seq_len)
         self.draining = False
@@ -88,14 +94,13 @@ class ServeState:
         if body.model is not None and body.model != self.options.model_name:
             raise HTTPError(404, f"model '{body.model}' is not served here; use '{self.options.model_name}' "
                                  "(GET /v1/models)", "invalid_request_error")
-        base = self.engine.service.options.generation
+        base = self.responder.service.options.generation
         size = gen_length_for(max_tokens, self.sizes, base.gen_length)
         generation = request_generation(base, size, body.steps, body.block_length, body.temperature, body.rule())
         tail = None if body.tail_context is None else parse_tail_context(body.tail_context)
-        choice = SeerChoice(body.seer, tail)
-        seed = body.seed if body.seed is not None else self.engine.service.options.seed
-        return [self.engine.prepare(p, generation, choice, max_tokens=max_tokens, stop=body.stops(), seed=seed)
-                for p in prompts]
+        seed = body.seed if body.seed is not None else self.responder.service.options.seed
+        return [self.responder.prepare(p, generation, seer=body.seer, tail_context=tail, max_tokens=max_tokens,
+                                       stop=body.stops(), seed=seed) for p in prompts]
 
     def submit(self, rows: list[Row]) -> list[Job[Row]]:
         deadline = time.monotonic() + self.options.timeout_s
@@ -328,7 +333,7 @@ def create_app(service: Service, options: ServeOptions | None = None) -> FastAPI
         return JSONResponse(protocol.completion(rid, options.model_name, results))
 
     async def stream(request: Request, rid: str, chat: bool, rows: list[Row]) -> Response:
-        """Server-sent events as the answers settle: the rows tell their settled text from the engine's thread; the
+        """Server-sent events as the answers settle: the rows tell their settled text from the worker's thread; the
         response starts once the first text arrives (the rows are running: queue refusals and deadlines keep their
         status codes) or, if none comes first, once the answers are done."""
         loop = asyncio.get_running_loop()
@@ -341,9 +346,10 @@ def create_app(service: Service, options: ServeOptions | None = None) -> FastAPI
         try:
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not first.done():
-                first.cancel()
-        if first.cancelled():
+            told_first = first.done() and not first.cancelled()
+            if not told_first:
+                first.cancel()  # (a task is cancelled only once it runs again: read told_first, not first)
+        if not told_first:  # the answers were done before any text was told
             results = await waiter  # raises the request's HTTP error, if any
             return Streaming(finished_events(rid, options.model_name, chat, results), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
@@ -361,10 +367,10 @@ def create_app(service: Service, options: ServeOptions | None = None) -> FastAPI
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         authorize(request)
-        service = state.engine.service
+        service = state.responder.service
         return {"object": "list", "data": [{
             "id": options.model_name, "object": "model", "created": 0, "owned_by": "seer-deploy",
-            "backend": service.backend.name, "multimodal": state.engine.multimodal,
+            "backend": service.backend.name, "multimodal": state.responder.multimodal,
             "gen_lengths": list(state.sizes), "default_gen_length": service.options.generation.gen_length,
             "seer": service.seer is not None,
         }]}

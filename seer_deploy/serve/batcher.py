@@ -1,12 +1,13 @@
-"""Dynamic batching: a bounded queue of rows and the one worker thread that owns the engine.
+"""Batching: a bounded queue of rows and the one worker thread that owns the model (`Batcher`), and the per-call
+worker (`CallBatcher`, `serve --batching call`); the step-level worker is serve/stepper.py.
 
-HTTP handlers (on the event loop) submit rows and await their futures; the worker takes the oldest row, waits up
-to `max_wait_ms` (or until `max_batch` rows of its kind are queued), and runs every queued row of that kind
+HTTP handlers (on the event loop) submit rows and await their futures. The per-call worker takes the oldest row,
+waits up to `max_wait_ms` (or until `max_batch` rows of its kind are queued), and runs every queued row of that kind
 together, in arrival order: one kind = one generation setting = one `Service.generate` call, where the hybrid
-scheduler batches their different kept lengths. The engine is not thread-safe, so nothing but the worker calls it.
+scheduler batches their different kept lengths. The Service is not thread-safe, so nothing but the worker calls it.
 A full queue refuses at once (429); a row past its deadline is dropped before it runs (504); a cancelled row
-(its client went away) leaves the queue, or if it is running its result is discarded; `close()` stops taking rows
-and drains the ones already taken.
+(its client went away) leaves the queue, or if it is running its result is discarded (per call) or it leaves at
+the next pass (step-level); `close()` stops taking rows and drains the ones already taken.
 
 Every admitted row settles exactly once, with one outcome: answered (run to a result), refused (the engine answered
 it with an error), expired (its deadline passed) or cancelled (its client went away). `balance()` reads the counts
@@ -45,6 +46,17 @@ class Observer(Protocol):
     def queue_depth(self, rows: int) -> None: ...
     def batch(self, rows: int, seconds: float, waited: Sequence[float]) -> None: ...
     def dropped(self, reason: str, rows: int) -> None: ...
+    def round(self, report: RoundReport) -> None: ...
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """One round of the step-level worker: every live row's next pass (serve/stepper.py)."""
+
+    live: int  # rows live in the round
+    admitted: int  # rows that joined since the last round
+    passes: Sequence[tuple[int, float, bool, bool]]  # per forward pass: rows, seconds, mixes steps, mixes settings
+    first_pass_waits: Sequence[float]  # for the rows admitted: seconds from arrival to their first pass
 
 
 @dataclass(eq=False)
@@ -81,11 +93,10 @@ Runner = Callable[[list[Row]], Sequence[Any]]  # rows of one kind -> a result (o
 
 
 class Batcher(Generic[Row]):
-    """The queue and its worker; `runner` is called only from the worker thread."""
+    """The queue and its worker thread (`_work`, a subclass's); the model is called only from the worker."""
 
-    def __init__(self, runner: Runner[Row], *, max_batch: int, max_wait_ms: float, max_queue: int,
+    def __init__(self, *, max_batch: int, max_wait_ms: float, max_queue: int,
                  observer: Observer | None = None) -> None:
-        self._runner = runner
         self.max_batch, self.max_wait, self.max_queue = max_batch, max_wait_ms / 1000.0, max_queue
         self._observer = observer
         self._queue: list[Job[Row]] = []
@@ -94,7 +105,6 @@ class Batcher(Generic[Row]):
         self.admitted = 0  # rows taken into the queue
         self.outcomes = dict.fromkeys(OUTCOMES, 0)  # how the admitted rows settled
         self._thread = threading.Thread(target=self._work, name="seer-serve-worker", daemon=True)
-        self._thread.start()
 
     @property
     def alive(self) -> bool:
@@ -159,6 +169,60 @@ class Batcher(Generic[Row]):
         if self._observer is not None:
             getattr(self._observer, what)(*args)
 
+    def _work(self) -> None:
+        raise NotImplementedError
+
+    def _expire(self, now: float) -> None:
+        """Settle the queued rows past their deadline (504), under the lock."""
+        expired = [j for j in self._queue if j.deadline <= now]
+        for job in expired:
+            job.state = "expired"
+            self._queue.remove(job)
+            job.settle(error=DeadlineExceeded("the request waited past its deadline"))
+        if expired:
+            self.outcomes["expired"] += len(expired)
+            self._report("dropped", "deadline", len(expired))
+
+    def _take(self, jobs: Sequence[Job[Row]]) -> None:
+        """Move jobs from the queue to running, under the lock."""
+        for job in jobs:
+            job.state = "running"
+            self._queue.remove(job)
+        self._report("queue_depth", len(self._queue))
+
+    def _finish(self, done: Sequence[tuple[Job[Row], Any]]) -> None:
+        """Settle running rows with their results (an Exception: refused): counted before any handler hears, so a
+        handler that has its answer sees it settled; a row whose handler gave up counts as that."""
+        with self._cond:
+            given_up: dict[str, int] = {}
+            for job, result in done:
+                job.state = "done"
+                if job.given_up is not None:
+                    given_up[job.given_up] = given_up.get(job.given_up, 0) + 1
+                    self.outcomes[GIVEN_UP[job.given_up]] += 1
+                else:
+                    self.outcomes["refused" if isinstance(result, BaseException) else "answered"] += 1
+        for reason, rows in given_up.items():
+            self._report("dropped", reason, rows)
+        for job, result in done:
+            if isinstance(result, BaseException):
+                job.settle(error=result)
+            else:
+                job.settle(result)
+
+    def _start(self) -> None:
+        self._thread.start()
+
+
+class CallBatcher(Batcher[Row]):
+    """`serve --batching call`: rows of one kind run together in one call, to its end."""
+
+    def __init__(self, runner: Runner[Row], *, max_batch: int, max_wait_ms: float, max_queue: int,
+                 observer: Observer | None = None) -> None:
+        super().__init__(max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, observer=observer)
+        self._runner = runner
+        self._start()
+
     def _next_batch(self) -> list[Job[Row]] | None:
         """The next rows to run (waiting for them as the rules say); None when closed and drained."""
         with self._cond:
@@ -175,48 +239,29 @@ class Batcher(Generic[Row]):
                 if same < self.max_batch and now < fill_by and not self._closing:
                     self._cond.wait(fill_by - now)
                     continue
-                expired = [j for j in self._queue if j.deadline <= now]
-                for job in expired:
-                    job.state = "expired"
-                    self._queue.remove(job)
-                    job.settle(error=DeadlineExceeded("the request waited past its deadline"))
-                if expired:
-                    self.outcomes["expired"] += len(expired)
-                    self._report("dropped", "deadline", len(expired))
+                self._expire(now)
                 if not self._queue:
                     continue
                 key = self._queue[0].key
                 batch = [j for j in self._queue if j.key == key][: self.max_batch]
-                for job in batch:
-                    job.state = "running"
-                    self._queue.remove(job)
-                self._report("queue_depth", len(self._queue))
+                self._take(batch)
                 return batch
 
     def _work(self) -> None:
         while (batch := self._next_batch()) is not None:
             start = time.monotonic()
-            try:
-                results: Sequence[Any] = self._runner([j.row for j in batch])
-                if len(results) != len(batch):
-                    raise RuntimeError(f"the engine answered {len(results)} of {len(batch)} rows")
-            except Exception as exc:  # noqa: BLE001  # a bug or a broken engine: each row of the batch is told
-                results = [exc] * len(batch)
+            results = run_rows(self._runner, [j.row for j in batch])
             seconds = time.monotonic() - start
-            with self._cond:  # counted before any handler hears: a handler that has its answer sees it settled
-                given_up: dict[str, int] = {}
-                for job, result in zip(batch, results, strict=True):
-                    job.state = "done"
-                    if job.given_up is not None:
-                        given_up[job.given_up] = given_up.get(job.given_up, 0) + 1
-                        self.outcomes[GIVEN_UP[job.given_up]] += 1
-                    else:
-                        self.outcomes["refused" if isinstance(result, BaseException) else "answered"] += 1
-            for reason, rows in given_up.items():
-                self._report("dropped", reason, rows)
-            for job, result in zip(batch, results, strict=True):
-                if isinstance(result, BaseException):
-                    job.settle(error=result)
-                else:
-                    job.settle(result)
+            self._finish(list(zip(batch, results, strict=True)))
             self._report("batch", len(batch), seconds, [start - j.queued_at for j in batch])
+
+
+def run_rows(runner: Runner[Row], rows: list[Row]) -> Sequence[Any]:
+    """A runner's results for rows; on a bug or a broken engine each row is told the exception."""
+    try:
+        results: Sequence[Any] = runner(rows)
+        if len(results) != len(rows):
+            raise RuntimeError(f"the runner answered {len(results)} of {len(rows)} rows")
+    except Exception as exc:  # noqa: BLE001  # each row of the batch is told
+        results = [exc] * len(rows)
+    return results

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from seer_deploy.serve import protocol
-from seer_deploy.serve.engine import Result
+from seer_deploy.serve.responder import Result
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -46,18 +46,18 @@ async def live_events(rid: str, model: str, chat: bool, n: int, first: tuple[int
     """Answers as server-sent events while they settle: the role, each new piece of settled text (a denoising block's,
     or whatever the confidence order settled left to right), then what the final answer adds, a final chunk per
     answer with its finish reason (and usage), then [DONE]."""
-    created = int(time.time())
+    stream = protocol.Stream(rid, model, int(time.time()), chat)
     sent = [""] * n
     getter: asyncio.Future[tuple[int, str]] | None = None
     try:
         if chat:
-            yield sse(protocol.chunk(rid, model, created, chat, 0, role=True))
+            yield sse(protocol.chunk(stream, 0, role=True))
         pending: tuple[int, str] | None = first
         while True:
             while pending is not None:
                 index, text = pending
                 if text.startswith(sent[index]) and len(text) > len(sent[index]):
-                    yield sse(protocol.chunk(rid, model, created, chat, index, text=text[len(sent[index]):]))
+                    yield sse(protocol.chunk(stream, index, text=text[len(sent[index]):]))
                     sent[index] = text
                 pending = told.get_nowait() if not told.empty() else None
             if waiter.done():
@@ -84,9 +84,9 @@ async def live_events(rid: str, model: str, chat: bool, n: int, first: tuple[int
     for i, result in enumerate(results):
         rest = result.text[len(sent[i]):] if result.text.startswith(sent[i]) else ""
         if rest:
-            yield sse(protocol.chunk(rid, model, created, chat, i, text=rest))
+            yield sse(protocol.chunk(stream, i, text=rest))
         last = i == len(results) - 1
-        yield sse(protocol.chunk(rid, model, created, chat, i, finish=result.finish_reason,
+        yield sse(protocol.chunk(stream, i, finish=result.finish_reason,
                                   usage_=protocol.usage(results) if last else None))
     yield "data: [DONE]\n\n"
 
@@ -94,13 +94,13 @@ async def live_events(rid: str, model: str, chat: bool, n: int, first: tuple[int
 async def finished_events(rid: str, model: str, chat: bool, results: list[Result]) -> AsyncIterator[str]:
     """Finished answers as server-sent events: the role, the text, a final chunk with the finish reason and usage
     (Seer's report included), then [DONE]."""
-    created = int(time.time())
+    stream = protocol.Stream(rid, model, int(time.time()), chat)
     for i, result in enumerate(results):
         if chat:
-            yield sse(protocol.chunk(rid, model, created, chat, i, role=True))
+            yield sse(protocol.chunk(stream, i, role=True))
         if result.text:
-            yield sse(protocol.chunk(rid, model, created, chat, i, text=result.text))
+            yield sse(protocol.chunk(stream, i, text=result.text))
         last = i == len(results) - 1
-        yield sse(protocol.chunk(rid, model, created, chat, i, finish=result.finish_reason,
+        yield sse(protocol.chunk(stream, i, finish=result.finish_reason,
                                   usage_=protocol.usage(results) if last else None))
     yield "data: [DONE]\n\n"

@@ -9,10 +9,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from seer_deploy.serve.engine import Result
+from seer_deploy.serve.batcher import RoundReport
+from seer_deploy.serve.responder import Result
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 LENGTH_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -43,6 +45,18 @@ class Metrics:
         self.full_tokens = Counter("seer_serve_full_length_tokens", "Tokens the same rows cost at full length",
                                    registry=r)
         self.passes = Counter("seer_serve_passes", "Forward passes, summed over rows", registry=r)
+        # Step-level batching (serve --batching step): the loop over live rows
+        self.round_live, self.round_admitted, self.pass_rows, self.pass_seconds, self.first_pass = (
+            Histogram(f"seer_serve_{name}", doc, buckets=buckets, registry=r) for name, doc, buckets in (
+                ("round_live_rows", "Rows live in one round (each makes one pass)", SIZE_BUCKETS),
+                ("round_admitted_rows", "Rows that joined the live rows before a round", (0, *SIZE_BUCKETS)),
+                ("pass_rows", "Rows in one forward pass", SIZE_BUCKETS),
+                ("pass_seconds", "Time of one forward pass (host work included)", PASS_BUCKETS),
+                ("first_pass_seconds", "Time from a row's arrival to its first pass", LATENCY_BUCKETS)))
+        self.forward_passes = Counter("seer_serve_forward_passes", "Forward passes the live rows ran", registry=r)
+        self.mixed_passes = Counter("seer_serve_mixed_passes", "Forward passes that mixed rows at step zero with rows "
+                                    "at later steps (mixes=steps), or rows of different settings (mixes=settings)",
+                                    ["mixes"], registry=r)
         if replica is not None:
             Gauge("seer_serve_replica", "This replica (Ray Serve)", ["replica"], registry=r).labels(replica).set(1)
 
@@ -55,6 +69,20 @@ class Metrics:
         self.batch_seconds.observe(seconds)
         for w in waited:
             self.queue_wait.observe(w)
+
+    def round(self, report: RoundReport) -> None:
+        self.round_live.observe(report.live)
+        self.round_admitted.observe(report.admitted)
+        for wait in report.first_pass_waits:
+            self.first_pass.observe(wait)
+        for rows, seconds, mixes_steps, mixes_settings in report.passes:
+            self.forward_passes.inc()
+            self.pass_rows.observe(rows)
+            self.pass_seconds.observe(seconds)
+            if mixes_steps:
+                self.mixed_passes.labels("steps").inc()
+            if mixes_settings:
+                self.mixed_passes.labels("settings").inc()
 
     def dropped(self, reason: str, rows: int) -> None:
         self.dropped_rows.labels(reason).inc(rows)

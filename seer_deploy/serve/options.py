@@ -10,6 +10,7 @@ from typing import TextIO
 from seer_deploy.core.errors import ConfigError
 
 LOOPBACK_NAMES = ("localhost",)
+BATCHING = ("step", "call")  # serve --batching: step-level (serve/stepper.py) or per call (serve/batcher.py)
 
 
 @dataclass(frozen=True)
@@ -18,8 +19,9 @@ class ServeOptions:
     these are what HTTP adds on top."""
 
     model_name: str = "seer-demo"  # the id /v1/models lists and responses carry
-    max_batch: int = 32  # rows in one Service.generate call
-    max_wait_ms: float = 5.0  # how long the first queued row waits for others to fill its batch
+    batching: str = "step"  # "step": rows join and leave between passes; "call": rows of one kind, one call each
+    max_batch: int = 32  # live rows (step), or rows in one Service.generate call (call)
+    max_wait_ms: float = 5.0  # per call: how long the first queued row waits for others to fill its batch
     max_queue: int = 256  # rows waiting (not running); beyond it new requests get 429
     timeout_s: float = 60.0  # per-request deadline, queueing included; past it 504
     max_body_bytes: int = 8 << 20  # request bodies above this get 413 (a data-URL picture is most of it)
@@ -39,6 +41,8 @@ class ServeOptions:
                                  ("--retry-after", self.retry_after_s, 0), ("--max-connections", self.max_connections, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name} is {value!r}; it must be an integer >= {low}")
+        if self.batching not in BATCHING:
+            raise ConfigError(f"--batching is {self.batching!r}; use one of {', '.join(BATCHING)}")
         if not 0 <= self.max_wait_ms <= 10_000:
             raise ConfigError(f"--max-wait-ms is {self.max_wait_ms!r}; it must be from 0 to 10000")
         if not 0 < self.timeout_s <= 86_400:

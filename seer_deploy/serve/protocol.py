@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -22,8 +23,8 @@ from seer_deploy.core.errors import ConfigError
 from seer_deploy.models.checkpoints.multimodal_files import IMAGE_TOKEN
 from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.models.text.tokenizer import check_prompt
-from seer_deploy.serve.engine import Result
 from seer_deploy.serve.images import decode_data_url
+from seer_deploy.serve.responder import Result
 
 
 class BadField(ConfigError):
@@ -218,9 +219,20 @@ def usage(results: list[Result]) -> dict[str, Any]:
     return total
 
 
-def chunk(rid: str, model: str, created: int, chat: bool, index: int, *, role: bool = False, text: str | None = None,
-          finish: str | None = None, usage_: dict[str, Any] | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Stream:
+    """What every event of one streamed response repeats: its id, the model, when it was created, chat or not."""
+
+    rid: str
+    model: str
+    created: int
+    chat: bool
+
+
+def chunk(stream: Stream, index: int, *, role: bool = False, text: str | None = None, finish: str | None = None,
+          usage_: dict[str, Any] | None = None) -> dict[str, Any]:
     """One server-sent event's data for a streamed answer."""
+    chat = stream.chat
     choice: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": None}
     if chat:
         delta: dict[str, Any] = {}
@@ -231,8 +243,8 @@ def chunk(rid: str, model: str, created: int, chat: bool, index: int, *, role: b
         choice["delta"] = delta
     else:
         choice["text"] = text or ""
-    out: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                           "created": created, "model": model, "choices": [choice]}
+    out: dict[str, Any] = {"id": stream.rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                           "created": stream.created, "model": stream.model, "choices": [choice]}
     if usage_ is not None:
         out["usage"] = usage_
     return out

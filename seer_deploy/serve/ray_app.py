@@ -11,6 +11,7 @@ import dataclasses
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
@@ -62,26 +63,42 @@ def build_app(target: str, service_options: ServiceOptions, serve_options: Serve
     return create_app(Service(target, service_options), options)
 
 
-def deployment(target: str, service_options: ServiceOptions, serve_options: ServeOptions, *, replicas: int = 1,
-               max_replicas: int | None = None, num_cpus: float = 1.0, access_log: bool = False) -> Any:
-    """The bound Ray Serve application: `replicas` replicas (autoscaling up to max_replicas if given)."""
+@dataclass(frozen=True)
+class Replicas:
+    """How many engines Ray runs: `count` replicas (autoscaling up to `most` if given), `num_cpus` each, each with
+    its own access log on stderr when `access_log`."""
+
+    count: int = 1
+    most: int | None = None
+    num_cpus: float = 1.0
+    access_log: bool = False
+
+    def check(self) -> None:
+        if self.count < 1 or (self.most is not None and self.most < self.count):
+            raise ConfigError(f"--replicas {self.count} / --max-replicas {self.most}: need 1 <= replicas <= "
+                              "max-replicas")
+
+
+def deployment(target: str, service_options: ServiceOptions, serve_options: ServeOptions,
+               replicas: Replicas = Replicas()) -> Any:
+    """The bound Ray Serve application: its replicas, each one engine."""
     serve_options.check()
     service_options.check()
-    if replicas < 1 or (max_replicas is not None and max_replicas < replicas):
-        raise ConfigError(f"--replicas {replicas} / --max-replicas {max_replicas}: need 1 <= replicas <= max-replicas")
+    replicas.check()
     _ray()
     from ray import serve
 
-    scaling: dict[str, Any] = {"num_replicas": replicas} if max_replicas is None else {"autoscaling_config": {
-        "min_replicas": replicas, "max_replicas": max_replicas, "target_ongoing_requests": serve_options.max_batch}}
+    scaling: dict[str, Any] = {"num_replicas": replicas.count} if replicas.most is None else {"autoscaling_config": {
+        "min_replicas": replicas.count, "max_replicas": replicas.most,
+        "target_ongoing_requests": serve_options.max_batch}}
     shipped = dataclasses.replace(serve_options, access_log=None)  # a stream does not travel; each replica opens its own
 
     def builder() -> FastAPI:  # a plain function: Ray calls it in each replica (a partial would pass for an app)
-        return build_app(target, service_options, shipped, access_log)
+        return build_app(target, service_options, shipped, replicas.access_log)
 
 
     @serve.deployment(name="seer-deploy", max_ongoing_requests=serve_options.max_queue,
-                      ray_actor_options={"num_cpus": num_cpus}, **scaling)
+                      ray_actor_options={"num_cpus": replicas.num_cpus}, **scaling)
     @serve.ingress(builder)
     class SeerServe:
         """The app's routes, served by each replica."""
@@ -89,11 +106,10 @@ def deployment(target: str, service_options: ServiceOptions, serve_options: Serv
     return SeerServe.bind()  # type: ignore[attr-defined]
 
 
-def run(target: str, service_options: ServiceOptions, serve_options: ServeOptions, *, host: str, port: int,
-        replicas: int, max_replicas: int | None, access_log: bool, say: Any = print) -> None:
+def run(target: str, service_options: ServiceOptions, serve_options: ServeOptions, replicas: Replicas, *, host: str,
+        port: int, say: Any = print) -> None:
     """Serve on Ray until interrupted: a local loopback cluster unless RAY_ADDRESS names one."""
-    app = deployment(target, service_options, serve_options, replicas=replicas, max_replicas=max_replicas,
-                     access_log=access_log)
+    app = deployment(target, service_options, serve_options, replicas)
     ray = _ray()
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
@@ -105,7 +121,7 @@ def run(target: str, service_options: ServiceOptions, serve_options: ServeOption
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(app, name="seer-deploy", route_prefix="/")
-        say(f"serving {target} on Ray Serve ({replicas} replica(s)) at http://{host}:{port}")
+        say(f"serving {target} on Ray Serve ({replicas.count} replica(s)) at http://{host}:{port}")
         while True:
             signal.pause()  # until SIGTERM / SIGINT (the CLI turns them into SystemExit / KeyboardInterrupt)
     finally:

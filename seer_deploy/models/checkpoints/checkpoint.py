@@ -124,6 +124,22 @@ class LoadedCheckpoint:
     path: Path
 
 
+@dataclass
+class WithLanguageModel:
+    """A picture model's checkpoint: its language model (as load_checkpoint gives it) beside what sees the pictures;
+    its config and path are the language model's."""
+
+    lm: LoadedCheckpoint
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.lm.config
+
+    @property
+    def path(self) -> Path:
+        return self.lm.path
+
+
 @dataclass(frozen=True)
 class CheckpointWeights:
     """Where a checkpoint's language-model weights are, read from its files without loading any: what loading and a
@@ -247,7 +263,7 @@ def save_checkpoint(
         if cfg.family != "llada":
             config = family_config_dict(cfg)
         else:
-            config = cfg.to_llada_dict() if layout == "llada" else cfg.to_llama_dict()
+            config = cfg.config_json("llada" if layout == "llada" else "llama")
         config["torch_dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if max_shard_bytes is None:

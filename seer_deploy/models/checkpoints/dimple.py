@@ -16,7 +16,7 @@ from safetensors import SafetensorError, safe_open
 from seer_deploy.core.checks import int_in
 from seer_deploy.core.errors import CheckpointError
 from seer_deploy.core.files import read_json
-from seer_deploy.models.checkpoints.checkpoint import LoadedCheckpoint, finite_weight, load_checkpoint
+from seer_deploy.models.checkpoints.checkpoint import WithLanguageModel, finite_weight, load_checkpoint
 from seer_deploy.models.checkpoints.checkpoint_files import read_config, resolve_checkpoint, weight_files
 from seer_deploy.models.families.families import DIMPLE_IDS, detect_family
 from seer_deploy.models.networks.qwen_vision import DimpleVisionEncoder, QwenTowerConfig
@@ -64,21 +64,12 @@ def dimple_pictures(path: Path, raw: dict[str, Any]) -> QwenPictures:
 
 
 @dataclass
-class LoadedDimple:
-    """A Dimple checkpoint: the language model (as load_checkpoint gives it), the tower + projector, the pictures."""
+class LoadedDimple(WithLanguageModel):
+    """A Dimple checkpoint: the language model, the tower + projector, the pictures."""
 
-    lm: LoadedCheckpoint
     vision: DimpleVisionEncoder
     pictures: QwenPictures
     image_token_index: int  # <|image_pad|>: the placeholder each picture's tokens replace
-
-    @property
-    def config(self) -> Any:
-        return self.lm.config
-
-    @property
-    def path(self) -> Path:
-        return self.lm.path
 
 
 def load_dimple(name_or_path: str | os.PathLike[str], dtype: torch.dtype = torch.float32,

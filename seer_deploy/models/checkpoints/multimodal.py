@@ -26,7 +26,7 @@ from seer_deploy.core.checks import ascii_int
 from seer_deploy.core.errors import CheckpointError
 from seer_deploy.core.files import confined, read_json
 from seer_deploy.models.checkpoints.checkpoint import (
-    LoadedCheckpoint,
+    WithLanguageModel,
     finite_weight,
     load_checkpoint,
     read_config,
@@ -37,7 +37,7 @@ from seer_deploy.models.checkpoints.multimodal_files import (
     checkpoint_directory,
     is_multimodal,
 )
-from seer_deploy.models.families.config import ModelConfig, config_from_dict
+from seer_deploy.models.families.config import config_from_dict
 from seer_deploy.models.families.lavida import (
     lavida_anyres,
     lavida_variant,
@@ -163,20 +163,11 @@ def vision_config_from_dict(raw: dict[str, Any], path: Path | None = None) -> Vi
 
 
 @dataclass
-class LoadedMultimodal:
-    """A multimodal checkpoint: the language model (as load_checkpoint gives it) and the vision encoder."""
+class LoadedMultimodal(WithLanguageModel):
+    """A multimodal checkpoint (LLaDA-V, LaViDa): the language model and the vision encoder."""
 
-    lm: LoadedCheckpoint
     vision: VisionEncoder
     vision_config: VisionConfig
-
-    @property
-    def config(self) -> ModelConfig:
-        return self.lm.config
-
-    @property
-    def path(self) -> Path:
-        return self.lm.path
 
 
 def load_multimodal(

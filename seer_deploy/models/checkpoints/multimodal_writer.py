@@ -28,7 +28,7 @@ def multimodal_config_dict(lm_cfg: ModelConfig, vcfg: VisionConfig, tower_name: 
     """config.json of a LLaDA-V-layout checkpoint (Llama-style LM fields), or with `lavida` 'llada' / 'dream' a
     LaViDa one (its LM's public fields and LaViDa's keys), plus LLaVA's mm_* keys and vision_config."""
     if lavida is None:
-        d = lm_cfg.to_llama_dict()
+        d = lm_cfg.config_json("llama")
         d["model_type"] = "llava_llada"
         d["architectures"] = ["LlavaLLaDAModelLM"]
     elif lavida in VARIANT_NAMES:

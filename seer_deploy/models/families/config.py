@@ -103,61 +103,16 @@ class ModelConfig:
         """The dims of each head that rotary embeddings turn (all of them unless partial)."""
         return self.rotary_dim or self.head_dim
 
-    def to_llada_dict(self) -> dict[str, Any]:
-        """LLaDA's original config.json field names (what `modeling_llada.py` reads)."""
-        d: dict[str, Any] = {
-            "model_type": "llada",
-            "architectures": ["LLaDAModelLM"],
-            "d_model": self.d_model,
-            "n_layers": self.n_layers,
-            "n_heads": self.n_heads,
-            "n_kv_heads": self.n_kv_heads,
-            "mlp_hidden_size": self.mlp_hidden,
-            "activation_type": "silu",
-            "block_type": "llama",
-            "vocab_size": self.vocab_size,
-            "embedding_size": self.n_embed_rows,
-            "max_sequence_length": self.max_seq_len,
-            "rope": True,
-            "rope_theta": self.rope_theta,
-            "rope_full_precision": True,
-            "layer_norm_type": "rms",
-            "rms_norm_eps": self.rms_eps,
-            "include_bias": False,
-            "weight_tying": self.tie_embeddings,
-            "mask_token_id": self.mask_id,
-            "eos_token_id": self.eos_id,
-        }
-        for key, value in (("pad_token_id", self.pad_id), ("bos_token_id", self.bos_id), ("eot_token_id", self.eot_id)):
-            if value is not None:
-                d[key] = value
-        return d
-
-    def to_llama_dict(self) -> dict[str, Any]:
-        """Llama-style field names (as LLaDA-V's language model uses)."""
-        d: dict[str, Any] = {
-            "model_type": "llada_llama",
-            "architectures": ["LLaDAModelLM"],
-            "hidden_size": self.d_model,
-            "num_hidden_layers": self.n_layers,
-            "num_attention_heads": self.n_heads,
-            "num_key_value_heads": self.n_kv_heads,
-            "intermediate_size": self.mlp_hidden,
-            "hidden_act": "silu",
-            "vocab_size": self.n_embed_rows,
-            "max_position_embeddings": self.max_seq_len,
-            "rope_theta": self.rope_theta,
-            "rms_norm_eps": self.rms_eps,
-            "attention_bias": False,
-            "mlp_bias": False,
-            "is_causal": False,
-            "tie_word_embeddings": self.tie_embeddings,
-            "mask_token_id": self.mask_id,
-            "eos_token_id": self.eos_id,
-        }
-        if self.embedding_size is not None and self.embedding_size != self.vocab_size:
-            d["text_vocab_size"] = self.vocab_size
-        for key, value in (("pad_token_id", self.pad_id), ("bos_token_id", self.bos_id), ("eot_token_id", self.eot_id)):
+    def config_json(self, style: str) -> dict[str, Any]:
+        """config.json's fields in `style`: 'llada' (LLaDA's original names, what `modeling_llada.py` reads) or
+        'llama' (as LLaDA-V's language model uses); written from the names `config_from_dict` reads (STYLE_KEYS)."""
+        d: dict[str, Any] = dict(STYLE_CONSTANTS[style])
+        for field, key in STYLE_KEYS[style].items():
+            d[key] = self.n_embed_rows if field == "embedding_size" else getattr(self, field)
+        if style == "llama" and self.n_embed_rows != self.vocab_size:
+            d["text_vocab_size"] = self.vocab_size  # LLaDA-V: the text vocabulary inside a larger embedding table
+        for field, key in ID_KEYS.items():
+            value = getattr(self, field)
             if value is not None:
                 d[key] = value
         return d
@@ -281,6 +236,14 @@ STYLE_KEYS: dict[str, dict[str, str]] = {
         "embedding_size": "vocab_size", "max_seq_len": "max_position_embeddings", "rope_theta": "rope_theta",
         "rms_eps": "rms_norm_eps", "tie_embeddings": "tie_word_embeddings",
     },
+}
+# What a writer adds to the STYLE_KEYS fields: the architecture the mask predictor implements, in each style's names.
+STYLE_CONSTANTS: dict[str, dict[str, Any]] = {
+    "llada": {"model_type": "llada", "architectures": ["LLaDAModelLM"], "activation_type": "silu",
+              "block_type": "llama", "rope": True, "rope_full_precision": True, "layer_norm_type": "rms",
+              "include_bias": False},
+    "llama": {"model_type": "llada_llama", "architectures": ["LLaDAModelLM"], "hidden_act": "silu",
+              "attention_bias": False, "mlp_bias": False, "is_causal": False},
 }
 REQUIRED_FIELDS: tuple[str, ...] = ("d_model", "n_layers", "n_heads", "mlp_hidden", "vocab_size", "max_seq_len")
 # The config.json fields family options come from, for error messages.

@@ -11,12 +11,12 @@ from seer_deploy.models.families.config import ModelConfig
 def family_config_dict(cfg: ModelConfig) -> dict[str, Any]:
     """A family's public config.json fields for `cfg` (what a real checkpoint of that family holds)."""
     if cfg.family in ("llada", "mmada"):
-        d = cfg.to_llada_dict()
+        d = cfg.config_json("llada")
         if cfg.family == "mmada":
             d.update(model_type="mmada", architectures=["MMadaModelLM"], llm_vocab_size=cfg.image_code_base,
                      codebook_size=cfg.image_codes, num_vq_tokens=256, new_vocab_size=cfg.vocab_size)
         return d
-    d = cfg.to_llama_dict()
+    d = cfg.config_json("llama")
     d.pop("is_causal", None)
     d.pop("eot_token_id", None)
     if cfg.family in ("dream", "dimple"):

@@ -9,14 +9,14 @@ in-graph.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Unpack
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from seer_deploy.core.errors import ConfigError
-from seer_deploy.models.networks.llada import HiddenOutput, MaskPredictor
+from seer_deploy.models.networks.llada import HiddenOutput, MaskPredictor, PassOptions
 from seer_deploy.models.pictures.mrope import mrope_positions, picture_layout
 
 
@@ -59,13 +59,13 @@ class ImageConditionedModel(MaskPredictor):
         self.image_layout = picture_layout([], 1) if layout is None else layout
 
     def hidden_states(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None, *,
-                      position_ids: Tensor | None = None, **options: Any) -> HiddenOutput:
+                      stats_wanted: Tensor | None = None, **options: Unpack[PassOptions]) -> HiddenOutput:
         """MaskPredictor.hidden_states; an M-RoPE model's positions come from the ids (models.pictures.mrope)."""
-        if position_ids is None and self.cfg.mrope_section is not None and input_ids is not None:
+        if options.get("position_ids") is None and self.cfg.mrope_section is not None and input_ids is not None:
             mask = None if attention_mask is None else attention_mask.cpu().numpy()
             positions = mrope_positions(input_ids.cpu().numpy(), mask, self.embed.num_embeddings, self.image_layout)
-            position_ids = torch.from_numpy(positions).to(input_ids.device)
-        return super().hidden_states(input_ids, attention_mask, position_ids=position_ids, **options)
+            options["position_ids"] = torch.from_numpy(positions).to(input_ids.device)
+        return super().hidden_states(input_ids, attention_mask, stats_wanted=stats_wanted, **options)
 
     def embed_inputs(self, input_ids: Tensor | None) -> Tensor:
         if input_ids is None:

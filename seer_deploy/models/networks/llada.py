@@ -18,7 +18,7 @@ dual cache, `forward_window`) or the last prompt token and the response against 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict, Unpack
 
 import torch
 import torch.nn.functional as F
@@ -167,6 +167,16 @@ class TransformerLayer(nn.Module):
         return x + mlp_out, stats, kv
 
 
+class PassOptions(TypedDict, total=False):
+    """What a pass takes beside its ids and mask (`MaskPredictor.forward` and `.hidden_states` alike)."""
+
+    inputs_embeds: Tensor | None  # [B, S, D], instead of input_ids
+    stats: StatsSpec | None  # the Seer statistics to return
+    return_kv: bool  # also return every layer's keys and values (what `forward_window` takes as its cache)
+    prompt_width: Tensor | None  # [B] int64, prefix-DLM models only: columns [0, prompt_width) hold the prompt
+    position_ids: Tensor | None  # [3, B, S] int64, M-RoPE models only (models.pictures.mrope); None: 1-D positions
+
+
 class MaskPredictor(nn.Module):
     """Predicts every position's token from a partly masked sequence, attending in both directions."""
 
@@ -180,40 +190,20 @@ class MaskPredictor(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
-    def forward(
-        self,
-        input_ids: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        *,
-        inputs_embeds: Tensor | None = None,
-        stats: StatsSpec | None = None,
-        return_kv: bool = False,
-        prompt_width: Tensor | None = None,
-        position_ids: Tensor | None = None,
-    ) -> ModelOutput:
-        """input_ids [B, S] (or inputs_embeds [B, S, D]); attention_mask [B, S] is 1 for real tokens, 0 for padding.
-        return_kv: also return every layer's keys and values (what `forward_window` takes as its cache).
-        prompt_width [B] (int64; prefix-DLM models only): columns [0, prompt_width) hold the (left-padded) prompt.
-        position_ids [3, B, S] (int64; M-RoPE models only, models.pictures.mrope); None: 1-D positions."""
-        out = self.hidden_states(input_ids, attention_mask, inputs_embeds=inputs_embeds, stats=stats,
-                                 return_kv=return_kv, prompt_width=prompt_width, position_ids=position_ids)
+    def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                **options: Unpack[PassOptions]) -> ModelOutput:
+        """input_ids [B, S] (or options' inputs_embeds [B, S, D]); attention_mask [B, S] is 1 for real tokens, 0 for
+        padding."""
+        out = self.hidden_states(input_ids, attention_mask, **options)
         return ModelOutput(self.shifted(self.logits_of(out.hidden), dim=1), out.stats, out.kv)
 
-    def hidden_states(
-        self,
-        input_ids: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        *,
-        inputs_embeds: Tensor | None = None,
-        stats: StatsSpec | None = None,
-        return_kv: bool = False,
-        prompt_width: Tensor | None = None,
-        stats_wanted: Tensor | None = None,
-        position_ids: Tensor | None = None,
-    ) -> HiddenOutput:
+    def hidden_states(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None, *,
+                      stats_wanted: Tensor | None = None, **options: Unpack[PassOptions]) -> HiddenOutput:
         """`forward` without the LM head: the last layer's hidden states [B, S, D] (unshifted; `logits_of` turns any
         rows of them into logits), the statistics (shifted like the logits) and the cache.
         stats_wanted (a 0-d bool tensor): compute the statistics only where it is true (zeros otherwise)."""
+        inputs_embeds, stats, return_kv = options.get("inputs_embeds"), options.get("stats"), options.get("return_kv")
+        prompt_width, position_ids = options.get("prompt_width"), options.get("position_ids")
         x = self.embed_inputs(input_ids) if inputs_embeds is None else inputs_embeds
         B, S, _ = x.shape
         if attention_mask is None:

@@ -239,11 +239,15 @@ class Tokenizer:
                               f"reserved ids {sorted(MMADA_RESERVED.values())} MMaDA uses for them; use the "
                               "checkpoint's own tokenizer")
 
-    def decode_answer(self, ids: list[int]) -> str:
-        """The text of a response, up to its first EOS / EoT."""
+    def answer_end(self, ids: Sequence[int]) -> int | None:
+        """Where a response ends: the index of its first EOS / EoT (the stop set, decided here only); None if none."""
         stops = {self.eos_id} | ({self.eot_id} if self.eot_id is not None else set())
-        cut = next((i for i, t in enumerate(ids) if t in stops), len(ids))
-        return self._tok.decode(list(ids[:cut]), skip_special_tokens=True)
+        return next((i for i, t in enumerate(ids) if t in stops), None)
+
+    def decode_answer(self, ids: Sequence[int]) -> str:
+        """The text of a response, up to its first EOS / EoT."""
+        end = self.answer_end(ids)
+        return self._tok.decode(list(ids[: len(ids) if end is None else end]), skip_special_tokens=True)
 
     @property
     def vocab_size(self) -> int:
