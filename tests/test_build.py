@@ -367,7 +367,7 @@ def kv_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_an_ort_engine_dir_of_a_kv_cache_export_runs_refresh_and_window_step(kv_export: Path, tmp_path: Path) -> None:
     out = tmp_path / "engine"
     m = build_engines(kv_export, out, cpu_options(buckets=(16, 32))).manifest
-    assert m.has_cache and set(m.graph_hashes) == {"step", "window_step"}
+    assert m.has_cache and set(m.graph_hashes) == {"step", "window_step", "prompt_step"}
     engine, info = open_target(out)
     export, _ = open_target(kv_export)
     assert supports_cache(engine) and supports_cache(export)

@@ -18,8 +18,10 @@ from seer_deploy.service import ServiceOptions, TargetOptions, generate
 
 PICTURES = 4
 GEN = 8
-MODES = {"full": ServiceOptions(generation=GenerationConfig(gen_length=GEN, steps=GEN), seer=SeerOptions(on=False)),
-         "seer": ServiceOptions(generation=GenerationConfig(gen_length=GEN, steps=GEN), seer=SeerOptions(on=True))}
+# No rule named, as the eval command's flags leave it: Dimple's own (its lmms-eval script's maskgit_plus sampler).
+FAMILY_RULE = GenerationConfig(gen_length=GEN, steps=GEN, family_rule=True)
+MODES = {"full": ServiceOptions(generation=FAMILY_RULE, seer=SeerOptions(on=False)),
+         "seer": ServiceOptions(generation=FAMILY_RULE, seer=SeerOptions(on=True))}
 
 
 def test_lmms_eval_on_a_dimple_checkpoint_answers_as_the_service_does(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from test_cli import run
 from test_multimodal import pictures, write_tiny_vl
 
 from seer_deploy.contracts.graph_calls import scoring_feed
-from seer_deploy.contracts.graphs import STEP, WINDOW_STEP
+from seer_deploy.contracts.graphs import PROMPT_STEP, STEP, WINDOW_STEP
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, SpecialIds
@@ -115,7 +115,8 @@ def test_padding_keeps_step_zero_outputs(exported: tuple[MaskPredictor, Path]) -
     mask[1, :2] = 0
     plain, padded = (OrtBackend(out, o).step0(StepInput(ids, mask)) for o in (PLAIN, PADDED))
     assert np.array_equal(plain.token_ids, padded.token_ids)
-    for a, b in zip(plain[1:], padded[1:], strict=True):
+    for field in ("confidence", "eos_prob", "sparsity", "score"):
+        a, b = getattr(plain, field), getattr(padded, field)
         assert a.shape == b.shape
         np.testing.assert_allclose(a, b, atol=1e-5)
 
@@ -198,7 +199,7 @@ def test_cuda_graph_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert options.provider_entries(cuda_graph=False)[0] == ("CUDAExecutionProvider", {"device_id": "1"})
     plain = OrtSessionOptions(device_id=0).provider_entries(cuda_graph=True)
     assert CUDA_GRAPH_OPTION not in plain[0][1]  # the option off: no capture anywhere
-    assert {STEP.name, WINDOW_STEP.name} == ort_engine.EVERY_STEP
+    assert {STEP.name, WINDOW_STEP.name, PROMPT_STEP.name} == ort_engine.EVERY_STEP
 
 
 def test_a_device_resident_cache_keeps_the_window_graph_out_of_capture(exported: tuple[MaskPredictor, Path]) -> None:

@@ -245,6 +245,9 @@ def test_shared_weights_give_the_same_outputs_from_one_copy(
     own_copy = OrtBackend(out, OrtSessionOptions(providers=("CPUExecutionProvider",), share_weights=False))
     ids, mask = batch(model.cfg.vocab_size, model.cfg.mask_id, 3, 30, 4)
     for a, b in zip(own_copy.step0(StepInput(ids, mask)), ort_backend.step0(StepInput(ids, mask)), strict=True):
+        if a is None or b is None:  # what a pass without the prompt cache does not return (kv)
+            assert a is b
+            continue
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     np.testing.assert_array_equal(own_copy.step(StepInput(ids, mask, 1.0, 3)).token_ids,
                                   ort_backend.step(StepInput(ids, mask, 1.0, 3)).token_ids)

@@ -70,7 +70,7 @@ def test_manifest_records_the_quantization_and_the_graphs_share_one_copy(demo_ex
     sizes = {name: ExportManifest.load(path).weights.bytes for name, path in demo_exports.items()}
     manifest = ExportManifest.load(demo_exports["int4"])
     assert manifest.weights.quantization == Quantization("int4")
-    assert manifest.extra["quantized"]["projections"] == {"step": 29, "window_step": 29}  # 4 layers x 7 + the head
+    assert manifest.extra["quantized"]["projections"] == {"step": 29, "window_step": 29, "prompt_step": 29}  # 4 x 7 + head
     figures = manifest.extra["validation"]["max_diff"]  # measured: KL share 0.005, top-10 overlap 0.96
     assert manifest.extra["validation"]["verified"] and figures["token agreement"] >= 0.9
     assert figures["kl share (mean)"] < 0.02 and figures["top-10 overlap (mean)"] > 0.9, figures

@@ -195,4 +195,5 @@ def test_json_progress_names_every_stage_and_counts_the_bytes(checkpoint: Path, 
     assert written and written[-1]["bytes_done"] == result["weights_bytes"]
     assert all(event["bytes_total"] == written[0]["bytes_total"] for event in written)
     assert [e["bytes_done"] for e in written] == sorted(e["bytes_done"] for e in written)
-    assert result["verified"] and result["files"] == ["step.onnx", "window_step.onnx", "weights.bin"]
+    assert result["verified"] and result["files"] == ["step.onnx", "window_step.onnx", "prompt_step.onnx",
+                                                      "weights.bin"]

@@ -30,7 +30,7 @@ from seer_deploy.engines.build import BuildOptions, build_engines, tensorrt_plan
 from seer_deploy.engines.manifest import RTX_TARGETS, EngineManifest, RuntimeFacts, TensorRTFacts
 from seer_deploy.engines.ort import OrtBackend
 from seer_deploy.engines.profiles import ProfileLayout, WindowLayout
-from seer_deploy.engines.tensorrt_engine import TensorRTBackend
+from seer_deploy.engines.tensorrt_engine import StepModel, TensorRTBackend
 
 
 def test_availability_needs_the_real_bindings() -> None:
@@ -60,9 +60,9 @@ def test_without_tensorrt_every_entry_point_is_a_config_error(tmp_path: Path, mo
         build_engines(export_dir, tmp_path / "engine", BuildOptions(backend="tensorrt"))
     assert not (tmp_path / "engine").exists()
     with pytest.raises(ConfigError, match="TensorRT-RTX is not installed: pip install tensorrt-rtx-cu13"):
-        TensorRTBackend(tmp_path / "rtx-engine", EngineManifest.load(rtx), sparsity_rows=[], max_seq_len=96)
+        TensorRTBackend(tmp_path / "rtx-engine", EngineManifest.load(rtx), StepModel([], 96))
     with pytest.raises(ArtifactError, match="holds a ort engine"):
-        TensorRTBackend(tmp_path / "ort-engine", manifest, sparsity_rows=[], max_seq_len=96)
+        TensorRTBackend(tmp_path / "ort-engine", manifest, StepModel([], 96))
 
 
 def test_io_buffers_are_allocated_once_and_handed_out_as_views() -> None:
@@ -158,7 +158,7 @@ def fake_tensorrt_engine_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kv
     monkeypatch.setattr(tensorrt_engine, "load_library", lambda name: fake)
     monkeypatch.setattr(tensorrt_engine, "_GraphEngine", OrtEngine)
     OrtEngine.calls = []
-    return TensorRTBackend(engine_dir, manifest, sparsity_rows=[], max_seq_len=96)
+    return TensorRTBackend(engine_dir, manifest, StepModel([], 96))
 
 
 def test_cache_calls_pick_their_profiles_and_match_onnx_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -230,7 +230,7 @@ def test_tensorrt_engines_match_onnx_runtime(trt: ModuleType, tmp_path: Path) ->
     assert manifest.tensorrt is not None and manifest.tensorrt.version == trt.__version__
     export = ExportManifest.load(export_dir)
     backend = TensorRTBackend.open(tmp_path / "engine", export_facts(export_dir),
-                                   sparsity_rows=list(export.seer.sparsity_rows), max_seq_len=export.max_seq_len)
+                                   StepModel.of(export))
     reference = OrtBackend(export_dir)
     for seq in (12, 40 + 16, 40 + 17, 40 + 48):  # at and around the bucket boundaries
         for batch in (1, 4):

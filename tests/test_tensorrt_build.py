@@ -36,7 +36,7 @@ from seer_deploy.engines import tensorrt_build
 from seer_deploy.engines.build import BuildOptions, engine_graphs, prepare_build, tensorrt_plans
 from seer_deploy.engines.manifest import RTX_TARGETS, EngineManifest, RuntimeFacts
 from seer_deploy.engines.profiles import Profile, ShapeRange
-from seer_deploy.engines.tensorrt_engine import TensorRTBackend
+from seer_deploy.engines.tensorrt_engine import StepModel, TensorRTBackend
 from seer_deploy.engines.tensorrt_library import load_library, parse_compute_capabilities
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.export.multimodal import export_multimodal
@@ -131,7 +131,8 @@ def test_demo_with_the_kv_cache_builds_without_a_gpu(demo_export: Path, tmp_path
     result = prepare_build(demo_export, tmp_path / "engine", options).start(lines.append)
     manifest = check_engine_dir(demo_export, result.out, options, recording)
     assert manifest.buckets == (16, 32, 64, 128, 160) and manifest.has_cache  # the real plan: 320 positions
-    assert [len(p) for p in manifest.tensorrt.profiles.values()] == [5, 10]  # type: ignore[union-attr]
+    profiles = {name: len(p) for name, p in manifest.tensorrt.profiles.items()}  # type: ignore[union-attr]
+    assert profiles == {"step": 5, "prompt_step": 5, "window_step": 10}  # a bucket each; windows of two widths
     assert tensorrt_build.TIMING_CACHE_NOTE in lines and not (tmp_path / "timing.cache").exists()
     assert any("no GPU needed" in line for line in lines)
 
@@ -180,7 +181,7 @@ def test_loading_refuses_in_one_line_without_a_gpu(demo_export: Path, tmp_path: 
     facts = RuntimeFacts(model_fingerprint=export.model.fingerprint,
                          graph_hashes={k: g.sha256 for k, g in export.graphs.items()})
     with pytest.raises(ConfigError, match="TensorRT engines run on a CUDA GPU and none is visible") as caught:
-        TensorRTBackend.open(engine, facts, sparsity_rows=[], max_seq_len=export.max_seq_len)
+        TensorRTBackend.open(engine, facts, StepModel([], export.max_seq_len))
     assert "\n" not in str(caught.value)
 
 
@@ -223,7 +224,7 @@ def test_demo_vl_builds_with_its_vision_graph(tmp_path: Path, recording: Handed,
     assert vision_profile["shapes"]["pixel_values"]["max"][0] == pictures
     assert all(p["shapes"]["image_table"]["max"][0] == trt.images.image_tokens for p in trt.profiles["step"])
     with pytest.raises(ConfigError, match="multimodal TensorRT engine dir; running one is not implemented"):
-        TensorRTBackend.open(tmp_path / "engine", RuntimeFacts(), sparsity_rows=[], max_seq_len=96)
+        TensorRTBackend.open(tmp_path / "engine", RuntimeFacts(), StepModel([], 96))
 
 
 def test_lavida_anyres_builds_with_the_largest_picture(tmp_path: Path, recording: Handed) -> None:

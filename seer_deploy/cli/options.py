@@ -288,28 +288,20 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
 
 
 def _serving(values: dict[str, Any]) -> ServeOptions:
-    """The server's settings, checked (its model name is the verb's to settle: it knows the target)."""
+    """The server's limits; `serve` adds what it names itself (the model name, --max-batch, --gen-lengths: flags
+    other verbs use with their own meanings) and checks the whole."""
     import sys
 
     from seer_deploy.serve.options import ServeOptions
 
-    options = ServeOptions(**(values | {"gen_lengths": parse_sizes(values["gen_lengths"]),
-                                        "access_log": sys.stderr if values["access_log"] else None}))
-    options.check()
-    return options
+    return ServeOptions(**(values | {"access_log": sys.stderr if values["access_log"] else None}))
 
 
 serving_options = OptionGroup("serving", (
-    Flag(("--gen-lengths", "gen_lengths"), {"default": None, "metavar": "N,N,...",
-                                            "help": "Response sizes max_tokens rounds up to [default: powers of two "
-                                                    "from 16 that fit the model; --gen-length is the size without "
-                                                    "max_tokens]."}),
     Flag(("--batching", "batching"), {"type": click.Choice(["step", "call"]), "default": "step", "show_default": True,
                                       "help": "step: rows join and leave the running batch between forward passes; "
                                               "call: rows of one setting run together to the end of their call (the "
                                               "batcher before issue 46)."}),
-    Flag(("--max-batch", "max_batch"), {"type": int, "default": 32, "show_default": True,
-                                        "help": "Rows live at once (step), or rows in one generate call (call)."}),
     Flag(("--max-wait-ms", "max_wait_ms"), {"type": float, "default": 5.0, "show_default": True,
                                             "help": "--batching call: how long a batch waits to fill after its first "
                                                     "row arrives."}),

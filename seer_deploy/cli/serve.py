@@ -18,6 +18,7 @@ import click
 from seer_deploy.cli.options import (
     API_KEY_ENV,
     generation_options,
+    parse_sizes,
     seed_option,
     seer_options,
     serving_options,
@@ -44,6 +45,11 @@ if TYPE_CHECKING:  # the server's modules (FastAPI, uvicorn) load only when `ser
 @seer_options(on={"help": "Seer by default for requests that do not say [default: on when a calibrated config is "
                           "found]."},
               tail_context={"help": "Seer's tail context by default (see generate)."})
+@click.option("--max-batch", type=int, default=32, show_default=True,
+              help="Rows live at once (--batching step), or rows in one generate call (call).")
+@click.option("--gen-lengths", default=None, metavar="N,N,...",
+              help="Response sizes max_tokens rounds up to [default: powers of two from 16 that fit the model; "
+                   "--gen-length is the size without max_tokens].")
 @serving_options()
 @click.option("--model-name", default=None, help="The model id clients send [default: the target's name].")
 @click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve (pip install -e \".[ray]\"): one engine per "
@@ -52,14 +58,16 @@ if TYPE_CHECKING:  # the server's modules (FastAPI, uvicorn) load only when `ser
 @click.option("--max-replicas", type=int, default=None, help="--ray: autoscale from --replicas up to this.")
 @template_options()
 def command(target: str, host: str, port: int, generation: GenerationConfig, seed: int, target_options: TargetOptions,
-            seer: SeerOptions, serving: ServeOptions, model_name: str | None, use_ray: bool, replicas: int,
-            max_replicas: int | None, template: TemplateChoice | None) -> None:
+            seer: SeerOptions, max_batch: int, gen_lengths: str | None, serving: ServeOptions, model_name: str | None,
+            use_ray: bool, replicas: int, max_replicas: int | None, template: TemplateChoice | None) -> None:
     """Serve TARGET (a checkpoint, 'demo', 'demo-vl', an export or engine directory) over HTTP with OpenAI's
     /v1/completions and /v1/chat/completions, continuous batching through the generation service, /health, /ready
     and /metrics."""
     from seer_deploy.serve.options import is_loopback
 
-    serve_options = dataclasses.replace(serving, model_name=model_name or Path(target.rstrip("/")).name or target)
+    serve_options = dataclasses.replace(serving, model_name=model_name or Path(target.rstrip("/")).name or target,
+                                        max_batch=max_batch, gen_lengths=parse_sizes(gen_lengths))
+    serve_options.check()
     service_options = ServiceOptions(generation=generation, target=target_options, seer=seer, template=template,
                                      batch_size=serve_options.max_batch, seed=seed)
     service_options.check()

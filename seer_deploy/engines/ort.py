@@ -105,9 +105,10 @@ class OrtBackend:
                                                *((self._prompt_io,) if self.supports_prompt_cache else ()))}
         wanted, on_cuda = self.options.device_cache, providers[0] == CUDA
         self.device_cache = (self.options.io_binding or self.options.cuda_graph) and on_cuda if wanted is None else wanted
-        # The graphs captured as CUDA graphs (with --cuda-graph): the step graph, and the window graph unless its cache
-        # is device-resident (a fresh binding per call: addresses a captured graph would not follow).
-        self.captured_graphs = EVERY_STEP - ({WINDOW_STEP.name} if self.device_cache else set())
+        # The graphs captured as CUDA graphs (with --cuda-graph): the step graph, and the cache graphs (window,
+        # prompt) unless their cache is device-resident (a fresh binding per call: addresses a captured graph would
+        # not follow).
+        self.captured_graphs = EVERY_STEP - ({WINDOW_STEP.name, PROMPT_STEP.name} if self.device_cache else set())
         self._sessions: dict[str, ort.InferenceSession] = {}
         self._bound: dict[str, BoundSession | None] = {}
         self.providers: list[str] = providers

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from seer_deploy.contracts import graph_calls
+from seer_deploy.contracts.export_manifest import ExportManifest
 from seer_deploy.contracts.graphs import PROMPT_STEP, VISION, GraphIO, step_graph, window_graph
 from seer_deploy.core.atomic import write_bytes_atomic
 from seer_deploy.core.backend import PromptInput, RefreshOutput, Step0Output, StepInput, StepOutput, WindowInput
@@ -76,6 +77,23 @@ def runtime_facts(lib: TensorRTLibrary, device: int = 0) -> RuntimeFacts:
     name, capability = gpu_facts(device)
     return RuntimeFacts(backend="tensorrt", tensorrt_version=lib.version, tensorrt_library=lib.name, gpu_name=name,
                         compute_capability=capability)
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """What the engines run that the export says, not the engine dir: the statistics rows step zero reports, the
+    positions, and how the model reads its sequence (prefix-DLM attention; `core.backend.window_lead`: 1 where a
+    token's logits come from the column before it)."""
+
+    sparsity_rows: list[SparsityRow]
+    max_seq_len: int
+    prefix_dlm: bool = False
+    window_lead: int = 0
+
+    @classmethod
+    def of(cls, export: ExportManifest) -> StepModel:
+        config = export.model_config()
+        return cls(list(export.seer.sparsity_rows), export.max_seq_len, config.prefix_dlm, int(config.shift_logits))
 
 
 @dataclass(frozen=True)
@@ -252,9 +270,8 @@ class TensorRTBackend:
     name = "tensorrt"
     samples_per_row = True  # the step graph takes a temperature and uniforms per row (StepInput.uniform)
 
-    def __init__(self, engine_dir: Path, manifest: EngineManifest, *, sparsity_rows: list[SparsityRow],
-                 max_seq_len: int, device: int = 0, cuda_graph: bool = False, prefix_dlm: bool = False,
-                 window_lead: int = 0, rtx: RtxRunOptions | None = None) -> None:
+    def __init__(self, engine_dir: Path, manifest: EngineManifest, model: StepModel, *, device: int = 0,
+                 cuda_graph: bool = False, rtx: RtxRunOptions | None = None) -> None:
         trt_facts = manifest.tensorrt
         if manifest.backend != "tensorrt" or trt_facts is None:
             raise ArtifactError(f"{engine_dir} holds a {manifest.backend} engine, not a TensorRT one")
@@ -266,8 +283,8 @@ class TensorRTBackend:
         if trt_facts.profile_index != {b: i for i, b in enumerate(manifest.buckets)}:
             raise ArtifactError(f"{engine_dir}: profiles are not in bucket order ({trt_facts.profile_index}); rebuild")
         self.layout: ProfileLayout = manifest.layout
-        self.sparsity_rows = sparsity_rows
-        self.max_seq_len = min(max_seq_len, self.layout.max_prompt + self.layout.buckets[-1])
+        self.sparsity_rows = model.sparsity_rows
+        self.max_seq_len = min(model.max_seq_len, self.layout.max_prompt + self.layout.buckets[-1])
         self._device = torch.device("cuda", device)
         # CUDA graphs for the step engine (the one run every denoising step): calls padded to fixed shapes inside
         # their profile, one graph per (profile, padded shape).
@@ -279,10 +296,10 @@ class TensorRTBackend:
         # The graphs of the engine dir (engine.json's files): the step graph (step zero with its statistics, every
         # later step and, built from an export --kv-cache, the refresh with its kv output) and the window graph. Text
         # engines only; a prefix-DLM model's take prompt_width too.
-        step_io = step_graph(prefix_dlm=prefix_dlm, kv_cache=manifest.has_cache)
+        step_io = step_graph(prefix_dlm=model.prefix_dlm, kv_cache=manifest.has_cache)
         self._step_io = step_io
-        self._window_io = window_graph(prefix_dlm)
-        self.window_lead = window_lead  # core.backend.window_lead: 1 for shifted logits
+        self._window_io = window_graph(model.prefix_dlm)
+        self.window_lead = model.window_lead  # core.backend.window_lead
         self.windows: WindowLayout | None = manifest.window_layout
         self.supports_cache = self.windows is not None
         self._prompt_io = PROMPT_STEP
@@ -300,9 +317,8 @@ class TensorRTBackend:
                                                 path, run_rtx)
 
     @classmethod
-    def open(cls, engine_dir: Path, export_facts: RuntimeFacts, *, sparsity_rows: list[SparsityRow],
-             max_seq_len: int, device: int = 0, cuda_graph: bool = False, prefix_dlm: bool = False,
-             window_lead: int = 0, rtx: RtxRunOptions | None = None) -> TensorRTBackend:
+    def open(cls, engine_dir: Path, export_facts: RuntimeFacts, model: StepModel, *, device: int = 0,
+             cuda_graph: bool = False, rtx: RtxRunOptions | None = None) -> TensorRTBackend:
         """Load an engine dir after checking it against the export (fingerprint, graph hashes) and this machine: the
         library that built it must be installed, the engine must be one this backend runs, and a GPU it targets must
         be visible (each a one-line error)."""
@@ -316,9 +332,7 @@ class TensorRTBackend:
         here = runtime_facts(lib, device)
         facts = replace(here, model_fingerprint=export_facts.model_fingerprint, graph_hashes=export_facts.graph_hashes)
         check_engine_compatible(manifest, facts)
-        return cls(engine_dir, manifest, sparsity_rows=sparsity_rows, max_seq_len=max_seq_len, device=device,
-                   cuda_graph=cuda_graph, prefix_dlm=prefix_dlm, window_lead=window_lead,
-                   rtx=rtx)
+        return cls(engine_dir, manifest, model, device=device, cuda_graph=cuda_graph, rtx=rtx)
 
     def close(self) -> None:
         """Write TensorRT-RTX's runtime cache (the kernels compiled on this GPU so far), where one was asked for."""

@@ -166,7 +166,7 @@ def run_generation(
     plans: list[TruncationPlan | None] = [None] * B
     prompt_kv = PromptKV(config.prompt_cache, B, P)
     if 0 < canvas < G:  # progressive step zero: a short canvas first
-        plans = first_canvas_plans(ctx, x, real, P, first.end, schedule[:, 0], canvas, tally, prompt_kv)
+        plans = first_canvas_plans(ctx, Canvas(x, mask, real, P), first.end, schedule[:, 0], canvas, tally, prompt_kv)
     todo = [b for b in range(B) if plans[b] is None]  # rows that run step zero at full length
     out0, kv = None, None
     if todo:
@@ -210,25 +210,23 @@ def run_generation(
 
 def first_canvas_plans(
     ctx: LoopContext,
-    x: np.ndarray,
-    real: np.ndarray,
-    prompt_width: int,
+    rows: Canvas,
     first_end: int,
     k: np.ndarray,
     canvas: int,
     tally: Tally,
     prompt_kv: PromptKV,
 ) -> list[TruncationPlan | None]:
-    """Progressive step zero: step zero on prompt + `canvas` masks for every row. A row whose kept length (boundary +
-    margin) falls inside the canvas keeps that step zero's commits, written into x, and gets its plan at full
-    gen_length; the others get None (and run step zero at full length).
+    """Progressive step zero: step zero on prompt + `canvas` masks for every row of `rows` (at full length). A row
+    whose kept length (boundary + margin) falls inside the canvas keeps that step zero's commits, written into
+    rows.x, and gets its plan at full gen_length; the others get None (and run step zero at full length).
 
     On the canvas the model answers as with gen_length = canvas, so the answers are those of a shorter run: keep it
     where the bench shows equal accuracy.
     """
     seer = ctx.seer
     assert seer is not None
-    config, P = ctx.config, prompt_width
+    config, P, x, real = ctx.config, rows.prompt_width, rows.x, rows.real
     width = P + canvas
     xc = np.ascontiguousarray(x[:, :width])
     mask = np.ascontiguousarray(real[:, :width])

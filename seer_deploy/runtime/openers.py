@@ -265,7 +265,7 @@ def open_engine(d: Description, options: TargetOptions) -> tuple[Backend, Target
         raise ConfigError(f"TARGET '{target}' is a {manifest.backend} engine, not {wanted}; for {wanted} {fix}")
     info = replace(_export_info(d, manifest.backend), buckets=tuple(manifest.buckets))
     if manifest.backend == "tensorrt":
-        from seer_deploy.engines.tensorrt_engine import TensorRTBackend
+        from seer_deploy.engines.tensorrt_engine import StepModel, TensorRTBackend
 
         if options.providers or options.threads is not None or options.io_binding:
             raise ConfigError(f"--provider, --threads and --io-binding set ONNX Runtime sessions, but TARGET "
@@ -275,10 +275,7 @@ def open_engine(d: Description, options: TargetOptions) -> tuple[Backend, Target
         if kind == "cpu":
             raise ConfigError(f"TARGET '{target}' is a TensorRT engine, which runs on a GPU; use --device cuda[:N] "
                               f"or give its export ({export_dir}) to run on the CPU")
-        trt = TensorRTBackend.open(path, facts, sparsity_rows=list(export.seer.sparsity_rows),
-                                   max_seq_len=export.max_seq_len, device=index, cuda_graph=options.cuda_graph,
-                                   prefix_dlm=export.model_config().prefix_dlm,
-                                   window_lead=int(export.model_config().shift_logits))
+        trt = TensorRTBackend.open(path, facts, StepModel.of(export), device=index, cuda_graph=options.cuda_graph)
         return trt, replace(info, max_batch=manifest.max_batch)
     # An ORT engine dir runs the export's graphs with its recorded session settings: the cache graphs where it was
     # built with them (their hashes checked above), none where it was built before the export had them.
