@@ -184,6 +184,8 @@ def render() -> str:
     parts += _section("Decide once, name once: the bench before and after (issue 43)", RESULTS_DECIDE_ONCE / "notes.md")
     parts += _rendered(RESULTS_DECIDE_ONCE / "compare.md", "benchmarks/results-decide-once/before/bench.json, "
                        "benchmarks/results-decide-once/after/bench.json")
+    parts += _rendered(RESULTS_DECIDE_ONCE / "compare-final.md", "benchmarks/results-decide-once/before/bench.json, "
+                       "benchmarks/results-decide-once/final/bench.json")
     parts += _section("TensorRT-RTX builds", RESULTS_TRT / "notes.md")
     serve = RESULTS_SERVE / "notes.md"
     parts += ["# Serving: seer-deploy serve under load", "",
