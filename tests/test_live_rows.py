@@ -20,7 +20,7 @@ from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.runtime.live import LiveRows, Round
-from seer_deploy.runtime.live_row import FinishedRow, RowRequest
+from seer_deploy.runtime.live_row import FinishedRow, RowRequest, takes
 from seer_deploy.runtime.loop import run_generation
 from seer_deploy.runtime.targets import TargetOptions
 from seer_deploy.service import Service, ServiceOptions
@@ -116,6 +116,15 @@ def test_a_dropped_row_makes_no_further_pass(service: Service) -> None:
     assert [f.handle for f in done] == [short] and len(live) == 0
     want = run_generation(service.backend, [ids[1]], config, special_ids(service))
     assert done[0].tokens.tolist() == want.tokens[0].tolist()
+
+
+def test_rows_whose_passes_a_live_row_cannot_make_run_per_call() -> None:
+    """The prompt cache and a shifted model's block-wise cache (its windows start a column early) are not live rows'
+    passes: such rows are left to per-call runs; LLaDA's block-wise cache is."""
+    assert takes(GenerationConfig(gen_length=8, steps=8, kv_cache=True), None)
+    assert not takes(GenerationConfig(gen_length=8, steps=8, kv_cache=True), None, window_lead=1)
+    assert not takes(GenerationConfig(gen_length=8, steps=8, prompt_cache=True), None)
+    assert not takes(GenerationConfig(gen_length=8, steps=8, decode="timesteps", remasking="entropy"), None)
 
 
 def test_explicit_uniforms_are_checked() -> None:
