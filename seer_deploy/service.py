@@ -259,7 +259,7 @@ class Service:
         generation.check_fits(self.backend.max_seq_len, max(counts), image_tokens=self.info.images is not None)
         images = self.info.images
         check_prompts(ids, generation, self.backend, self.info.mask_id,
-                      None if images is None else images.image_token_index, self.info.config.mrope_section is not None)
+                      None if images is None else images.image_token_index)
         return Prepared(tuple(requests), ids, pictures, counts, generation)
 
     def _picture_tokens(self, pictures: list[Image.Image]) -> int:

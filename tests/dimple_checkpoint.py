@@ -42,16 +42,18 @@ def randomised(module: torch.nn.Module, seed: int) -> torch.nn.Module:
     return module.eval()
 
 
-def write_dimple(root: Path, seed: int = 0) -> tuple[Path, MaskPredictor, DimpleVisionEncoder]:
-    """The checkpoint directory, and the language model and vision encoder it holds."""
+def write_dimple(root: Path, seed: int = 0, **changes: object) -> tuple[Path, MaskPredictor, DimpleVisionEncoder]:
+    """The checkpoint directory, and the language model and vision encoder it holds (`changes`: config.json keys
+    other than the shrunk public ones, e.g. num_hidden_layers)."""
     path = root / "dimple"
-    cfg = config_from_dict(CONFIG)
+    config = {**CONFIG, **changes}
+    cfg = config_from_dict(config)
     lm = randomised(MaskPredictor(cfg), seed)
     vision = randomised(DimpleVisionEncoder(QwenTowerConfig.from_dict(CONFIG["vision_config"]), cfg.d_model), seed + 1)
     assert isinstance(lm, MaskPredictor) and isinstance(vision, DimpleVisionEncoder)
     save_checkpoint(lm, path, "llama", extra_tensors=dict(vision.state_dict()))
     write_bpe(path, DREAM_ADDED[0][0])
-    files = {"config.json": CONFIG, "preprocessor_config.json": DIMPLE_PREPROCESSOR,
+    files = {"config.json": config, "preprocessor_config.json": DIMPLE_PREPROCESSOR,
              "generation_config.json": DREAM_GENERATION, "special_tokens_map.json": DREAM_SPECIAL_MAP,
              "tokenizer_config.json": DREAM_TOKENIZER_CONFIG,
              "added_tokens.json": {c: i for i, c, _ in DREAM_ADDED}}

@@ -196,9 +196,6 @@ def test_prompt_cache_refusals(lavida: tuple[MaskPredictor, Path], tmp_path: Pat
     picture = 7  # a prompt ending with a picture's placeholder: a cached pass would run an image id
     with pytest.raises(ConfigError, match="ends with a picture"):
         check_prompts([[10, 3, picture]], GenerationConfig(8, 8, prompt_cache=True), torch_backend, cfg.mask_id, picture)
-    with pytest.raises(ConfigError, match="M-RoPE"):  # Dimple's pictures: the cached passes take 1-D positions
-        check_prompts([[10, picture, 3]], GenerationConfig(8, 8, prompt_cache=True), torch_backend, cfg.mask_id,
-                      picture, mrope=True)
     check_prompts([[10, picture, 3]], GenerationConfig(8, 8, prompt_cache=True), torch_backend, cfg.mask_id, picture)
     blocks = GenerationConfig(8, 8, block_length=4, kv_cache=True)  # the block-wise cache: LaViDa-Dream's first
     lead = window_lead(torch_backend)  # window holds the last prompt token, LaViDa-LLaDA's does not

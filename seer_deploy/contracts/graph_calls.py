@@ -15,6 +15,7 @@ from seer_deploy.contracts.graphs import (
     EOS_PROB,
     INPUT_IDS,
     KV,
+    POSITION_SHIFT,
     PROMPT_KV,
     PROMPT_WIDTH,
     RUN_IDS,
@@ -76,6 +77,7 @@ def window_feed(graph: GraphIO, checked: WindowInput) -> dict[str, np.ndarray]:
     values = {WINDOW_IDS.name: checked.window_ids, ATTENTION_MASK.name: checked.attention_mask,
               WINDOW_START.name: checked.window_start, KV.name: checked.kv,
               PROMPT_WIDTH.name: np.full(batch, checked.prompt_width, dtype=np.int64),
+              POSITION_SHIFT.name: _position_shift(batch, checked.position_shift),
               **step_feed(batch, width, checked.temperature, checked.seed, checked.uniform)}
     return {name: values[name] for name in graph.input_names}
 
@@ -88,8 +90,14 @@ def prompt_feed(graph: GraphIO, checked: PromptInput) -> dict[str, np.ndarray]:
               PROMPT_KV.name: checked.prompt_kv, CANDIDATES.name: checked.candidates,
               **scoring_feed(batch, checked.scoring),
               PROMPT_WIDTH.name: np.full(batch, checked.prompt_width, dtype=np.int64),
+              POSITION_SHIFT.name: _position_shift(batch, checked.position_shift),
               **step_feed(batch, width, checked.temperature, checked.seed)}
     return {name: values[name] for name in graph.input_names}
+
+
+def _position_shift(batch: int, shift: np.ndarray | None) -> np.ndarray:
+    """An M-RoPE model's cached graphs' position_shift (None: zeros, rows without pictures)."""
+    return np.zeros(batch, np.int64) if shift is None else shift
 
 
 def scoring_feed(batch: int, scoring: Scoring | None) -> dict[str, np.ndarray]:

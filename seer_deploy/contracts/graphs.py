@@ -147,6 +147,10 @@ PIXEL_VALUES = TensorIO("pixel_values", "float32", (Axis.IMAGES, 3, Size.IMAGE_S
 # M-RoPE models (Dimple): each position's (temporal, height, width) rotary position, computed on the host from the
 # ids and the pictures' layout (models.pictures.mrope.mrope_positions), after the image table.
 POSITION_IDS = TensorIO("position_ids", "int64", (3, Axis.BATCH, Axis.SEQ))
+# The cached graphs of an M-RoPE model: the columns they run are text after every picture of the row, whose three
+# rotary positions are equal and run ahead of the 1-D position by a per-row shift (each picture advances the positions
+# by its largest grid side, not by its tokens: models.pictures.mrope.text_position_shift); 0 for a row without pictures.
+POSITION_SHIFT = TensorIO("position_shift", "int64", (Axis.BATCH,))
 # A Qwen2.5-VL tower's call (Dimple): every picture of a batch, each image token's 2 x 2 patches, in window order;
 # the host computes what the tower's loops would (models.pictures.qwen_layout.tower_inputs).
 _TOKEN_PATCHES = (Axis.IMAGE_TOKENS, Size.MERGE_UNIT)
@@ -226,14 +230,22 @@ def step_graph(multimodal: bool = False, prefix_dlm: bool = False, kv_cache: boo
     return replace(graph, outputs=(*graph.outputs, KV)) if kv_cache else graph
 
 
-def window_graph(prefix_dlm: bool = False) -> GraphIO:
+def window_graph(prefix_dlm: bool = False, positions: bool = False) -> GraphIO:
     """The window graph of a --kv-cache export; a prefix-DLM model's takes `prompt_width` last (a window that starts
-    one column before its block, for shifted logits, may hold the last prompt column)."""
-    return WINDOW_STEP.with_inputs(PROMPT_WIDTH) if prefix_dlm else WINDOW_STEP
+    one column before its block, for shifted logits, may hold the last prompt column), an M-RoPE model's (`positions`,
+    as step_graph's) `position_shift`."""
+    graph = WINDOW_STEP.with_inputs(PROMPT_WIDTH) if prefix_dlm else WINDOW_STEP
+    return graph.with_inputs(POSITION_SHIFT) if positions else graph
 
 
-def export_graphs(multimodal: bool = False, prefix_dlm: bool = False, kv_cache: bool = False) -> tuple[GraphIO, ...]:
+def prompt_graph(positions: bool = False) -> GraphIO:
+    """The prompt-cache graph of a --kv-cache export; an M-RoPE model's (`positions`) takes `position_shift` last."""
+    return PROMPT_STEP.with_inputs(POSITION_SHIFT) if positions else PROMPT_STEP
+
+
+def export_graphs(multimodal: bool = False, prefix_dlm: bool = False, kv_cache: bool = False,
+                  positions: bool = False) -> tuple[GraphIO, ...]:
     """The denoising graphs of an export, in the order they are traced: the step graph, then (--kv-cache) the window
-    graph and the prompt-cache graph."""
-    step = step_graph(multimodal, prefix_dlm, kv_cache)
-    return (step, window_graph(prefix_dlm), PROMPT_STEP) if kv_cache else (step,)
+    graph and the prompt-cache graph (`positions`: an M-RoPE model's, with pictures)."""
+    step = step_graph(multimodal, prefix_dlm, kv_cache, positions)
+    return (step, window_graph(prefix_dlm, positions), prompt_graph(positions)) if kv_cache else (step,)

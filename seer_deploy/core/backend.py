@@ -122,6 +122,7 @@ class WindowInput(NamedTuple):
     seed: int | None = None
     prompt_width: int = 0  # where the responses start: what a prefix-DLM model's prompt queries see up to
     uniform: np.ndarray | None = None  # float32 [B, W]: as StepInput.uniform, over the window's columns
+    position_shift: np.ndarray | None = None  # int64 [B], M-RoPE models with pictures (`position_shift` below)
 
     def checked(self) -> WindowInput:
         """The input as engines want it, or ConfigError naming what does not fit."""
@@ -142,7 +143,7 @@ class WindowInput(NamedTuple):
         return self._replace(
             window_ids=np.ascontiguousarray(ids, np.int64), attention_mask=np.ascontiguousarray(mask, np.int64),
             window_start=np.ascontiguousarray(start, np.int64), kv=checked_kv(kv),
-            uniform=_uniform(self.uniform, ids.shape),
+            uniform=_uniform(self.uniform, ids.shape), position_shift=_shift(self.position_shift, ids.shape[0]),
         )
 
 
@@ -167,6 +168,7 @@ class PromptInput(NamedTuple):
     candidates: np.ndarray | None = None  # int64 [B, K]: run columns whose tokens to compute (None: every one)
     prompt_width: int = 0  # where the responses start (at least C + 1): prefix-DLM models' prompt queries
     scoring: Scoring | None = None  # as StepInput.scoring
+    position_shift: np.ndarray | None = None  # as WindowInput.position_shift
 
     def checked(self) -> PromptInput:
         """The input as engines want it, or ConfigError naming what does not fit."""
@@ -189,7 +191,18 @@ class PromptInput(NamedTuple):
                               "batch row")
         return self._replace(run_ids=np.ascontiguousarray(ids, np.int64),
                              attention_mask=np.ascontiguousarray(mask, np.int64), prompt_kv=checked_kv(kv),
-                             candidates=np.ascontiguousarray(candidates, np.int64))
+                             candidates=np.ascontiguousarray(candidates, np.int64),
+                             position_shift=_shift(self.position_shift, ids.shape[0]))
+
+
+def _shift(shift: np.ndarray | None, batch: int) -> np.ndarray:
+    """A cached pass's position shift as graphs take it: int64 [batch] (None: zeros, a row without pictures)."""
+    if shift is None:
+        return np.zeros(batch, np.int64)
+    s = np.asarray(shift)
+    if s.shape != (batch,) or not np.issubdtype(s.dtype, np.integer):
+        raise ConfigError(f"position_shift must be one integer per row ({batch}), got {s.dtype} {s.shape}")
+    return np.ascontiguousarray(s, np.int64)
 
 
 def _uniform(uniform: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -259,6 +272,14 @@ class PromptCacheBackend(Backend, Protocol):
     def prefill(self, inputs: StepInput) -> Step0Output: ...
 
     def prompt_step(self, inputs: PromptInput) -> StepOutput: ...
+
+
+def position_shift(backend: Backend, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray | None:
+    """int64 [B]: what a cached pass over these rows' text after their pictures adds to the 1-D positions, on a
+    backend whose model takes M-RoPE positions (Dimple: models.pictures.mrope.text_position_shift); None elsewhere
+    (the positions are the 1-D ones)."""
+    shift = getattr(backend, "position_shift", None)
+    return None if shift is None else shift(input_ids, attention_mask)
 
 
 def supports_prompt_cache(backend: Backend) -> bool:

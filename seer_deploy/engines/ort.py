@@ -39,6 +39,7 @@ from seer_deploy.contracts.graphs import (
     TOKEN_IDS,
     WINDOW_STEP,
     GraphIO,
+    prompt_graph,
     step_graph,
     window_graph,
 )
@@ -96,8 +97,9 @@ class OrtBackend:
         self.weights = SharedWeights(self.export_dir / self.manifest.weights.file)  # outlives the sessions
         self._step_io = self._declared_step_graph()
         config = self.manifest.model_config()
-        self._window_io = window_graph(config.prefix_dlm)
-        self._prompt_io = PROMPT_STEP
+        positions = self.takes_pictures and config.mrope_section is not None  # the cached graphs' position shift
+        self._window_io = window_graph(config.prefix_dlm, positions)
+        self._prompt_io = prompt_graph(positions)
         self.window_lead = int(config.shift_logits)  # core.backend.window_lead
         self.supports_cache = self.manifest.has_cache and kv_cache
         self.supports_prompt_cache = self.manifest.has_prompt_cache and kv_cache

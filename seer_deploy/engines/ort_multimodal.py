@@ -23,7 +23,7 @@ from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.files import confined, file_sha256
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions, open_session
-from seer_deploy.models.pictures.mrope import mrope_positions, picture_layout
+from seer_deploy.models.pictures.mrope import mrope_positions, picture_layout, text_position_shift
 from seer_deploy.models.pictures.qwen_pictures import QwenPictures
 from seer_deploy.models.prompts.image_placeholders import image_table_np
 
@@ -127,6 +127,10 @@ class DimpleOrtBackend(MultimodalOrtBackend):
         """The batch's image embeddings and their places in the pictures (one row each, in id order)."""
         super().set_image_table(table)
         self._layout = picture_layout([], self.pictures.geometry.merge_size) if layout is None else layout
+
+    def position_shift(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """The cached graphs' position shift of these rows (core.backend.position_shift)."""
+        return text_position_shift(input_ids, attention_mask, self.image_id_base, self._layout)
 
     def _image_inputs(self, checked: StepInput) -> dict[str, np.ndarray]:
         positions = mrope_positions(checked.input_ids, checked.attention_mask, self.image_id_base, self._layout)

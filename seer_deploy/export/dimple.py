@@ -23,6 +23,7 @@ from seer_deploy.contracts.graphs import (
     IMAGE_TABLE,
     INPUT_IDS,
     POSITION_IDS,
+    PROMPT_STEP,
     QWEN_VISION,
     STEP,
     VISION,
@@ -31,12 +32,12 @@ from seer_deploy.contracts.graphs import (
 )
 from seer_deploy.contracts.manifest_sections import GraphRecord
 from seer_deploy.contracts.multimodal import MULTIMODAL_KEY
-from seer_deploy.core.errors import ConfigError
 from seer_deploy.engines.ort import OrtSessionOptions
 from seer_deploy.engines.ort_multimodal import DimpleOrtBackend
 from seer_deploy.export import exporter
+from seer_deploy.export.examples import cache_sizes, prompt_examples
 from seer_deploy.export.exporter import ExportResult, ExportRun, GraphPlan, Loaded, Progress
-from seer_deploy.export.graphs import DimpleVisionGraph, step_module
+from seer_deploy.export.graphs import DimpleVisionGraph, cache_modules, step_module
 from seer_deploy.export.multimodal import image_probes, prepare_multimodal, vision_diff
 from seer_deploy.export.options import ExportOptions
 from seer_deploy.export.quantized_reference import dequantized_model, quantized_parameters
@@ -64,9 +65,6 @@ def prepare_dimple(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
     response); `.start()` runs it."""
     options = options or ExportOptions()
     options.validate()
-    if options.kv_cache:
-        raise ConfigError("--kv-cache is not exported for Dimple with its tower (the cache graphs take 1-D positions, "
-                          "not the pictures' M-RoPE ones); export without it")
     path = resolve_checkpoint(checkpoint)
     pictures = dimple_pictures(path, read_config(path))
     fewest = pictures.picture.fewest_tokens
@@ -144,15 +142,19 @@ def _load_dimple(run: ExportRun, report: Progress) -> Loaded:
     feed = tower_inputs([np.zeros((t * h * w, tower.patch_dim), np.float32) for t, h, w in example_grids],
                         example_grids, tower.geometry)
     rows = sum(tokens_of(g, tower.spatial_merge_size) for g in example_grids)
+    kv_cache = run.options.kv_cache
     plan = GraphPlan(
         modules=((QWEN_VISION, DimpleVisionGraph(vision)),
-                 (step_graph(multimodal=True, positions=True), step_module(lm, stats, multimodal=True))),
+                 (step_graph(multimodal=True, kv_cache=kv_cache, positions=True),
+                  step_module(lm, stats, multimodal=True, kv_cache=kv_cache)),
+                 *(cache_modules(lm, positions=True) if kv_cache else ())),
         examples=examples | {k: torch.from_numpy(v) for k, v in feed.items()} | {
             INPUT_IDS.name: ids, IMAGE_TABLE.name: torch.zeros(rows, cfg.d_model),
             POSITION_IDS.name: torch.arange(ids.shape[1]).expand(3, 2, -1).contiguous()},
+        graph_examples={PROMPT_STEP.name: prompt_examples(cfg, run.max_seq_len)},
         sizes={Size.STAT_ROWS: len(stats.sparsity_rows), Size.D_MODEL: cfg.d_model,
                Size.MERGE_UNIT: tower.spatial_merge_size**2, Size.PATCH_DIM: tower.patch_dim,
-               Size.VISION_HEAD_DIM: tower.head_dim},
+               Size.VISION_HEAD_DIM: tower.head_dim, **cache_sizes(cfg)},
         validate=validate,
         manifest_extra=manifest_section,
         head_widths=(cfg.vocab_size, cfg.n_embed_rows),

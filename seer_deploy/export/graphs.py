@@ -230,9 +230,9 @@ class WindowStepGraph(nn.Module):
         return self.outputs(window_ids, attention_mask, window_start, kv, temperature, sample_uniform)
 
     def outputs(self, window_ids: Tensor, attention_mask: Tensor, window_start: Tensor, kv: Tensor,
-                temperature: Tensor, sample_uniform: Tensor, prompt_width: Tensor | None = None
-                ) -> tuple[Tensor, Tensor]:
-        logits = self.model.forward_window(window_ids, attention_mask, window_start, kv, prompt_width)
+                temperature: Tensor, sample_uniform: Tensor, prompt_width: Tensor | None = None,
+                position_shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        logits = self.model.forward_window(window_ids, attention_mask, window_start, kv, prompt_width, position_shift)
         ids, conf, _, _ = pick_tokens(logits, temperature, sample_uniform)
         return ids, conf
 
@@ -247,8 +247,22 @@ class PrefixWindowStepGraph(WindowStepGraph):
         return self.outputs(window_ids, attention_mask, window_start, kv, temperature, sample_uniform, prompt_width)
 
 
-def window_module(model: MaskPredictor) -> WindowStepGraph:
-    """The window module an export traces (contracts.graphs.window_graph; prefix-DLM from the model's config)."""
+class PositionsWindowStepGraph(WindowStepGraph):
+    """WindowStepGraph of an M-RoPE model (Dimple): position_shift [B] last (its window columns are text after the
+    row's pictures)."""
+
+    def forward(self, window_ids: Tensor, attention_mask: Tensor, window_start: Tensor,  # type: ignore[override]
+                kv: Tensor, temperature: Tensor, sample_uniform: Tensor, position_shift: Tensor
+                ) -> tuple[Tensor, Tensor]:
+        return self.outputs(window_ids, attention_mask, window_start, kv, temperature, sample_uniform,
+                            position_shift=position_shift)
+
+
+def window_module(model: MaskPredictor, positions: bool = False) -> WindowStepGraph:
+    """The window module an export traces (contracts.graphs.window_graph; prefix-DLM from the model's config,
+    `positions` for an M-RoPE model with pictures)."""
+    if positions:
+        return PositionsWindowStepGraph(model)
     return PrefixWindowStepGraph(model) if model.cfg.prefix_dlm else WindowStepGraph(model)
 
 
@@ -265,12 +279,31 @@ class PromptStepGraph(nn.Module):
     def forward(self, run_ids: Tensor, attention_mask: Tensor, prompt_kv: Tensor, temperature: Tensor,
                 sample_uniform: Tensor, candidates: Tensor, score_rule: Tensor, score_temperature: Tensor,
                 prompt_width: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return self.outputs(run_ids, attention_mask, prompt_kv, (temperature, sample_uniform, candidates),
+                            (score_rule, score_temperature), prompt_width)
+
+    def outputs(self, run_ids: Tensor, attention_mask: Tensor, prompt_kv: Tensor, sampling: tuple[Tensor, ...],
+                scoring: tuple[Tensor, Tensor], prompt_width: Tensor, position_shift: Tensor | None = None
+                ) -> tuple[Tensor, Tensor, Tensor]:
+        temperature, sample_uniform, candidates = sampling
         B = run_ids.shape[0]
         run_start = torch.full((B,), prompt_kv.shape[4], dtype=torch.long, device=run_ids.device)
         width = prompt_width if self.model.cfg.prefix_dlm else None
-        hidden = self.model.cached_hidden(run_ids, attention_mask, run_start, prompt_kv, width)
+        hidden = self.model.cached_hidden(run_ids, attention_mask, run_start, prompt_kv, width, position_shift)
         head = candidate_head(self.model, hidden, run_ids, candidates, temperature, sample_uniform)
-        return head.token_ids, head.confidence, scattered_score(head, candidates, score_rule, score_temperature)
+        return head.token_ids, head.confidence, scattered_score(head, candidates, *scoring)
+
+
+class PositionsPromptStepGraph(PromptStepGraph):
+    """PromptStepGraph of an M-RoPE model (Dimple): position_shift [B] last (its run columns are text after the row's
+    pictures)."""
+
+    def forward(self, run_ids: Tensor, attention_mask: Tensor, prompt_kv: Tensor,  # type: ignore[override]
+                temperature: Tensor, sample_uniform: Tensor, candidates: Tensor, score_rule: Tensor,
+                score_temperature: Tensor, prompt_width: Tensor, position_shift: Tensor
+                ) -> tuple[Tensor, Tensor, Tensor]:
+        return self.outputs(run_ids, attention_mask, prompt_kv, (temperature, sample_uniform, candidates),
+                            (score_rule, score_temperature), prompt_width, position_shift)
 
 
 class DimpleVisionGraph(nn.Module):
@@ -298,7 +331,9 @@ class VisionGraph(nn.Module):
         return self.vision(pixel_values).float()
 
 
-def cache_modules(model: MaskPredictor) -> tuple[tuple[GraphIO, nn.Module], ...]:
-    """The cache graphs of a --kv-cache export (after the step graph) and the modules traced for them."""
-    _, window, prompt = export_graphs(prefix_dlm=model.cfg.prefix_dlm, kv_cache=True)
-    return (window, window_module(model)), (prompt, PromptStepGraph(model))
+def cache_modules(model: MaskPredictor, positions: bool = False) -> tuple[tuple[GraphIO, nn.Module], ...]:
+    """The cache graphs of a --kv-cache export (after the step graph) and the modules traced for them (`positions`:
+    an M-RoPE model's, with pictures)."""
+    _, window, prompt = export_graphs(prefix_dlm=model.cfg.prefix_dlm, kv_cache=True, positions=positions)
+    prompt_module = PositionsPromptStepGraph(model) if positions else PromptStepGraph(model)
+    return (window, window_module(model, positions)), (prompt, prompt_module)

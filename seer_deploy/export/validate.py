@@ -38,6 +38,7 @@ from seer_deploy.core.backend import (
     StepInput,
     StepOutput,
     WindowInput,
+    position_shift,
     supports_cache,
     supports_prompt_cache,
     window_lead,
@@ -149,14 +150,24 @@ def window_columns(seq: int) -> int:
     return max(1, seq // 3)
 
 
-def probe_window(p: Probe, kv: KVCache, lead: int) -> WindowInput:
-    """The window the checks run: the probe's last window_columns(S) columns against the cache `kv`, started `lead`
-    columns earlier (core.backend.window_lead: shifted logits read a column's token from the column before it), so
-    its outputs after the first `lead` are the checked columns'."""
+def probe_window(p: Probe, kv: KVCache, backend: Backend) -> WindowInput:
+    """The window the checks run: the probe's last window_columns(S) columns against the cache `kv`, started
+    window_lead(backend) columns earlier (shifted logits read a column's token from the column before it), so its
+    outputs after the first lead are the checked columns'; an M-RoPE model's with the rows' position shift."""
     B, S = p.input_ids.shape
-    start = S - window_columns(S) - lead
+    start = S - window_columns(S) - window_lead(backend)
     return WindowInput(p.input_ids[:, start:], p.attention_mask, np.full(B, start, dtype=np.int64), kv,
-                       prompt_width=p.prompt_width)
+                       prompt_width=p.prompt_width,
+                       position_shift=position_shift(backend, p.input_ids, p.attention_mask))
+
+
+def probe_prompt_run(p: Probe, kv: KVCache, backend: Backend, candidates: np.ndarray | None = None) -> PromptInput:
+    """The prompt-cache pass the checks run: the probe's last prompt token and response against `kv`'s columns before
+    them (a reference's, or the step graph's), an M-RoPE model's with the rows' position shift."""
+    P = p.prompt_width
+    return PromptInput(p.input_ids[:, P - 1 :], p.attention_mask, np.ascontiguousarray(kv[:, :, :, :, : P - 1]),
+                       candidates=candidates, prompt_width=P,
+                       position_shift=position_shift(backend, p.input_ids, p.attention_mask))
 
 
 def make_probes(cfg: ModelConfig, max_seq_len: int, seed: int = 0) -> list[Probe]:
@@ -333,7 +344,7 @@ def _compare_cache(backend: CacheBackend, ref: ProbeReference, probs: np.ndarray
     report.close("refresh kv (relative)", refreshed.kv / scale, ref.kv / scale, report.kv_rtol)
     S = p.input_ids.shape[1]
     lead = window_lead(backend)
-    window = backend.window_step(probe_window(p, refreshed.kv, lead))
+    window = backend.window_step(probe_window(p, refreshed.kv, backend))
     ids = window.token_ids[:, lead:]
     W = ids.shape[1]
     report.tokens("window_step token_ids", _pick(probs[:, S - W :], ids) >= best[:, S - W :] - report.prob_atol,
@@ -350,8 +361,7 @@ def _compare_prompt_cache(backend: PromptCacheBackend, ref: ProbeReference, prob
     P = p.prompt_width
     run = p.input_ids[:, P - 1 :]
     candidates = np.ascontiguousarray(np.broadcast_to(np.arange(1, run.shape[1]), (run.shape[0], run.shape[1] - 1)))
-    out = backend.prompt_step(PromptInput(run, p.attention_mask, np.ascontiguousarray(ref.kv[:, :, :, :, : P - 1]),
-                                          candidates=candidates, prompt_width=P))
+    out = backend.prompt_step(probe_prompt_run(p, ref.kv, backend, candidates))
     ids = out.token_ids[:, 1:]
     report.tokens("prompt_step token_ids", _pick(probs[:, P:], ids) >= best[:, P:] - report.prob_atol, "not a near-tie")
     report.close("prompt_step confidence", np.exp(out.confidence[:, 1:]), _pick(probs[:, P:], ids), report.prob_atol)

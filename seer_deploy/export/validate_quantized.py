@@ -32,14 +32,19 @@ from seer_deploy.core.backend import (
     Backend,
     CacheBackend,
     PromptCacheBackend,
-    PromptInput,
     StepInput,
     supports_cache,
     supports_prompt_cache,
     window_lead,
 )
 from seer_deploy.export.distributions import TOP_K, Distances, ProbeLogits, log_softmax, rows
-from seer_deploy.export.validate import ExportValidationError, ProbeReference, probe_window, response_candidates
+from seer_deploy.export.validate import (
+    ExportValidationError,
+    ProbeReference,
+    probe_prompt_run,
+    probe_window,
+    response_candidates,
+)
 
 
 @dataclass(frozen=True)
@@ -118,9 +123,7 @@ def compare_quantized(backend: Backend, refs: list[ProbeReference], quant: Quant
             tokens.add(log_probs[:, -W:], window_tokens, window_real)
         if supports_prompt_cache(backend):
             P = p.prompt_width
-            out = cast(PromptCacheBackend, backend).prompt_step(PromptInput(
-                p.input_ids[:, P - 1:], p.attention_mask, np.ascontiguousarray(ref.kv[:, :, :, :, : P - 1]),
-                prompt_width=P))
+            out = cast(PromptCacheBackend, backend).prompt_step(probe_prompt_run(p, ref.kv, backend))
             tokens.add(log_probs[:, P:], out.token_ids[:, 1:], real[:, P:])
     measured = Distances.joined(distances)
     moved = np.concatenate(sparsity)
@@ -153,7 +156,7 @@ def _window_tokens(backend: CacheBackend, ref: ProbeReference) -> np.ndarray:
     refreshed = backend.refresh(StepInput(p.input_ids, p.attention_mask, prompt_width=p.prompt_width,
                                           candidates=response_candidates(p)))
     lead = window_lead(backend)
-    return backend.window_step(probe_window(p, refreshed.kv, lead)).token_ids[:, lead:]
+    return backend.window_step(probe_window(p, refreshed.kv, backend)).token_ids[:, lead:]
 
 
 def _problems(figures: dict[str, float], bound: DistributionBound) -> list[str]:

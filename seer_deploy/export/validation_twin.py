@@ -112,7 +112,7 @@ def _logits_of(backend: OrtBackend, ref: ProbeReference) -> ProbeLogits:
         return ProbeLogits(values[LOGITS], None)
     refreshed = backend.refresh(StepInput(p.input_ids, p.attention_mask, prompt_width=p.prompt_width,
                                           candidates=response_candidates(p)))
-    window = probe_window(p, refreshed.kv, backend.window_lead)
+    window = probe_window(p, refreshed.kv, backend)
     window_io = backend._window_io
     logits = backend._call(window_io, window_feed(window_io, window.checked()), [LOGITS])[LOGITS]
     return ProbeLogits(values[LOGITS], logits[:, backend.window_lead:])

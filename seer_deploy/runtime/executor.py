@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
-from seer_deploy.core.backend import PromptInput, StepInput, WindowInput, kv_zeros, window_lead
+from seer_deploy.core.backend import PromptInput, StepInput, WindowInput, kv_zeros, position_shift, window_lead
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, left_pad
 from seer_deploy.runtime.loopcore import LoopCore
@@ -281,6 +281,8 @@ class _Group:
     passes: np.ndarray  # int64 [n]: forward passes each row made
     # the prompt cache: [layers, 2, n, kv_heads, P - 1, head_dim], the columns before the last prompt token
     prompt_kv: KVCache | None = None
+    # int64 [n]: an M-RoPE model's (Dimple's) cached passes' position shift per row (core.backend.position_shift)
+    position_shift: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -315,7 +317,8 @@ class _Group:
             assert rows.kv is not None, "the prompt cache is cut from step zero's keys and values"
             widest = rows.kv.shape[4]  # step zero's prompt width: the group's prompts are its last P columns
             prompt_kv = rows.kv[:, :, :, :, widest - P : widest - 1]
-        return cls(ctx, x, real, plen, kept, width, cache, np.zeros(n, np.int64), prompt_kv)
+        shift = position_shift(ctx.backend, x, real) if cache is not None or prompt_kv is not None else None
+        return cls(ctx, x, real, plen, kept, width, cache, np.zeros(n, np.int64), prompt_kv, shift)
 
     def step(self, rows: np.ndarray, hi: np.ndarray, k: np.ndarray, tally: Tally,
              counts: Sequence[StepCount] | None = None) -> None:
@@ -343,7 +346,8 @@ class _Group:
         sub = np.ascontiguousarray(self.x[rows, c0:c1])
         temperature, seed = self.ctx.sampling()
         run = PromptInput(sub, np.ascontiguousarray(self.real[rows, :c1]), self.prompt_kv[:, :, rows], temperature,
-                          seed, mask_columns(sub, hi[rows] - c0, self.ctx.mask_id), P, self.ctx.config.scoring())
+                          seed, mask_columns(sub, hi[rows] - c0, self.ctx.mask_id), P, self.ctx.config.scoring(),
+                          self._shift(rows))
         out = backend.prompt_step(run)
         self.ctx.commit(sub, out, np.ones(rows.size, np.int64), hi[rows] - c0, k[rows], counts)
         self.x[rows, c0:c1] = sub
@@ -379,13 +383,17 @@ class _Group:
         columns = start[:, None] + np.arange(W)[None, :]
         sub = np.ascontiguousarray(np.take_along_axis(self.x[rows], columns, axis=1))
         window = WindowInput(sub, np.ascontiguousarray(self.real[rows]), start, self.cache.kv[:, :, rows],
-                             *self.ctx.sampling(), prompt_width=self.prompt_width)
+                             *self.ctx.sampling(), prompt_width=self.prompt_width,
+                             position_shift=self._shift(rows))
         out = backend.window_step(window)
         self.ctx.commit(sub, out, lo[rows] - start, hi[rows] - start, k[rows])
         for j, b in enumerate(rows):
             self.x[b, start[j] : start[j] + W] = sub[j]
         self.passes[rows] += 1
         tally.count(self.ctx, np.take_along_axis(self.real[rows], columns, axis=1))
+
+    def _shift(self, rows: np.ndarray) -> np.ndarray | None:
+        return None if self.position_shift is None else self.position_shift[rows]
 
     def tokens(self) -> np.ndarray:
         G = self.ctx.config.gen_length

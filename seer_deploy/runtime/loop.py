@@ -100,18 +100,14 @@ def check_supported(config: GenerationConfig, backend: Backend) -> None:
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], config: GenerationConfig, backend: Backend, mask_id: int,
-                  picture_id: int | None = None, mrope: bool = False) -> None:
+                  picture_id: int | None = None) -> None:
     """ConfigError for prompts these settings cannot run: with the prompt cache, a prompt holding the mask token; with
     a cache whose passes run the last prompt token (the prompt cache; a shifted model's first window), a prompt that
-    ends with a picture (`picture_id`, its placeholder): the cached graphs take no image table; with either cache, a
-    picture in an M-RoPE model's (`mrope`: Dimple) prompt: the cached passes take 1-D positions."""
+    ends with a picture (`picture_id`, its placeholder): the cached graphs take no image table (and an M-RoPE model's
+    cached positions hold for text after its pictures only)."""
     if config.prompt_cache and any(mask_id in p for p in prompts):
         raise ConfigError("a prompt holds the mask token: the prompt cache keeps the prompt as step zero left it, "
                           "so its masks would never be filled; drop --prompt-cache or the masks from the prompt")
-    pictured = picture_id is not None and any(picture_id in p for p in prompts)
-    if mrope and pictured and (config.prompt_cache or config.kv_cache):
-        raise ConfigError("a prompt with a picture on an M-RoPE model (Dimple): the cached passes take 1-D positions, "
-                          "not the pictures' M-RoPE ones; drop --prompt-cache / --kv-cache for prompts with pictures")
     runs_last = config.prompt_cache or (config.kv_cache and window_lead(backend) > 0)
     if runs_last and picture_id is not None and any(p and p[-1] == picture_id for p in prompts):
         raise ConfigError("a prompt ends with a picture: the cache's passes run the last prompt token, which must be "

@@ -7,6 +7,8 @@ the reference loop's tokens.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -20,6 +22,7 @@ from seer_deploy.models.checkpoints.multimodal import LoadedMultimodal
 from seer_deploy.models.networks.confidence import greedy_head, token_log_prob
 from seer_deploy.models.networks.image_prompts import ImageConditionedModel
 from seer_deploy.models.networks.llada import MaskPredictor, ModelOutput
+from seer_deploy.models.pictures.mrope import text_position_shift
 from seer_deploy.models.prompts.image_placeholders import image_table_np
 from seer_deploy.runtime.reference import gumbel_argmax
 from seer_deploy.runtime.reference_logits import guided_logits, prefix_width
@@ -128,7 +131,7 @@ class TorchBackend:
         logits = self.model.forward_window(
             torch.from_numpy(checked.window_ids).to(device), torch.from_numpy(checked.attention_mask).to(device),
             torch.from_numpy(checked.window_start).to(device), _tensor(checked.kv, device),
-            self._width(checked.window_ids.shape[0], checked.prompt_width),
+            self._width(checked.window_ids.shape[0], checked.prompt_width), self._shift(checked.position_shift),
         )
         return _pick(logits, checked.temperature, checked.seed)
 
@@ -142,12 +145,17 @@ class TorchBackend:
         kv = _tensor(checked.prompt_kv, device)
         start = torch.full((ids.shape[0],), kv.shape[4], dtype=torch.long, device=device)
         hidden = self.model.cached_hidden(ids, torch.from_numpy(checked.attention_mask).to(device), start, kv,
-                                          self._width(ids.shape[0], checked.prompt_width))
+                                          self._width(ids.shape[0], checked.prompt_width),
+                                          self._shift(checked.position_shift))
         logits = self.model.shifted(self.model.logits_of(hidden), dim=1)
         return _pick(logits, checked.temperature, checked.seed, checked.scoring)
 
     def _width(self, batch: int, prompt_width: int) -> Tensor | None:
         return prefix_width(self.model, batch, prompt_width, self._device).get("prompt_width")
+
+    def _shift(self, shift: np.ndarray | None) -> Tensor | None:
+        """A cached pass's position shift (WindowInput.position_shift) on the model's device."""
+        return None if shift is None else torch.from_numpy(shift).to(self._device)
 
     def _cache(self, kv: Tensor | None) -> np.ndarray | Tensor:
         assert kv is not None, "a pass with return_kv returns the keys and values"
@@ -233,3 +241,8 @@ class DimpleTorchBackend(TorchBackend):
         rows = image_table_np(table if isinstance(table, list) else [table], self.width)
         self.model = ImageConditionedModel(self.language_model, torch.from_numpy(rows).to(self._device),
                                            layout).eval()
+
+    def position_shift(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """The cached passes' position shift of these rows (core.backend.position_shift)."""
+        model = cast(ImageConditionedModel, self.model)
+        return text_position_shift(input_ids, attention_mask, model.embed.num_embeddings, model.image_layout)

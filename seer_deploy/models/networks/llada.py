@@ -267,12 +267,12 @@ class MaskPredictor(nn.Module):
         return allowed[:, None] if key_mask is None else allowed[:, None] & key_mask
 
     def forward_window(self, window_ids: Tensor, attention_mask: Tensor, window_start: Tensor, kv: Tensor,
-                       prompt_width: Tensor | None = None) -> Tensor:
+                       prompt_width: Tensor | None = None, position_shift: Tensor | None = None) -> Tensor:
         """Logits [B, W, V] of the window columns (`cached_hidden` and the LM head); with shift_logits the shift runs
         inside the window, so its first column's logits are its own (the loop starts a window one column before the
         block it commits in: `window_lead`)."""
         return self.shifted(self.logits_of(self.cached_hidden(window_ids, attention_mask, window_start, kv,
-                                                              prompt_width)), dim=1)
+                                                              prompt_width, position_shift)), dim=1)
 
     @property
     def window_lead(self) -> int:
@@ -281,17 +281,20 @@ class MaskPredictor(nn.Module):
         return int(self.cfg.shift_logits)
 
     def cached_hidden(self, run_ids: Tensor, attention_mask: Tensor, run_start: Tensor, kv: Tensor,
-                      prompt_width: Tensor | None = None) -> Tensor:
+                      prompt_width: Tensor | None = None, position_shift: Tensor | None = None) -> Tensor:
         """Hidden states [B, W, D] of the columns [run_start[b], run_start[b] + W) of a sequence (attention_mask
         [B, S] is the whole sequence's), their keys and values computed fresh, against cached ones `kv`
         [n_layers, 2, B, n_kv_heads, C, head_dim] of its first C columns (C <= S) that a full pass returned; cached
         columns inside the run are not used. The block-wise cache passes every column (C = S) and a window; the
         prompt cache the columns before the run (C = run_start). With prefix-DLM (prompt_width [B]) a query in the
-        prompt sees no response key."""
+        prompt sees no response key. An M-RoPE model's run columns are text after the row's pictures: their three
+        positions are the 1-D one plus `position_shift` [B] (models.pictures.mrope.text_position_shift)."""
         x = self.embed_inputs(run_ids)
         B, W, C = x.shape[0], x.shape[1], kv.shape[4]
         columns = run_start[:, None] + torch.arange(W, device=x.device)[None, :]
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0).gather(1, columns)
+        if position_shift is not None:
+            positions = positions + position_shift.to(positions)[:, None]
         cos, sin = rope_tables(positions, self.cfg.rotary, self.cfg.rope_theta)
         cached = torch.arange(C, device=x.device)[None, :].expand(B, C)
         in_run = (cached >= run_start[:, None]) & (cached < run_start[:, None] + W)

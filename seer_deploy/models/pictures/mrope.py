@@ -35,17 +35,33 @@ def picture_layout(grids: Sequence[Grid], merge_size: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
+def _advances(input_ids: np.ndarray, attention_mask: np.ndarray | None, id_base: int, layout: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """ids, mask, whether each column is an image token, and each column's layout row [B, S, 4]."""
+    ids = np.asarray(input_ids, dtype=np.int64)
+    mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
+    table = np.asarray(layout, dtype=np.int64).reshape(-1, LAYOUT_COLUMNS)
+    if table.shape[0] == 0:
+        table = np.zeros((1, LAYOUT_COLUMNS), dtype=np.int64)
+    return ids, mask, ids >= id_base, table[np.clip(ids - id_base, 0, table.shape[0] - 1)]
+
+
+def text_position_shift(input_ids: np.ndarray, attention_mask: np.ndarray | None, id_base: int,
+                        layout: np.ndarray) -> np.ndarray:
+    """int64 [B]: how far each row's M-RoPE position of a text token after all its pictures runs ahead of the 1-D
+    position cumsum(mask) - 1 (negative when a picture has more tokens than its largest side): the sum over its real
+    image tokens of their advance minus one. The cached graphs take it (contracts.graphs.POSITION_SHIFT), since
+    the columns they run are such text."""
+    _, mask, is_image, rows = _advances(input_ids, attention_mask, id_base, layout)
+    real_image = is_image & (mask != 0)
+    return np.ascontiguousarray(np.where(real_image, rows[..., 3] - 1, 0).sum(axis=1), dtype=np.int64)
+
+
 def mrope_positions(input_ids: np.ndarray, attention_mask: np.ndarray | None, id_base: int,
                     layout: np.ndarray) -> np.ndarray:
     """int64 [3, B, S]. input_ids [B, S] (image ids >= id_base index `layout`'s rows); attention_mask [B, S], 0 for
     padding (which advances nothing and gets the position of the next real token); layout from `picture_layout`."""
-    ids = np.asarray(input_ids, dtype=np.int64)
-    mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
-    is_image = ids >= id_base
-    table = np.asarray(layout, dtype=np.int64).reshape(-1, LAYOUT_COLUMNS)
-    if table.shape[0] == 0:
-        table = np.zeros((1, LAYOUT_COLUMNS), dtype=np.int64)
-    rows = table[np.clip(ids - id_base, 0, table.shape[0] - 1)]  # [B, S, 4]
+    _, mask, is_image, rows = _advances(input_ids, attention_mask, id_base, layout)
     advance = np.where(is_image, rows[..., 3], 1) * (mask != 0)
     start = np.cumsum(advance, axis=1) - advance
     offset = np.where(is_image[..., None], rows[..., :3], 0)
