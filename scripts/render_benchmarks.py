@@ -21,7 +21,7 @@
     PYTHONPATH=. python benchmarks/dimple_pictures.py vision|bench|render        # Dimple with pictures (issue 44)
     python benchmarks/llama_cpp/compare.py --rounds 2 --results benchmarks/results-llama   # issue 48
     python benchmarks/memory_breakdown.py EXPORTS --out benchmarks/results-footprint/breakdown.json; ... --render
-    PYTHONPATH=. python benchmarks/bench_prompt_cache.py --prompts 32 --rounds 3   # the prompt cache with pictures
+    PYTHONPATH=. python benchmarks/bench_prompt_cache.py --prompts 8 --rounds 3    # the prompt cache per family rule
     python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
 
 The first part is the run with the fast rows (parallel decoding, the KV cache: benchmarks/results-fast, with its
@@ -178,7 +178,7 @@ def render() -> str:
               sourced(render_markdown(json.loads(dimple.read_text()), "benchmarks/results-dimple/bench/bench.png"),
                       "benchmarks/results-dimple/bench/bench.json")
               if dimple.is_file() else f"(not measured: {dimple} is missing)", ""]
-    parts += _section("The prompt cache with pictures (issue 45)", RESULTS_PROMPT_CACHE / "notes.md")
+    parts += _section("The prompt cache per family and rule, with pictures (issue 45)", RESULTS_PROMPT_CACHE / "notes.md")
     parts += _rendered(RESULTS_PROMPT_CACHE / "prompt_cache.md", "benchmarks/results-prompt-cache/prompt_cache.json")
     parts += _export_check()
     parts += _section("Decide once, name once: the bench before and after (issue 43)", RESULTS_DECIDE_ONCE / "notes.md")

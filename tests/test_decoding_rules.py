@@ -141,7 +141,8 @@ def test_reference_loop_gives_the_runtime_loops_tokens(models: dict[str, MaskPre
     ({"threshold": 1.01}, "threshold is 1.01"),
     ({"remasking": "low_confidence"}, "--remasking low_confidence is LLaDA's"),
     ({"block_length": 8}, "has no blocks"),
-    ({"kv_cache": True}, "without --kv-cache"),
+    ({"kv_cache": True}, "use it instead of --kv-cache"),
+    ({"cfg_scale": 1.0}, "without --cfg-scale"),
 ])
 def test_bad_settings_are_refused_in_one_line(bad: dict[str, object], match: str) -> None:
     settings: dict[str, object] = {"gen_length": 16, "steps": 16, "decode": "timesteps", "remasking": "entropy"}

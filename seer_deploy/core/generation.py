@@ -176,9 +176,12 @@ class GenerationConfig:
         if self.first_from_prompt is not False and not (self.first_from_prompt is True and self.dream_sampler):
             raise ConfigError("first_from_prompt (LaViDa-Dream's greedy first token) is true or false, and only with "
                               "--decode timesteps or confident")
-        if self.dream_sampler and (self.kv_cache or self.cfg_scale > 0):
-            raise ConfigError(f"--decode {self.decode} (the Dream family's sampler) runs without --kv-cache and "
-                              "--cfg-scale; drop them")
+        if self.dream_sampler and self.kv_cache:  # one block: the block-wise cache would hold the prompt only
+            raise ConfigError(f"--decode {self.decode} (the Dream family's sampler) runs one block over the whole "
+                              "answer, where the block-wise cache holds the prompt only: that is --prompt-cache "
+                              "(Dimple's prefilling); use it instead of --kv-cache")
+        if self.dream_sampler and self.cfg_scale > 0:
+            raise ConfigError(f"--decode {self.decode} (the Dream family's sampler) runs without --cfg-scale; drop it")
         if self.parallel and self.remasking != "low_confidence":
             raise ConfigError(
                 f"--decode {self.decode} ranks candidates by the model's confidence; it cannot use --remasking "
