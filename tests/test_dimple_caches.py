@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from dimple_checkpoint import picture, write_dimple
+from test_tensorrt_build import recording  # noqa: F401  (a fixture)
 
 from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.models.networks.image_prompts import ImageConditionedModel
@@ -144,3 +145,27 @@ def test_without_the_shift_the_cached_tokens_differ(one_layer: tuple[Path, Path,
         service = Service(target, ServiceOptions(generation=generation, batch_size=3))
         service.backend.position_shift = lambda ids, mask: np.zeros(ids.shape[0], np.int64)  # type: ignore[attr-defined]
         assert [a.tokens for a in service.generate(requests(files)).answers] != want
+
+
+def test_both_builders_take_the_dimple_cache_export(one_layer: tuple[Path, Path, list[str]], tmp_path: Path,
+                                                    request: pytest.FixtureRequest) -> None:
+    """`build --backend ort` opens every graph's session (the cache graphs' declared inputs = the files'), and
+    TensorRT-RTX builds the cache graphs on this CPU with profiles carrying position_shift [batch] (the engines run
+    on an RTX-class GPU only, which none of this project's machines has)."""
+    from test_tensorrt_build import Handed, check_engine_dir
+
+    from seer_deploy.engines.build import BuildOptions, prepare_build
+
+    export = one_layer[1]
+    ort_dir = prepare_build(export, tmp_path / "ort", BuildOptions(backend="ort")).start().out
+    assert (ort_dir / "engine.json").is_file()
+    built: Handed = request.getfixturevalue("recording")
+    options = BuildOptions(backend="tensorrt", trt_library="tensorrt_rtx", buckets=(16,), max_batch=2,
+                           max_pictures=2, compute_capabilities=("8.9",))
+    engine = prepare_build(export, tmp_path / "trt", options).start().out
+    manifest = check_engine_dir(export, engine, options, built)
+    trt = manifest.tensorrt
+    assert trt is not None and {"window_step", "prompt_step"} <= set(trt.profiles)
+    for graph in ("window_step", "prompt_step"):
+        for profile in trt.profiles[graph]:
+            assert profile["shapes"]["position_shift"]["max"] == [2]
