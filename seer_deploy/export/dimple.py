@@ -23,10 +23,12 @@ from seer_deploy.contracts.graphs import (
     IMAGE_TABLE,
     INPUT_IDS,
     POSITION_IDS,
+    POSITION_SHIFT,
     PROMPT_STEP,
     QWEN_VISION,
     STEP,
     VISION,
+    WINDOW_STEP,
     Size,
     step_graph,
 )
@@ -151,7 +153,9 @@ def _load_dimple(run: ExportRun, report: Progress) -> Loaded:
         examples=examples | {k: torch.from_numpy(v) for k, v in feed.items()} | {
             INPUT_IDS.name: ids, IMAGE_TABLE.name: torch.zeros(rows, cfg.d_model),
             POSITION_IDS.name: torch.arange(ids.shape[1]).expand(3, 2, -1).contiguous()},
-        graph_examples={PROMPT_STEP.name: prompt_examples(cfg, run.max_seq_len)},
+        graph_examples={  # the cached graphs' position shift: one row behind its 1-D positions, one not
+            PROMPT_STEP.name: prompt_examples(cfg, run.max_seq_len) | {POSITION_SHIFT.name: torch.tensor([0, -3])},
+            WINDOW_STEP.name: {POSITION_SHIFT.name: torch.tensor([-3, 0])}},
         sizes={Size.STAT_ROWS: len(stats.sparsity_rows), Size.D_MODEL: cfg.d_model,
                Size.MERGE_UNIT: tower.spatial_merge_size**2, Size.PATCH_DIM: tower.patch_dim,
                Size.VISION_HEAD_DIM: tower.head_dim, **cache_sizes(cfg)},

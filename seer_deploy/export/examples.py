@@ -11,7 +11,6 @@ from seer_deploy.contracts.graphs import (
     CANDIDATES,
     INPUT_IDS,
     KV,
-    POSITION_SHIFT,
     PROMPT_KV,
     PROMPT_WIDTH,
     RUN_IDS,
@@ -47,7 +46,6 @@ def step_examples(cfg: ModelConfig, max_seq_len: int) -> dict[str, Tensor]:
         WINDOW_START.name: torch.tensor([S - W, 0]),
         KV.name: torch.zeros(cfg.n_layers, 2, 2, cfg.n_kv_heads, S, cfg.head_dim),
         PROMPT_WIDTH.name: torch.tensor([S - W, S - W]),
-        POSITION_SHIFT.name: torch.tensor([-3, 0]),
     }
 
 
@@ -67,7 +65,6 @@ def prompt_examples(cfg: ModelConfig, max_seq_len: int) -> dict[str, Tensor]:
         SCORE_RULE.name: torch.tensor([2, 1]),
         SCORE_TEMPERATURE.name: torch.ones(2),
         PROMPT_WIDTH.name: torch.tensor([cached + 1, cached + 1]),
-        POSITION_SHIFT.name: torch.tensor([0, -3]),
     }
 
 
