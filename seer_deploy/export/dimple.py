@@ -6,7 +6,9 @@ order, the boundaries as segment ids, the rotary tables), so its one dynamic axi
 checked against torch on pictures of three sizes and aspect ratios, alone and together. The step graph is the
 multimodal one (image ids select rows of the image table) with `position_ids` [3, B, S] after the table: the host
 computes them from the ids and the pictures' layout (models.pictures.mrope), so Seer's cut and the hybrid batcher
-run it unchanged. The manifest's `multimodal` section records the tower and picture settings the runtime needs.
+run it unchanged. With --kv-cache the cache graphs (window_step, prompt_step) take `position_shift` [B]: the text
+after a row's pictures they run sits at its 1-D positions plus that shift in all three M-RoPE rows. The manifest's
+`multimodal` section records the tower and picture settings the runtime needs.
 """
 
 from __future__ import annotations
