@@ -169,3 +169,18 @@ def test_both_builders_take_the_dimple_cache_export(one_layer: tuple[Path, Path,
     for graph in ("window_step", "prompt_step"):
         for profile in trt.profiles[graph]:
             assert profile["shapes"]["position_shift"]["max"] == [2]
+
+
+@pytest.mark.parametrize("shift", [np.zeros(3, np.int64), np.zeros(2, np.float32), np.zeros((2, 1), np.int64)],
+                         ids=["rows", "dtype", "shape"])
+def test_a_shift_that_is_not_one_integer_per_row_is_refused(shift: np.ndarray) -> None:
+    from seer_deploy.core.backend import PromptInput, WindowInput
+    from seer_deploy.core.errors import ConfigError
+
+    kv = np.zeros((1, 2, 2, 1, 6, 4), np.float32)
+    ids, mask = np.zeros((2, 3), np.int64), np.ones((2, 6), np.int64)
+    assert np.array_equal(WindowInput(ids, mask, np.array([3, 3]), kv).checked().position_shift, [0, 0])
+    for call in (WindowInput(ids, mask, np.array([3, 3]), kv, position_shift=shift),
+                 PromptInput(ids, mask, kv[:, :, :, :, :3], prompt_width=4, position_shift=shift)):
+        with pytest.raises(ConfigError, match="one integer per row"):
+            call.checked()

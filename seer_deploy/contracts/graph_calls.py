@@ -74,10 +74,11 @@ def graph_feed(graph: GraphIO, checked: StepInput, image_inputs: Mapping[str, np
 def window_feed(graph: GraphIO, checked: WindowInput) -> dict[str, np.ndarray]:
     """The window step's inputs for one call (sampling inputs drawn over the window's columns)."""
     batch, width = checked.window_ids.shape
+    assert checked.position_shift is not None, "pass WindowInput.checked(), which always has a position shift"
     values = {WINDOW_IDS.name: checked.window_ids, ATTENTION_MASK.name: checked.attention_mask,
               WINDOW_START.name: checked.window_start, KV.name: checked.kv,
               PROMPT_WIDTH.name: np.full(batch, checked.prompt_width, dtype=np.int64),
-              POSITION_SHIFT.name: _position_shift(batch, checked.position_shift),
+              POSITION_SHIFT.name: checked.position_shift,
               **step_feed(batch, width, checked.temperature, checked.seed, checked.uniform)}
     return {name: values[name] for name in graph.input_names}
 
@@ -85,19 +86,15 @@ def window_feed(graph: GraphIO, checked: WindowInput) -> dict[str, np.ndarray]:
 def prompt_feed(graph: GraphIO, checked: PromptInput) -> dict[str, np.ndarray]:
     """The prompt-cache graph's inputs for one call (sampling inputs drawn over the run's columns)."""
     batch, width = checked.run_ids.shape
-    assert checked.candidates is not None, "pass PromptInput.checked(), which always has candidates"
+    assert checked.candidates is not None and checked.position_shift is not None, \
+        "pass PromptInput.checked(), which always has candidates and a position shift"
     values = {RUN_IDS.name: checked.run_ids, ATTENTION_MASK.name: checked.attention_mask,
               PROMPT_KV.name: checked.prompt_kv, CANDIDATES.name: checked.candidates,
               **scoring_feed(batch, checked.scoring),
               PROMPT_WIDTH.name: np.full(batch, checked.prompt_width, dtype=np.int64),
-              POSITION_SHIFT.name: _position_shift(batch, checked.position_shift),
+              POSITION_SHIFT.name: checked.position_shift,
               **step_feed(batch, width, checked.temperature, checked.seed)}
     return {name: values[name] for name in graph.input_names}
-
-
-def _position_shift(batch: int, shift: np.ndarray | None) -> np.ndarray:
-    """An M-RoPE model's cached graphs' position_shift (None: zeros, rows without pictures)."""
-    return np.zeros(batch, np.int64) if shift is None else shift
 
 
 def scoring_feed(batch: int, scoring: Scoring | None) -> dict[str, np.ndarray]:
