@@ -1,6 +1,6 @@
 """Where an export's first step goes (issue 48): in one fresh process, the seconds to import the runtime, open the
-target (manifest, Seer config, tokenizer), open the step graph's ONNX Runtime session, and the step-zero calls of a
-prompt of --prompt ids and --gen-length masks, alternating a call that scores every mask (what step zero does) with
+target (manifest, Seer config, tokenizer), open every graph's ONNX Runtime session (three in a --kv-cache export),
+and the step-zero calls of a prompt of --prompt ids and --gen-length masks, alternating a call that scores every mask (what step zero does) with
 one that scores a single column (the body alone, near enough), --calls times each. Writes JSON with the command,
 commit and date.
 
