@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,21 @@ from seer_deploy.models.checkpoints.checkpoint import Layout, save_checkpoint
 from seer_deploy.models.demos.demo_tasks import VOCAB, write_tokenizer
 from seer_deploy.models.families.config import ModelConfig
 from seer_deploy.models.networks.llada import MaskPredictor
+
+
+def _divide_the_cores_among_workers() -> None:
+    """pytest-xdist runs one worker per core (addopts); torch's default of one thread per core in every worker
+    oversubscribes the cores, and its OpenMP threads spin while they wait: measured on two of the demo's test files,
+    6 min 34 s -> 5 min 13 s with one thread per worker. Each worker, and the processes its tests start, get their
+    share of the cores; a test that asks for threads still gets them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = max(1, (os.cpu_count() or 1) // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
+        torch.set_num_threads(share)
+
+
+_divide_the_cores_among_workers()
 
 DEMO_DIR = Path(__file__).resolve().parents[1] / "seer_deploy" / "models" / "demos" / "demo"
 
@@ -60,6 +77,50 @@ def make_checkpoint(tmp_path: Path) -> Callable[..., Path]:
         return out
 
     return make
+
+
+# The demos' exports that several test files read, each traced once per run instead of once per file (tracing is most
+# of an export's time, and of CI's): name -> (checkpoint, ExportOptions keywords). Tests read them, never write.
+SHARED_DEMO_EXPORTS: dict[str, tuple[str, dict[str, object]]] = {
+    "demo": ("demo", {}), "demo-kv": ("demo", {"kv_cache": True}), "demo-vl": ("demo-vl", {})}
+
+
+def _listing(root: Path) -> dict[str, list[int]]:
+    return {str(p.relative_to(root)): [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture(scope="session")
+def shared_demo_export(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterator[Callable[[str], Path]]:
+    """shared_demo_export(name) -> the demo exported as SHARED_DEMO_EXPORTS[name] says (verified, as `export` does
+    by default). Under pytest-xdist the workers share the run's temp root: the first worker to ask exports under a file
+    lock, the others wait and read it. At the session's end every file must be as it was exported: a test that wrote
+    into a shared export fails the run."""
+    from filelock import FileLock
+
+    from seer_deploy.export.exporter import export_checkpoint
+    from seer_deploy.export.multimodal import export_multimodal
+    from seer_deploy.export.options import ExportOptions
+
+    root = tmp_path_factory.getbasetemp()
+    root = (root.parent if worker_id != "master" else root) / "shared-exports"
+    root.mkdir(exist_ok=True)
+    seen: dict[Path, dict[str, list[int]]] = {}
+
+    def get(name: str) -> Path:
+        out = root / name
+        with FileLock(str(root / f"{name}.lock")):
+            listing = root / f"{name}.listing.json"
+            if not listing.exists():
+                checkpoint, options = SHARED_DEMO_EXPORTS[name]
+                export = export_multimodal if checkpoint == "demo-vl" else export_checkpoint
+                export(checkpoint, out, ExportOptions(**options))  # type: ignore[arg-type]
+                listing.write_text(json.dumps(_listing(out)))
+        seen[out] = json.loads(listing.read_text())
+        return out
+
+    yield get
+    changed = [str(out) for out, before in seen.items() if _listing(out) != before]
+    assert not changed, f"a test wrote into the shared export(s) {changed}: copy it or write elsewhere"
 
 
 def demo_available() -> bool:

@@ -10,6 +10,8 @@ batch with. (tests/test_ort_backend.py checks whole batches of 50 without Seer.)
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +23,7 @@ from seer_deploy.core.backend import Backend, StepInput
 from seer_deploy.core.generation import GenerationConfig, SpecialIds, left_pad
 from seer_deploy.engines.build import BuildOptions, build_engines
 from seer_deploy.engines.ort import OrtSessionOptions
-from seer_deploy.export.exporter import export_checkpoint
+from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.checkpoints.checkpoint import load_checkpoint
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.runtime.loop import LoopOptions, run_generation
@@ -38,13 +40,15 @@ N = 200
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Backend, TargetInfo]:
-    """The demo exported once per session and built into export/engine (ONNX Runtime, CPU), opened as a target."""
-    root = tmp_path_factory.mktemp("demo-parity")
-    export = export_checkpoint("demo", root / "export", export_options()).out
+def engine(tmp_path_factory: pytest.TempPathFactory, shared_demo_export: Callable[[str], Path]
+           ) -> tuple[Backend, TargetInfo]:
+    """The demo exported with the export's defaults (the run's shared export) and built into an engine dir (ONNX
+    Runtime, CPU), opened as a target."""
+    assert export_options() == ExportOptions()  # what the shared export was made with
+    engine = tmp_path_factory.mktemp("demo-parity") / "engine"
     session = OrtSessionOptions(providers=("CPUExecutionProvider",))
-    build_engines(export, export / "engine", BuildOptions(backend="ort", ort_session=session))
-    return open_target(str(export / "engine"))
+    build_engines(shared_demo_export("demo"), engine, BuildOptions(backend="ort", ort_session=session))
+    return open_target(str(engine))
 
 
 @pytest.fixture(scope="module")

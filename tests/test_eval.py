@@ -68,7 +68,8 @@ def test_stop_sequences_cut_at_the_first() -> None:
 def bench_rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     out = tmp_path_factory.mktemp("eval-bench")
     rc = _cli(["bench", "demo", "--gen-lengths", str(GEN), "--batch-sizes", "8", "--prompts", str(PROMPTS),
-               "--repeats", "1", "--threads", "1", "--no-scaling", "--no-tensorrt", "--out", str(out)])
+               "--repeats", "1", "--threads", "1", "--no-scaling", "--no-tensorrt", "--quantize", "none",
+               "--out", str(out)])
     assert rc == 0
     return {r["row"]: r for r in json.loads((out / "bench.json").read_text())["rows"]}
 

@@ -6,7 +6,7 @@ the served path and the direct path are one service.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,8 +15,6 @@ from conftest import requires_demo
 from seer_deploy.cli import main
 from seer_deploy.core.generation import GenerationConfig
 from seer_deploy.evaluation.tasks import HARNESSES, go_offline
-from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.export.options import ExportOptions
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
 from seer_deploy.service import Service, ServiceOptions, TargetOptions
 
@@ -25,10 +23,8 @@ GEN = GenerationConfig(gen_length=64, steps=64)  # the demo task asks max_gen_to
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("eval-serve") / "demo-onnx"
-    export_checkpoint("demo", out, ExportOptions(verify=False))
-    return out
+def export_dir(shared_demo_export: Callable[[str], Path]) -> Path:
+    return shared_demo_export("demo")
 
 
 @pytest.fixture(scope="module")

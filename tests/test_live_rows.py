@@ -7,7 +7,8 @@ settings differ in size, steps, blocks, temperature, remasking, decoding rule, S
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,8 +16,6 @@ import pytest
 from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig, SpecialIds
-from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.runtime.live import LiveRows, Round
@@ -29,10 +28,8 @@ PROMPTS = [e.prompt for e in heldout_examples(16)]
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    out = tmp_path_factory.mktemp("live") / "demo-onnx"
-    export_checkpoint("demo", out, ExportOptions(verify=False, kv_cache=True))
-    yield Service(out, ServiceOptions(generation=GenerationConfig(gen_length=64, steps=64), target=TargetOptions(threads=1)))
+def service(shared_demo_export: Callable[[str], Path]) -> Iterator[Service]:
+    yield Service(shared_demo_export("demo-kv"), ServiceOptions(generation=GenerationConfig(gen_length=64, steps=64), target=TargetOptions(threads=1)))
 
 
 def settings(service: Service, kv_cache: bool) -> list[tuple[GenerationConfig, bool, int]]:

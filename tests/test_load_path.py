@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,11 +42,8 @@ def run_cli(args: list[str], watched: tuple[str, ...]) -> tuple[int, str, list[s
 
 
 @pytest.fixture(scope="module")
-def demo_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("load-path") / "demo-onnx"
-    code, _, _ = run_cli(["export", "demo", "--out", str(out)], ())
-    assert code == 0
-    return out
+def demo_export(shared_demo_export: Callable[[str], Path]) -> Path:
+    return shared_demo_export("demo")  # what `seer-deploy export demo` writes
 
 
 def test_generate_on_an_export_imports_no_torch(demo_export: Path) -> None:
@@ -86,12 +84,11 @@ def test_generate_on_an_export_reads_its_manifest_once(demo_export: Path) -> Non
     assert report["opened"] == {"manifest.json": 1}
 
 
-def test_generate_on_a_multimodal_export_imports_no_torch(tmp_path: Path) -> None:
-    code, _, _ = run_cli(["export", "demo-vl", "--out", str(tmp_path / "demo-vl-onnx")], ())
-    assert code == 0
+def test_generate_on_a_multimodal_export_imports_no_torch(tmp_path: Path,
+                                                          shared_demo_export: Callable[[str], Path]) -> None:
     picture = tmp_path / "picture.png"
     demo_vl_examples(1)[0].image().save(picture)
-    code, stdout, loaded = run_cli(["generate", str(tmp_path / "demo-vl-onnx"), "--image", str(picture), "--prompt",
+    code, stdout, loaded = run_cli(["generate", str(shared_demo_export("demo-vl")), "--image", str(picture), "--prompt",
                                     "<image> colors", "--json"], ("torch", "transformers"))
     assert code == 0 and json.loads(stdout)["answer"]
     assert loaded == []

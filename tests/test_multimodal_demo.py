@@ -5,6 +5,7 @@ Skipped until scripts/train_demo_vl.py has written seer_deploy/models/demos/demo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,6 @@ import torch
 from seer_deploy.cli.demo import run_multimodal_demo
 from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.ort_multimodal import MultimodalOrtBackend
-from seer_deploy.export.multimodal import export_multimodal
 from seer_deploy.models.checkpoints.multimodal import LoadedMultimodal, load_multimodal
 from seer_deploy.models.checkpoints.multimodal_files import DEMO_VL_DIR
 from seer_deploy.models.demos.demo_vl_tasks import PictureExample, heldout_examples
@@ -79,8 +79,9 @@ def test_held_out_exact_match_and_seer_rates(demo: LoadedMultimodal) -> None:
     assert cut.tokens_processed < 0.6 * full.tokens_processed  # the cut is real, not a no-op
 
 
-def test_onnx_runtime_equals_torch_on_100_pictures_seer_on_and_off(demo: LoadedMultimodal, tmp_path: Path) -> None:
-    out = export_multimodal("demo-vl", tmp_path / "demo-vl-onnx").out
+def test_onnx_runtime_equals_torch_on_100_pictures_seer_on_and_off(demo: LoadedMultimodal,
+                                                                    shared_demo_export: Callable[[str], Path]) -> None:
+    out = shared_demo_export("demo-vl")
     examples = heldout_examples(100)
     prompts, px = _inputs(demo, examples)
     backend = MultimodalOrtBackend(out)

@@ -6,6 +6,7 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -278,21 +279,21 @@ def test_session_options(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @requires_demo
-def test_demo_generations_match_torch_on_200_prompts(tmp_path: Path) -> None:
+def test_demo_generations_match_torch_on_200_prompts(shared_demo_export: Callable[[str], Path]) -> None:
     """The bundled demo, exported: 200 held-out prompts through ORT give the torch reference's tokens exactly."""
     start = time.perf_counter()
-    result = export_checkpoint("demo", tmp_path / "demo")
+    export = shared_demo_export("demo")
     ckpt = load_checkpoint("demo")
     cfg = ckpt.config
     tok = Tokenizer.from_checkpoint(ckpt.path, cfg.eos_id, cfg.eot_id)
     prompts = [tok.encode_prompt(ex.prompt) for ex in heldout_examples(200)]
     config = GenerationConfig(gen_length=64, steps=16)
-    backend = OrtBackend(result.out, CPU)
+    backend = OrtBackend(export, CPU)
     pad = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
     for lo in range(0, len(prompts), 50):
         chunk = prompts[lo : lo + 50]
         want = generate(ckpt.model, chunk, config).tokens.numpy()
         got = run_generation(backend, chunk, config, ids=SpecialIds(mask=cfg.mask_id, pad=pad)).tokens
         assert np.array_equal(got, want), f"prompts {lo}..{lo + len(chunk) - 1}"
-    assert json.loads((result.out / "manifest.json").read_text())["model"]["source"] == "demo"
+    assert json.loads((export / "manifest.json").read_text())["model"]["source"] == "demo"
     print(f"demo parity: 200 prompts in {time.perf_counter() - start:.1f}s")

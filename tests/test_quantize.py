@@ -40,12 +40,14 @@ def quantized(scheme: str, **kwargs: object) -> ExportOptions:
 
 
 @pytest.fixture(scope="module")
-def demo_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def demo_exports(tmp_path_factory: pytest.TempPathFactory, shared_demo_export: Callable[[str], Path]
+                 ) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("quantized")
-    options = {"fp32": ExportOptions(kv_cache=True), "int8": quantized("int8"), "int4": quantized("int4"),
+    options = {"int8": quantized("int8"), "int4": quantized("int4"),
                "int8-qdq": ExportOptions(opset=21, quantization=Quantization("int8", format="qdq")),
                "int4-qdq": ExportOptions(opset=21, quantization=Quantization("int4", format="qdq"))}
-    return {name: export_checkpoint("demo", root / name, o).out for name, o in options.items()}
+    fp32 = shared_demo_export("demo-kv")  # ExportOptions(kv_cache=True)
+    return {"fp32": fp32, **{name: export_checkpoint("demo", root / name, o).out for name, o in options.items()}}
 
 
 def answers(target: Path, requests: list[Prompt], seer: bool = True) -> np.ndarray:
@@ -183,9 +185,9 @@ def test_a_family_checkpoint_exports_quantized_and_generates(tmp_path: Path) -> 
     assert agreement["int8"] >= 0.8 and agreement["int4"] < agreement["int8"], agreement
 
 
-def test_quantized_demo_vl_answers_pictures(tmp_path: Path) -> None:
+def test_quantized_demo_vl_answers_pictures(tmp_path: Path, shared_demo_export: Callable[[str], Path]) -> None:
     workload = picture_workload(8, tmp_path / "pictures")
-    full = export_multimodal("demo-vl", tmp_path / "fp32").out
+    full = shared_demo_export("demo-vl")
     int4 = export_multimodal("demo-vl", tmp_path / "int4", ExportOptions(quantization=Quantization("int4"))).out
     got, want = answers(int4, workload.requests), answers(full, workload.requests, seer=False)
     assert ExportManifest.load(int4).weights.quantization == Quantization("int4")

@@ -31,8 +31,6 @@ import pytest
 from seer_deploy.cli import main
 from seer_deploy.core.errors import ConfigError
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
 from seer_deploy.serve.sizes import gen_length_for, request_generation, supported_sizes
@@ -44,11 +42,9 @@ PROMPTS = [e.prompt for e in heldout_examples(40)]
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo's ONNX export (the export's own validation against torch is tested in test_export)."""
-    out = tmp_path_factory.mktemp("serve") / "demo-onnx"
-    export_checkpoint("demo", out, ExportOptions(verify=False))
-    return out
+def export_dir(shared_demo_export: Callable[[str], Path]) -> Path:
+    """The demo's ONNX export (the run's shared one)."""
+    return shared_demo_export("demo")
 
 
 def open_service(target: str | Path, batch_size: int = 32) -> Service:

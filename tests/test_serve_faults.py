@@ -33,8 +33,6 @@ import requests
 
 from seer_deploy.cli import main
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.serve import BackgroundServer, ServeOptions, create_app
 from seer_deploy.serve.batcher import CallBatcher
@@ -48,10 +46,8 @@ KEY = "s3cret"
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("faults") / "demo-onnx"
-    export_checkpoint("demo", out, ExportOptions(verify=False))
-    return out
+def export_dir(shared_demo_export: Callable[[str], Path]) -> Path:
+    return shared_demo_export("demo")
 
 
 def serve(export_dir: Path, **options: Any) -> BackgroundServer:

@@ -20,8 +20,6 @@ import httpx
 import pytest
 
 from seer_deploy.core.generation import GenerationConfig
-from seer_deploy.export.exporter import export_checkpoint
-from seer_deploy.export.options import ExportOptions
 from seer_deploy.models.demos.demo_tasks import heldout_examples
 from seer_deploy.models.prompts.prompt import Prompt
 from seer_deploy.runtime.targets import TargetOptions
@@ -35,10 +33,8 @@ SHORT = {"max_tokens": 16}  # Seer on: a handful of passes
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("stepping") / "demo-onnx"
-    export_checkpoint("demo", out, ExportOptions(verify=False, kv_cache=True))
-    return out
+def export_dir(shared_demo_export: Callable[[str], Path]) -> Path:
+    return shared_demo_export("demo-kv")
 
 
 @pytest.fixture(scope="module")

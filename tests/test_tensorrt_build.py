@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,8 +121,8 @@ def polygraphy_capability(onnx_path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def demo_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return export_checkpoint("demo", tmp_path_factory.mktemp("demo") / "export", ExportOptions(kv_cache=True)).out
+def demo_export(shared_demo_export: Callable[[str], Path]) -> Path:
+    return shared_demo_export("demo-kv")
 
 
 def test_demo_with_the_kv_cache_builds_without_a_gpu(demo_export: Path, tmp_path: Path,
@@ -206,10 +207,10 @@ def test_bad_tensorrt_flags_exit_2_before_any_work(demo_export: Path, tmp_path: 
 # ---------------------------------------------------------------- multimodal: demo-vl and LaViDa, vision graphs too
 
 
-def test_demo_vl_builds_with_its_vision_graph(tmp_path: Path, recording: Handed,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_vl_builds_with_its_vision_graph(tmp_path: Path, recording: Handed, capsys: pytest.CaptureFixture[str],
+                                              shared_demo_export: Callable[[str], Path]) -> None:
     """`seer-deploy build EXPORT --backend tensorrt` of `seer-deploy export demo-vl`, as a user runs it."""
-    export = export_multimodal("demo-vl", tmp_path / "export").out
+    export = shared_demo_export("demo-vl")
     code, out, err = run_main(["build", str(export), "--out", str(tmp_path / "engine"), "--backend", "tensorrt"], capsys)
     assert code == 0 and "engine dir:" in out and "building the vision engine (1 profile)" in err, err
     manifest = check_engine_dir(export, tmp_path / "engine", RTX, recording)
