@@ -2,8 +2,9 @@
 
 The issue's bar is 97% of 200 held-out prompts at gen_length 64 and 256. On 2 CPU cores the full-length loop at 256
 costs about 2.5 s per step for 200 prompts (14 minutes), so CI checks all 200 at 64 (against the bar itself) and the
-first 25 at 256 (one miss there is 0.96, so that floor allows two); the 200-prompt figure at 256 is measured by
-`scripts/seer_study.py` (docs/seer-study.md, full-length row).
+first 16 at 256 (0.75 s a step on one core for 25 prompts: 3 minutes of CI's 35 were this one test; one miss there is
+0.9375, so that floor allows one); the 200-prompt figure at 256 is measured by `scripts/seer_study.py`
+(docs/seer-study.md, full-length row).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ MEASURED_FLOORS = {64: 0.97, 256: 0.92}
 DEMO_SEER_FILE = resolve_checkpoint("demo") / CHECKPOINT_CONFIG_NAME  # the demo's shipped Seer config
 
 
-@pytest.mark.parametrize("gen_length, n_prompts", [(64, 200), (256, 25)])
+@pytest.mark.parametrize("gen_length, n_prompts", [(64, 200), (256, 16)])
 def test_demo_answers_held_out_prompts(gen_length: int, n_prompts: int) -> None:
     ckpt = load_checkpoint("demo")
     tok = Tokenizer.from_checkpoint(ckpt.path, ckpt.config.eos_id)

@@ -19,6 +19,7 @@ from seer_deploy.core.backend import StepInput
 from seer_deploy.core.errors import ArtifactError, ConfigError
 from seer_deploy.core.generation import GenerationConfig, SpecialIds
 from seer_deploy.engines.ort import OrtBackend, OrtSessionOptions
+from seer_deploy.engines.ort_sessions import PARALLEL_PREPACK
 from seer_deploy.export.exporter import export_checkpoint
 from seer_deploy.models.checkpoints.checkpoint import load_checkpoint, save_checkpoint
 from seer_deploy.models.demos.demo_tasks import heldout_examples, write_tokenizer
@@ -275,18 +276,21 @@ def test_session_options(tmp_path: Path) -> None:
         OrtSessionOptions(graph_optimization="max").session_options()  # type: ignore[arg-type]
     so = OrtSessionOptions(intra_op_threads=2, graph_optimization="basic").session_options()
     assert so.intra_op_num_threads == 2 and so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert so.get_session_config_entry(PARALLEL_PREPACK) == "1"  # quantized weights prepacked on every thread
 
 
 @pytest.mark.slow
 @requires_demo
-def test_demo_generations_match_torch_on_200_prompts(shared_demo_export: Callable[[str], Path]) -> None:
-    """The bundled demo, exported: 200 held-out prompts through ORT give the torch reference's tokens exactly."""
+def test_demo_generations_match_torch_on_a_batch_of_50_prompts(shared_demo_export: Callable[[str], Path]) -> None:
+    """The bundled demo, exported: a batch of 50 held-out prompts, four tokens committed per step, through ORT gives
+    the torch reference's tokens exactly (test_demo_parity runs 200 prompts in batches of 1 and 8, Seer on and off,
+    two tokens per step)."""
     start = time.perf_counter()
     export = shared_demo_export("demo")
     ckpt = load_checkpoint("demo")
     cfg = ckpt.config
     tok = Tokenizer.from_checkpoint(ckpt.path, cfg.eos_id, cfg.eot_id)
-    prompts = [tok.encode_prompt(ex.prompt) for ex in heldout_examples(200)]
+    prompts = [tok.encode_prompt(ex.prompt) for ex in heldout_examples(50)]
     config = GenerationConfig(gen_length=64, steps=16)
     backend = OrtBackend(export, CPU)
     pad = cfg.pad_id if cfg.pad_id is not None else cfg.eos_id
@@ -296,4 +300,4 @@ def test_demo_generations_match_torch_on_200_prompts(shared_demo_export: Callabl
         got = run_generation(backend, chunk, config, ids=SpecialIds(mask=cfg.mask_id, pad=pad)).tokens
         assert np.array_equal(got, want), f"prompts {lo}..{lo + len(chunk) - 1}"
     assert json.loads((export / "manifest.json").read_text())["model"]["source"] == "demo"
-    print(f"demo parity: 200 prompts in {time.perf_counter() - start:.1f}s")
+    print(f"demo parity: {len(prompts)} prompts in {time.perf_counter() - start:.1f}s")
