@@ -11,10 +11,12 @@ high-water mark above what it held before opening the export (the interpreter an
     + the head at step zero: HEAD_BUFFERS float32 vocabulary rows per candidate column
     + SESSION_OVERHEAD.
 
-Measured here (ONNX Runtime 1.32, one thread): fp32 49 MiB above start at 16 candidates and 115 at 96 (33.6 MiB of
-weights: the head holds about 6.3 vocabulary rows per candidate), int8 128 at 96 (20.9 MiB); with sessions that
-each prepack their own copy of the MatMul weights (`share_weights=False`) fp32 takes 66 MiB at 16 candidates: the
-bound refuses that second copy, which is what it exists to catch.
+Measured here (ONNX Runtime 1.32, one thread): fp32 78 MiB above start at 96 candidates (33.6 MiB of weights: the head
+holds about 3.0 vocabulary rows per candidate, the logits and two temporaries of its softmax), int8 78, int4 71. With
+ONNX Runtime's memory pattern on (its default; the CPU sessions turn it off: engines/ort_sessions.py), the steps after
+step zero, whose shapes repeat, held every buffer twice: 117, 117 and 110 MiB, 6.3 rows per candidate, which this bound
+refuses. With sessions that each prepack their own copy of the MatMul weights (`share_weights=False`) fp32 takes 85 MiB
+at 16 candidates against 44 shared: the bound refuses that second copy too.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from seer_deploy.models.demos.demo_tasks import write_tokenizer
 SIZE = {"d_model": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden": 352, "vocab_size": 32768,
         "max_seq_len": 128}
 PROMPT, RESPONSE = 16, 96  # every response slot a candidate at step zero: the head's largest call
-HEAD_BUFFERS = 7  # logits, the masked copy, its exp, ... (6.3 measured)
+HEAD_BUFFERS = 4  # the logits and two softmax temporaries (3.0 measured; 6.3 with the memory pattern on)
 SESSION_OVERHEAD = 8 * 2**20
 FEW = 16  # candidates where the weights, not the head, dominate the bound
 EMBEDDING_BYTES = SIZE["vocab_size"] * SIZE["d_model"] * 4  # kept in float32 by --quantize

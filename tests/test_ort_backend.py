@@ -277,6 +277,8 @@ def test_session_options(tmp_path: Path) -> None:
     so = OrtSessionOptions(intra_op_threads=2, graph_optimization="basic").session_options()
     assert so.intra_op_num_threads == 2 and so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     assert so.get_session_config_entry(PARALLEL_PREPACK) == "1"  # quantized weights prepacked on every thread
+    # On the CPU no memory pattern (it held a repeated shape's activations twice: tests/test_footprint.py).
+    assert not OrtSessionOptions(providers=("CPUExecutionProvider",)).session_options().enable_mem_pattern
 
 
 @pytest.mark.slow

@@ -172,7 +172,6 @@ class OrtBackend:
         so = self.options.session_options()
         casts = self.casts_weights()
         if casts:
-            so.enable_mem_pattern = False
             so.enable_cpu_mem_arena = False
             so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
         prepack = self.prepacks()
