@@ -21,6 +21,7 @@
     PYTHONPATH=. python benchmarks/dimple_pictures.py vision|bench|render        # Dimple with pictures (issue 44)
     python benchmarks/llama_cpp/compare.py --rounds 2 --results benchmarks/results-llama   # issue 48
     python benchmarks/memory_breakdown.py EXPORTS --out benchmarks/results-footprint/breakdown.json; ... --render
+    python benchmarks/memory_pattern.py EXPORT --rounds 4 --out benchmarks/results-footprint/memory_pattern.json
     PYTHONPATH=. python benchmarks/bench_prompt_cache.py --prompts 8 --rounds 3    # the prompt cache per family rule
     python scripts/render_benchmarks.py                                           # -> BENCHMARKS.md
 
