@@ -159,7 +159,7 @@ class OrtSessionOptions:
         so.graph_optimization_level = _OPT_LEVELS[self.graph_optimization]
         # Prepacking (the quantized MatMulNBits weights into their kernel's layout) runs on the intra-op threads
         # instead of one: the three sessions of a 362M int4 --kv-cache export open in 0.98 s instead of 1.12 s on two
-        # cores (benchmarks/results-llama/first_step.json), with the same tokens.
+        # cores (benchmarks/results-llama/first_step.json as committed at 47aa94b and at 83d8a3e), with the same tokens.
         so.add_session_config_entry(PARALLEL_PREPACK, "1")
         if self.resolved_providers()[0] == CPU:
             # No memory pattern: ONNX Runtime plans one block per input shape from a call and allocates it at that
