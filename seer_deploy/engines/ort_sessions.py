@@ -166,7 +166,8 @@ class OrtSessionOptions:
             # shape's next call, while the arena keeps what the first call freed, so a shape's activations are held
             # twice (the head's vocabulary-wide buffers at step zero most of all). Without it the arena reuses the
             # freed chunks: two batches of a 362M int4 export peak at 0.79 GiB instead of 1.24, with the same tokens
-            # in the same time (benchmarks/results-footprint/memory_pattern.json).
+            # in the same time (benchmarks/results-footprint/memory_pattern.json). CUDA sessions keep ONNX
+            # Runtime's default: not measured there (no GPU where this was measured).
             so.enable_mem_pattern = False
         if not library_logs_wanted():
             so.log_severity_level = QUIET_LOG_LEVEL
