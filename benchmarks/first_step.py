@@ -101,7 +101,7 @@ marks = {"imports": time.time()}
 graph, threads, P, G, mask = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 so = ort.SessionOptions()
 so.intra_op_num_threads = threads
-so.add_session_config_entry("session.prepack.enable_parallel", "1")
+so.add_session_config_entry(sys.argv[6], "1")  # the backend's parallel prepacking (ort_sessions.PARALLEL_PREPACK)
 so.log_severity_level = 3
 session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
 marks["session"] = time.time()
@@ -120,9 +120,12 @@ print(json.dumps(marks))
 
 def spawn_bare(export: Path, prompt: int, gen_length: int, threads: int, mask_id: int) -> dict[str, float]:
     """Seconds from spawning the bare process (BARE) to each of its marks."""
+    from seer_deploy.engines.ort_sessions import PARALLEL_PREPACK
+
     start = time.time()
     done = subprocess.run([sys.executable, "-c", BARE, str(export / "step.onnx"), str(threads), str(prompt),
-                           str(gen_length), str(mask_id)], check=True, capture_output=True, text=True)
+                           str(gen_length), str(mask_id), PARALLEL_PREPACK], check=True, capture_output=True,
+                          text=True)
     marks = json.loads(done.stdout.strip().splitlines()[-1])
     return {name: round(t - start, 3) for name, t in marks.items()}
 

@@ -4,8 +4,8 @@
 shape, in a fresh process per run, alternating: the tree's sessions (on the CPU: no memory pattern, see
 engines/ort_sessions.py) and the same sessions with the memory pattern turned back on (ONNX Runtime's default; this
 script's child sets it, nothing else changes). Per run: the peak RSS (the child's own ru_maxrss at exit), the wall
-seconds and the
-answers' tokens (the two must be equal). Writes JSON with the command, commit and date.
+seconds and the answers' tokens, which must be the same in every run (the record is written either way; the script
+then fails if they differ). Writes JSON with the command, commit and date.
 
     .venv/bin/python benchmarks/memory_pattern.py EXPORT_DIR [--prompts 2] [--steps 8] [--rounds 2] --out F.json
 """
@@ -89,6 +89,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(summary))
+    if len(tokens) != 1:
+        raise SystemExit(f"the runs answered with {len(tokens)} different token sequences: {args.out} records them")
 
 
 if __name__ == "__main__":
